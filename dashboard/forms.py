@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from dashboard.models import Job, StateBackend
+from workers.pipelines import CATALOG
+
+FROZEN = {
+    "state_partitions": "the number of state partitions is frozen in the checkpoint at the first batch",
+    "state_backend": "the state store provider is frozen in the checkpoint at the first batch",
+    "name": "the name locates the checkpoint directory",
+}
+
+
+class JobForm(forms.ModelForm):
+    class Meta:
+        model = Job
+        fields = [
+            "name", "pipeline", "source_stream", "state_backend", "trigger_interval_seconds", "state_partitions",
+            "parallelism", "batches_retained", "max_records_per_batch",
+        ]
+        labels = {"trigger_interval_seconds": "Trigger interval (seconds)"}
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        pipeline = CATALOG.get(data.get("pipeline") or "")
+        if pipeline and pipeline.needs_rocksdb and data.get("state_backend") == StateBackend.MEMORY:
+            self.add_error(
+                "state_backend",
+                f"{pipeline.name} keeps its state with transformWithState, which needs RocksDB: choose a RocksDB backend.",
+            )
+        if self.instance.pk and self.instance.has_state():
+            for field, reason in FROZEN.items():
+                if field in self.changed_data:
+                    self.add_error(
+                        field,
+                        f"Cannot change this on a job that has state: {reason}. Changing it needs a savepoint-based "
+                        f"migration to a new checkpoint (not available yet).",
+                    )
+        return data

@@ -1,0 +1,158 @@
+"""Starting and stopping a job's driver: every state change of a Run goes through here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from dashboard.models import ACTIVE_RUN_STATUSES, Job, Run, RunStatus
+from dashboard.services.lease import lease_acquire, lease_release
+
+log = logging.getLogger(__name__)
+
+
+class ActionRefused(Exception):
+    """An operator action that cannot be done now; the message says why, for the operator."""
+
+
+def _active_run(job: Job) -> Run | None:
+    return job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()
+
+
+def job_request_start(*, job: Job, requested_by: AbstractBaseUser | AnonymousUser | None = None) -> Run:
+    """Record a start request and queue it for a worker; refused while the job has a run in flight."""
+    from workers.tasks import start_run
+
+    user = requested_by if requested_by is not None and requested_by.is_authenticated else None
+    try:
+        with transaction.atomic():
+            Job.objects.select_for_update().get(id=job.id)
+            active = _active_run(job)
+            if active is not None:
+                raise ActionRefused(
+                    f"{job.name} already has run #{active.id} ({active.get_status_display().lower()}, "
+                    f"requested {active.requested_at:%Y-%m-%d %H:%M:%S} UTC): one driver per checkpoint."
+                )
+            run = Run.objects.create(job=job, requested_by=user)
+            transaction.on_commit(lambda: start_run.delay(run.id))
+    except IntegrityError:  # the partial unique index: another request got there first
+        raise ActionRefused(f"{job.name} is already being started: one driver per checkpoint.") from None
+    return run
+
+
+def run_launch(*, run_id: int) -> Run:
+    """Take the checkpoint lease for a pending run and start its driver process. Safe to call twice."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("job").get(id=run_id)
+        if run.status != RunStatus.PENDING:
+            return run  # already launched (a redelivered task) or finished
+        job = run.job
+        token = lease_acquire(job_id=job.id)
+        if token is None:
+            run.status = RunStatus.REFUSED
+            run.ended_at = timezone.now()
+            run.message = (
+                f"Refused: the checkpoint of {job.name} is leased by another driver until "
+                f"{job.lease_expires_at and job.lease_expires_at.strftime('%H:%M:%S')} UTC."
+            )
+            run.save()
+            return run
+        run.fencing_token = token
+        run.status = RunStatus.STARTING
+        run.host = socket.gethostname()
+        run.spark_master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
+        run.log_path = str(settings.LOG_ROOT / f"{job.name}-run-{run.id}.log")
+        run.save()
+    try:
+        run.pid = spawn_driver(run)
+    except OSError as exc:
+        lease_release(job_id=job.id, token=token)
+        Run.objects.filter(id=run.id).update(status=RunStatus.FAILED, error=str(exc), ended_at=timezone.now())
+        raise
+    Run.objects.filter(id=run.id).update(pid=run.pid)
+    return run
+
+
+def spawn_driver(run: Run) -> int:
+    """The driver is its own process in its own session: it outlives the worker that started it."""
+    Path(run.log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(run.log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.driver", str(run.id)],
+            cwd=settings.BASE_DIR,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings")},
+        )
+    return proc.pid
+
+
+def job_request_stop(*, job: Job) -> Run:
+    """Ask the running driver to drain its batch in flight and stop. Asking twice is harmless."""
+    with transaction.atomic():
+        run = job.runs.select_for_update().filter(status__in=ACTIVE_RUN_STATUSES).first()
+        if run is None:
+            raise ActionRefused(f"{job.name} is not running.")
+        if run.status == RunStatus.PENDING:
+            run.status, run.ended_at, run.message = RunStatus.STOPPED, timezone.now(), "Stopped before it started."
+        elif run.stop_requested_at is None:
+            run.stop_requested_at = timezone.now()
+            if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
+                run.status = RunStatus.STOPPING
+        run.save()
+    return run
+
+
+def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") -> None:
+    run = Run.objects.select_related("job").get(id=run_id)
+    Run.objects.filter(id=run_id, status__in=ACTIVE_RUN_STATUSES).update(
+        status=status, message=message, error=error, ended_at=timezone.now()
+    )
+    if run.fencing_token is not None:
+        lease_release(job_id=run.job_id, token=run.fencing_token)
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not alive
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def runs_supervise() -> list[str]:
+    """Mark runs whose driver is gone as lost; kill drivers that ignored a stop request past the grace period."""
+    notes = []
+    now = timezone.now()
+    for run in Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exclude(status=RunStatus.PENDING).select_related("job"):
+        local = run.host == socket.gethostname()
+        dead = (local and run.pid and not pid_alive(run.pid)) or (
+            run.job.lease_token == run.fencing_token and not run.job.lease_is_held() and run.started_at is not None
+        )
+        if dead:
+            run_finish(run_id=run.id, status=RunStatus.LOST, message="The driver process exited without reporting (killed or crashed).")
+            notes.append(f"run {run.id} lost")
+        elif run.stop_requested_at and (now - run.stop_requested_at).total_seconds() > settings.STOP_GRACE_SECONDS and local and run.pid:
+            os.killpg(run.pid, signal.SIGKILL)
+            notes.append(f"run {run.id} killed after the stop grace period")
+    return notes

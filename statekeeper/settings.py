@@ -1,0 +1,129 @@
+"""Statekeeper settings: every value comes from the environment, with embedded defaults for a local run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {raw!r}") from None
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "true" if default else "false").lower()
+    if raw not in ("1", "0", "true", "false", "yes", "no"):
+        raise ImproperlyConfigured(f"{name} must be true or false, not {raw!r}")
+    return raw in ("1", "true", "yes")
+
+
+def database_from_url(url: str) -> dict[str, object]:
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": parsed.path or str(BASE_DIR / "var" / "db.sqlite3")}
+    if parsed.scheme in ("postgres", "postgresql"):
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": parsed.path.lstrip("/"),
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(parsed.port or ""),
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+            "TEST": {"NAME": env_str("STATEKEEPER_TEST_DB", f"test_{parsed.path.lstrip('/')}")},
+        }
+    raise ImproperlyConfigured(f"DATABASE_URL must start with postgres:// or sqlite://, not {url!r}")
+
+
+DEBUG = env_bool("STATEKEEPER_DEBUG", False)
+SECRET_KEY = env_str("STATEKEEPER_SECRET_KEY", "dev-only-not-secret")
+if not DEBUG and SECRET_KEY == "dev-only-not-secret" and env_bool("STATEKEEPER_REQUIRE_SECRET", False):
+    raise ImproperlyConfigured("STATEKEEPER_SECRET_KEY must be set in production")
+ALLOWED_HOSTS = env_str("STATEKEEPER_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "dashboard",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+ROOT_URLCONF = "statekeeper.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+ASGI_APPLICATION = "statekeeper.asgi.application"
+DATABASES = {"default": database_from_url(env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/statekeeper"))}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LANGUAGE_CODE = "en"
+TIME_ZONE = "UTC"
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+LOGIN_URL = "/admin/login/"
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_ACKS_LATE = False
+CELERY_TASK_TIME_LIMIT = 120
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BEAT_SCHEDULE = {
+    "ingest-progress": {"task": "workers.tasks.ingest_progress", "schedule": 1.0},
+    "supervise-jobs": {"task": "workers.tasks.supervise_jobs", "schedule": 5.0},
+}
+
+# Where every job's checkpoint lives: <root>/<job name>/checkpoint. Users name jobs, never paths.
+CHECKPOINT_ROOT = Path(env_str("STATEKEEPER_CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints"))).resolve()
+LOG_ROOT = Path(env_str("STATEKEEPER_LOG_ROOT", str(BASE_DIR / "var" / "logs"))).resolve()
+# A driver renews its lease every LEASE_RENEW seconds; a lease not renewed for LEASE_TTL seconds is expired.
+LEASE_TTL_SECONDS = env_int("STATEKEEPER_LEASE_TTL", 20)
+LEASE_RENEW_SECONDS = env_int("STATEKEEPER_LEASE_RENEW", 3)
+# Empty: local[<parallelism>] per job. Set to spark://host:7077 to run drivers against a standalone cluster.
+SPARK_MASTER = env_str("STATEKEEPER_SPARK_MASTER", "")
+STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)
+PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("STATEKEEPER_LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,68 @@
+"""Builds a job's streaming query: Redis stream -> pipeline transform -> a foreachBatch sink."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from workers.pipelines import get as get_pipeline
+from workers.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
+from workers.spark.session import backend_conf
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a driver needs to run a job; plain values, so Spark code never touches Django."""
+
+    job_id: int
+    name: str
+    pipeline: str
+    stream: str
+    redis_url: str
+    backend: str
+    trigger_seconds: float
+    partitions: int
+    parallelism: int
+    checkpoint: str
+    batches_retained: int
+    max_records: int
+    dead_letter: str
+
+    def session_conf(self) -> dict[str, str]:
+        return {
+            "spark.sql.shuffle.partitions": str(self.partitions),
+            "spark.sql.streaming.minBatchesToRetain": str(self.batches_retained),
+            **backend_conf(self.backend),
+        }
+
+
+def events_frame(spark: SparkSession, spec: JobSpec) -> DataFrame:
+    spark.dataSource.register(RedisStreamDataSource)
+    return (
+        spark.readStream.format(FORMAT_NAME)
+        .option("url", spec.redis_url)
+        .option("stream", spec.stream)
+        .option("deadLetter", spec.dead_letter)
+        .option("maxRecordsPerBatch", str(spec.max_records))
+        .option("readPartitions", str(max(1, spec.parallelism)))
+        .option("format", get_pipeline(spec.pipeline).payload.to_option())
+        .load()
+    )
+
+
+def start_query(spark: SparkSession, spec: JobSpec, sink: Callable[[DataFrame, int], None]) -> StreamingQuery:
+    pipeline = get_pipeline(spec.pipeline)
+    for key, value in {**spec.session_conf(), **pipeline.conf}.items():
+        spark.conf.set(key, value)
+    output = pipeline.transform(events_frame(spark, spec))
+    return (
+        output.writeStream.queryName(spec.name)
+        .outputMode(pipeline.output_mode)
+        .foreachBatch(sink)
+        .option("checkpointLocation", spec.checkpoint)
+        .trigger(processingTime=f"{spec.trigger_seconds} seconds")
+        .start()
+    )

@@ -1,0 +1,61 @@
+"""The one place a SparkSession is built, for drivers, tests and benchmarks alike."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def backend_conf(backend: str) -> dict[str, str]:
+    """Spark settings for a Statekeeper state backend: memory, rocksdb or rocksdb-incremental."""
+    if backend == "memory":
+        return {"spark.sql.streaming.stateStore.providerClass": HDFS_PROVIDER}
+    if backend in ("rocksdb", "rocksdb-incremental"):
+        return {
+            "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": str(
+                backend == "rocksdb-incremental"
+            ).lower(),
+        }
+    raise ValueError(f"unknown state backend {backend!r}")
+
+
+def build_session(
+    app_name: str,
+    master: str = "local[2]",
+    *,
+    backend: str = "memory",
+    partitions: int = 4,
+    batches_retained: int = 100,
+    extra: dict[str, str] | None = None,
+) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    conf = {
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.streaming.minBatchesToRetain": str(batches_retained),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": os.environ.get("STATEKEEPER_DRIVER_MEMORY", "1g"),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.python.worker.reuse": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # progress events for idle triggers are not checkpoints; keep them rare
+        "spark.sql.streaming.noDataProgressEventInterval": "60000",
+        **backend_conf(backend),
+        **(extra or {}),
+    }
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("STATEKEEPER_SPARK_LOG_LEVEL", "WARN"))
+    for key, value in conf.items():  # getOrCreate keeps an existing session's settings: set what may be set
+        if key.startswith("spark.sql."):
+            spark.conf.set(key, value)
+    return spark

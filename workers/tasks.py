@@ -1,0 +1,41 @@
+"""Celery tasks: short, by id, each calling one service. A driver never lives inside a task."""
+
+from __future__ import annotations
+
+import redis
+from celery import shared_task
+from django.conf import settings
+
+from dashboard.models import ACTIVE_RUN_STATUSES, Run
+from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
+from dashboard.services.runs import run_launch, runs_supervise
+
+
+@shared_task(time_limit=60, acks_late=True)
+def start_run(run_id: int) -> str:
+    # acks_late is safe: run_launch does nothing for a run that is no longer pending, and the lease refuses a twin.
+    run = run_launch(run_id=run_id)
+    return f"run {run.id}: {run.status}"
+
+
+@shared_task(time_limit=30)
+def ingest_progress() -> int:
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10)
+    lock = client.lock("statekeeper:ingest-lock", timeout=25, blocking=False)
+    if not lock.acquire():
+        return 0  # the previous tick is still ingesting
+    try:
+        return progress_stream_ingest(client=client)
+    finally:
+        lock.release()
+
+
+@shared_task(time_limit=60)
+def supervise_jobs() -> list[str]:
+    notes = runs_supervise()
+    recent = Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).select_related("job")
+    for run in list(recent) + list(Run.objects.exclude(status__in=ACTIVE_RUN_STATUSES).select_related("job")[:5]):
+        created = journal_reconcile(job=run.job, run_id=run.id)
+        if created:
+            notes.append(f"run {run.id}: {created} checkpoints recovered from the journal")
+    return notes
