@@ -18,13 +18,20 @@ class JobForm(forms.ModelForm):
     class Meta:
         model = Job
         fields = [
-            "name", "pipeline", "source_stream", "state_backend", "trigger_interval_seconds", "state_partitions",
-            "parallelism", "batches_retained", "max_records_per_batch",
+            "name",
+            "pipeline",
+            "source_stream",
+            "state_backend",
+            "trigger_interval_seconds",
+            "state_partitions",
+            "parallelism",
+            "batches_retained",
+            "max_records_per_batch",
         ]
         labels = {"trigger_interval_seconds": "Trigger interval (seconds)"}
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         pipeline = CATALOG.get(data.get("pipeline") or "")
         if pipeline and pipeline.needs_rocksdb and data.get("state_backend") == StateBackend.MEMORY:
             self.add_error(

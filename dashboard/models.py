@@ -30,14 +30,16 @@ class Job(models.Model):
         default=2.0, validators=[MinValueValidator(0.1), MaxValueValidator(3600)]
     )
     state_partitions = models.PositiveIntegerField(
-        default=4, validators=[MinValueValidator(1), MaxValueValidator(1024)],
+        default=4,
+        validators=[MinValueValidator(1), MaxValueValidator(1024)],
         help_text="spark.sql.shuffle.partitions at the first run; frozen in the checkpoint after it",
     )
     parallelism = models.PositiveIntegerField(
         default=2, validators=[MinValueValidator(1), MaxValueValidator(64)], help_text="cores running the query"
     )
     batches_retained = models.PositiveIntegerField(
-        default=100, validators=[MinValueValidator(2), MaxValueValidator(10_000)],
+        default=100,
+        validators=[MinValueValidator(2), MaxValueValidator(10_000)],
         help_text="committed batches kept restorable (spark.sql.streaming.minBatchesToRetain)",
     )
     max_records_per_batch = models.PositiveIntegerField(
@@ -191,3 +193,6 @@ class ResultRow(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "kind", "key"], name="one_result_per_key")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.key}"

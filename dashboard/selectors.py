@@ -72,15 +72,17 @@ def checkpoint_summary(*, job: Job) -> tuple[int, list[SummaryRow]]:
         parts = []
         for name, _, _ in SUMMARY_FIELDS:
             parts += [
-                f"min({name})", f"avg({name})",
-                f"percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY {name})", f"max({name})",
+                f"min({name})",
+                f"avg({name})",
+                f"percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY {name})",
+                f"max({name})",
             ]
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT count(*), {', '.join(parts)} FROM dashboard_checkpoint WHERE job_id = %s", [job.id])
             result = cursor.fetchone()
         count = int(result[0])
         for i, (_, label, unit) in enumerate(SUMMARY_FIELDS):
-            low, avg, pct, high = result[1 + 4 * i: 5 + 4 * i]
+            low, avg, pct, high = result[1 + 4 * i : 5 + 4 * i]
             pct = pct or [None, None, None]
             rows.append(SummaryRow(label, unit, dict(zip(STATS, [low, avg, *pct, high], strict=True))))
         return count, rows
@@ -91,7 +93,9 @@ def checkpoint_summary(*, job: Job) -> tuple[int, list[SummaryRow]]:
         if not column:
             rows.append(SummaryRow(label, unit, dict.fromkeys(STATS)))
             continue
-        values = [column[0], sum(column) / len(column)] + [_percentile(column, q) for q in (0.5, 0.9, 0.99)] + [column[-1]]
+        values = (
+            [column[0], sum(column) / len(column)] + [_percentile(column, q) for q in (0.5, 0.9, 0.99)] + [column[-1]]
+        )
         rows.append(SummaryRow(label, unit, dict(zip(STATS, values, strict=True))))
     return len(data), rows
 
@@ -111,8 +115,7 @@ def job_results(*, job: Job, limit: int = 15) -> list[ResultTable]:
         if view.order_by:
             queryset = queryset.order_by(F(f"value__{view.order_by}").desc(nulls_last=True), "key")
         rows = [
-            [row.key if key == "key" else row.value.get(key) for _, key in view.columns]
-            for row in queryset[:limit]
+            [row.key if key == "key" else row.value.get(key) for _, key in view.columns] for row in queryset[:limit]
         ]
         tables.append(ResultTable(view.title, [h for h, _ in view.columns], rows, queryset.count()))
     return tables

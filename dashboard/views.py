@@ -16,7 +16,9 @@ from workers.pipelines import CATALOG
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     jobs = list(selectors.job_list())
-    return render(request, "dashboard/job_list.html", {"jobs": jobs, "dead_letters": selectors.dead_letter_counts(jobs)})
+    return render(
+        request, "dashboard/job_list.html", {"jobs": jobs, "dead_letters": selectors.dead_letter_counts(jobs)}
+    )
 
 
 @login_required
@@ -43,7 +45,12 @@ def job_create(request: HttpRequest) -> HttpResponse:
         job = form.save()
         messages.success(request, f"Created {job.name}. Its checkpoint will live in {job.checkpoint_location}.")
         return redirect("dashboard:job_detail", name=job.name)
-    return render(request, "dashboard/job_form.html", {"form": form, "catalog": CATALOG.values()}, status=400 if form.errors else 200)
+    return render(
+        request,
+        "dashboard/job_form.html",
+        {"form": form, "catalog": CATALOG.values()},
+        status=400 if form.errors else 200,
+    )
 
 
 @login_required
@@ -76,7 +83,9 @@ def job_stop(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     try:
         run = job_request_stop(job=job)
-        messages.success(request, f"Stop of {job.name} requested: run #{run.id} stops once its batch in flight commits.")
+        messages.success(
+            request, f"Stop of {job.name} requested: run #{run.id} stops once its batch in flight commits."
+        )
     except ActionRefused as exc:
         messages.error(request, str(exc))
     return redirect("dashboard:job_detail", name=job.name)

@@ -38,10 +38,18 @@ class JobDriver:
 
         job = self.job
         return JobSpec(
-            job_id=job.id, name=job.name, pipeline=job.pipeline, stream=job.source_stream,
-            redis_url=settings.REDIS_URL, backend=job.state_backend, trigger_seconds=job.trigger_interval_seconds,
-            partitions=job.state_partitions, parallelism=job.parallelism, checkpoint=str(job.checkpoint_location),
-            batches_retained=job.batches_retained, max_records=job.max_records_per_batch,
+            job_id=job.id,
+            name=job.name,
+            pipeline=job.pipeline,
+            stream=job.source_stream,
+            redis_url=settings.REDIS_URL,
+            backend=job.state_backend,
+            trigger_seconds=job.trigger_interval_seconds,
+            partitions=job.state_partitions,
+            parallelism=job.parallelism,
+            checkpoint=str(job.checkpoint_location),
+            batches_retained=job.batches_retained,
+            max_records=job.max_records_per_batch,
             dead_letter=job.dead_letter_stream,
         )
 
@@ -61,12 +69,19 @@ class JobDriver:
         from workers.spark.query import start_query
 
         if not lease_renew(job_id=self.job.id, token=self.token):
-            run_finish(run_id=self.run.id, status=RunStatus.REFUSED, message="Refused: the lease passed to another driver before this one started.")
+            run_finish(
+                run_id=self.run.id,
+                status=RunStatus.REFUSED,
+                message="Refused: the lease passed to another driver before this one started.",
+            )
             return RunStatus.REFUSED
         spec = self.spec()
         recorder = ProgressRecorder(
-            job_id=self.job.id, run_id=self.run.id, checkpoint=self.job.checkpoint_location,
-            journal=journal_path(job=self.job, run_id=self.run.id), redis_url=settings.REDIS_URL,
+            job_id=self.job.id,
+            run_id=self.run.id,
+            checkpoint=self.job.checkpoint_location,
+            journal=journal_path(job=self.job, run_id=self.run.id),
+            redis_url=settings.REDIS_URL,
             stream=settings.PROGRESS_STREAM,
         )
         query_id: list[str] = []
@@ -89,14 +104,23 @@ class JobDriver:
         listener = Listener()
         self.spark.streams.addListener(listener)
         try:
-            query = start_query(self.spark, spec, batch_writer(job_id=self.job.id, token=self.token, pipeline=get_pipeline(spec.pipeline)))
+            query = start_query(
+                self.spark,
+                spec,
+                batch_writer(job_id=self.job.id, token=self.token, pipeline=get_pipeline(spec.pipeline)),
+            )
             query_id.append(str(query.id))
             Run.objects.filter(id=self.run.id, status=RunStatus.STARTING).update(
                 status=RunStatus.RUNNING, started_at=timezone.now(), last_heartbeat_at=timezone.now()
             )
             return self._supervise(query)
         except Exception as exc:
-            run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"The query could not start: {exc}", error=traceback.format_exc())
+            run_finish(
+                run_id=self.run.id,
+                status=RunStatus.FAILED,
+                message=f"The query could not start: {exc}",
+                error=traceback.format_exc(),
+            )
             return RunStatus.FAILED
         finally:
             time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
@@ -114,18 +138,30 @@ class JobDriver:
             self.stop_signal.wait(settings.LEASE_RENEW_SECONDS if query.isActive else 0)
             if not query.isActive:
                 error = query.exception()
-                message = f"The query failed: {error.desc if hasattr(error, 'desc') else error}" if error else "The query stopped."
+                message = (
+                    f"The query failed: {error.desc if hasattr(error, 'desc') else error}"
+                    if error
+                    else "The query stopped."
+                )
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=str(error or ""))
                 return RunStatus.FAILED
             if not lease_renew(job_id=self.job.id, token=self.token):
                 query.stop()  # fenced: someone else may own the checkpoint now; stop without draining
-                run_finish(run_id=self.run.id, status=RunStatus.FAILED, message="Stopped: this driver lost the checkpoint lease (fenced).")
+                run_finish(
+                    run_id=self.run.id,
+                    status=RunStatus.FAILED,
+                    message="Stopped: this driver lost the checkpoint lease (fenced).",
+                )
                 return RunStatus.FAILED
             Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now())
             stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
             if stop_at or self.stop_signal.is_set():
                 self._drain_and_stop(query)
-                run_finish(run_id=self.run.id, status=RunStatus.STOPPED, message="Stopped on request after the batch in flight committed.")
+                run_finish(
+                    run_id=self.run.id,
+                    status=RunStatus.STOPPED,
+                    message="Stopped on request after the batch in flight committed.",
+                )
                 return RunStatus.STOPPED
 
     def _drain_and_stop(self, query: Any) -> None:
@@ -155,12 +191,17 @@ def main(argv: list[str]) -> int:
     log.info("driver for %s run %s (pid %s, token %s)", job.name, run_id, os.getpid(), run.fencing_token)
     try:
         spark = build_session(
-            f"statekeeper-{job.name}", settings.SPARK_MASTER or f"local[{job.parallelism}]",
-            backend=job.state_backend, partitions=job.state_partitions, batches_retained=job.batches_retained,
+            f"statekeeper-{job.name}",
+            settings.SPARK_MASTER or f"local[{job.parallelism}]",
+            backend=job.state_backend,
+            partitions=job.state_partitions,
+            batches_retained=job.batches_retained,
             extra=get_pipeline(job.pipeline).conf,
         )
     except Exception as exc:
-        run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Spark did not start: {exc}", error=traceback.format_exc())
+        run_finish(
+            run_id=run_id, status=RunStatus.FAILED, message=f"Spark did not start: {exc}", error=traceback.format_exc()
+        )
         return 1
     driver = JobDriver(spark, run_id)
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())

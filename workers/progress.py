@@ -106,5 +106,7 @@ class ProgressRecorder:
             self._redis.xadd(self.stream, {"data": line}, maxlen=1_000_000, approximate=True)
         except Exception as exc:  # Redis down: the journal has it, and the console will ingest it from there
             self._redis = None
-            log.warning("progress for batch %s not pushed to Redis (%s); it is in %s", record["batch_id"], exc, self.journal)
+            log.warning(
+                "progress for batch %s not pushed to Redis (%s); it is in %s", record["batch_id"], exc, self.journal
+            )
         return record

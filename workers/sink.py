@@ -29,7 +29,9 @@ def write_results(*, job_id: int, token: int, batch_id: int, results: Iterable[R
         cursor.execute(f"SELECT lease_token FROM dashboard_job WHERE id = %s{lock}", [job_id])
         row = cursor.fetchone()
         if row is None or int(row[0]) != token:
-            raise Fenced(f"job {job_id}: fencing token {token} is stale (now {row and row[0]}); not writing batch {batch_id}")
+            raise Fenced(
+                f"job {job_id}: fencing token {token} is stale (now {row and row[0]}); not writing batch {batch_id}"
+            )
         iterator = iter(results)
         while chunk := list(islice(iterator, CHUNK)):
             cursor.executemany(
@@ -45,6 +47,8 @@ def write_results(*, job_id: int, token: int, batch_id: int, results: Iterable[R
 
 def batch_writer(*, job_id: int, token: int, pipeline: Pipeline) -> Callable[[DataFrame, int], None]:
     def write(frame: DataFrame, batch_id: int) -> None:
-        write_results(job_id=job_id, token=token, batch_id=batch_id, results=pipeline.results(list(frame.toLocalIterator())))
+        write_results(
+            job_id=job_id, token=token, batch_id=batch_id, results=pipeline.results(list(frame.toLocalIterator()))
+        )
 
     return write

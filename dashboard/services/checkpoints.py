@@ -27,8 +27,11 @@ def checkpoint_record_ingest(*, job_id: int, run_id: int | None, record: dict[st
             if run_id is not None and not Run.objects.filter(id=run_id).exists():
                 run_id = None
             checkpoint = Checkpoint.objects.create(
-                job_id=job_id, run_id=run_id, batch_id=record["batch_id"],
-                committed_at=parse_time(record["committed_at"]), **fields,
+                job_id=job_id,
+                run_id=run_id,
+                batch_id=record["batch_id"],
+                committed_at=parse_time(record["committed_at"]),
+                **fields,
             )
             Job.objects.filter(id=job_id).filter(
                 Q(latest_checkpoint__isnull=True) | Q(latest_checkpoint__batch_id__lt=checkpoint.batch_id)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -33,7 +33,7 @@ def job_request_start(*, job: Job, requested_by: AbstractBaseUser | AnonymousUse
     """Record a start request and queue it for a worker; refused while the job has a run in flight."""
     from workers.tasks import start_run
 
-    user = requested_by if requested_by is not None and requested_by.is_authenticated else None
+    user = requested_by if isinstance(requested_by, User) else None
     try:
         with transaction.atomic():
             Job.objects.select_for_update().get(id=job.id)
@@ -94,7 +94,10 @@ def spawn_driver(run: Run) -> int:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings")},
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings"),
+            },
         )
     return proc.pid
 
@@ -144,15 +147,26 @@ def runs_supervise() -> list[str]:
     """Mark runs whose driver is gone as lost; kill drivers that ignored a stop request past the grace period."""
     notes = []
     now = timezone.now()
-    for run in Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exclude(status=RunStatus.PENDING).select_related("job"):
+    for run in (
+        Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exclude(status=RunStatus.PENDING).select_related("job")
+    ):
         local = run.host == socket.gethostname()
         dead = (local and run.pid and not pid_alive(run.pid)) or (
             run.job.lease_token == run.fencing_token and not run.job.lease_is_held() and run.started_at is not None
         )
         if dead:
-            run_finish(run_id=run.id, status=RunStatus.LOST, message="The driver process exited without reporting (killed or crashed).")
+            run_finish(
+                run_id=run.id,
+                status=RunStatus.LOST,
+                message="The driver process exited without reporting (killed or crashed).",
+            )
             notes.append(f"run {run.id} lost")
-        elif run.stop_requested_at and (now - run.stop_requested_at).total_seconds() > settings.STOP_GRACE_SECONDS and local and run.pid:
+        elif (
+            run.stop_requested_at
+            and (now - run.stop_requested_at).total_seconds() > settings.STOP_GRACE_SECONDS
+            and local
+            and run.pid
+        ):
             os.killpg(run.pid, signal.SIGKILL)
             notes.append(f"run {run.id} killed after the stop grace period")
     return notes

@@ -6,8 +6,7 @@ from workers.pipelines import count_window_average, dedup, minute_windows, order
 from workers.pipelines.base import Pipeline
 
 CATALOG: dict[str, Pipeline] = {
-    p.PIPELINE.name: p.PIPELINE
-    for p in (url_counts, order_state_machine, count_window_average, dedup, minute_windows)
+    p.PIPELINE.name: p.PIPELINE for p in (url_counts, order_state_machine, count_window_average, dedup, minute_windows)
 }
 
 

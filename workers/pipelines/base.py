@@ -20,8 +20,14 @@ ACCESS_LOG_PATTERN = (
 )
 ACCESS_LOG = PayloadFormat(
     "regex",
-    (Field("remote", "string"), Field("time", "string"), Field("method", "string"), Field("url", "string"),
-     Field("status", "long"), Field("bytes", "string")),
+    (
+        Field("remote", "string"),
+        Field("time", "string"),
+        Field("method", "string"),
+        Field("url", "string"),
+        Field("status", "long"),
+        Field("bytes", "string"),
+    ),
     ACCESS_LOG_PATTERN,
 )
 

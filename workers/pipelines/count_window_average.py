@@ -25,7 +25,8 @@ class CountWindowAverage(StatefulProcessor):
         self.acc = handle.getValueState("count_sum", "count bigint, total double")
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
-        count, total = self.acc.get() if self.acc.exists() else (0, 0.0)
+        saved = self.acc.get() if self.acc.exists() else None
+        count, total = (saved[0], saved[1]) if saved else (0, 0.0)
         for row in sorted(rows, key=lambda r: parse_id(r["_id"])):
             count, total = count + 1, total + row["value"]
             if count == WINDOW:
@@ -48,7 +49,11 @@ def transform(events: DataFrame) -> DataFrame:
 
 def results(rows: list[Row]) -> Iterable[Result]:
     for row in rows:
-        yield "average", f"{row['key']}:{row['entry']}", {"key": row["key"], "average": row["average"], "entry": row["entry"]}
+        yield (
+            "average",
+            f"{row['key']}:{row['entry']}",
+            {"key": row["key"], "average": row["average"], "entry": row["entry"]},
+        )
 
 
 def generator(rng: random.Random) -> Callable[[int], str]:
@@ -64,6 +69,8 @@ PIPELINE = Pipeline(
     output_mode="append",
     results=results,
     generator=generator,
-    views=(ResultView("average", "Latest averages", (("Key", "key"), ("Average", "average"), ("Entry", "entry")), "entry"),),
+    views=(
+        ResultView("average", "Latest averages", (("Key", "key"), ("Average", "average"), ("Entry", "entry")), "entry"),
+    ),
     needs_rocksdb=True,
 )

@@ -54,5 +54,12 @@ PIPELINE = Pipeline(
     output_mode="append",
     results=results,
     generator=generator,
-    views=(ResultView("event", "Latest unique events", (("Event id", "key"), ("User", "user"), ("Event time", "event_time")), "event_time"),),
+    views=(
+        ResultView(
+            "event",
+            "Latest unique events",
+            (("Event id", "key"), ("User", "user"), ("Event time", "event_time")),
+            "event_time",
+        ),
+    ),
 )

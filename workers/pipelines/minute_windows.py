@@ -27,7 +27,11 @@ def transform(events: DataFrame) -> DataFrame:
 def results(rows: list[Row]) -> Iterable[Result]:
     for row in rows:
         minute = row["minute"].strftime("%Y-%m-%d %H:%M")
-        yield "window", f"{minute} {row['url']}", {"minute": minute, "url": row["url"], "requests": int(row["requests"])}
+        yield (
+            "window",
+            f"{minute} {row['url']}",
+            {"minute": minute, "url": row["url"], "requests": int(row["requests"])},
+        )
 
 
 def generator(rng: random.Random) -> Callable[[int], str]:
@@ -43,5 +47,9 @@ PIPELINE = Pipeline(
     output_mode="update",
     results=results,
     generator=generator,
-    views=(ResultView("window", "Latest windows", (("Minute", "minute"), ("URL", "url"), ("Requests", "requests")), "minute"),),
+    views=(
+        ResultView(
+            "window", "Latest windows", (("Minute", "minute"), ("URL", "url"), ("Requests", "requests")), "minute"
+        ),
+    ),
 )

@@ -44,21 +44,36 @@ class OrderStateMachine(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
         order_id = key[0]
-        current, seen = self.state.get() if self.state.exists() else (None, 0)
+        saved = self.state.get() if self.state.exists() else None
+        current, seen = (saved[0], saved[1]) if saved else (None, 0)
         last: Row | None = None
         for row in sorted(rows, key=lambda r: (r["ts"], parse_id(r["_id"]))):
             seen += 1
             nxt, alert = step(current, row["event"])
             if alert:
-                yield Row(order_id=order_id, entry=row["_id"], kind="alert", state=current or "",
-                          event=row["event"], message=alert, ts=row["ts"])
+                yield Row(
+                    order_id=order_id,
+                    entry=row["_id"],
+                    kind="alert",
+                    state=current or "",
+                    event=row["event"],
+                    message=alert,
+                    ts=row["ts"],
+                )
             current, last = nxt, row
         if last is None:
             last_ts, last_id = 0, ""
         else:
             last_ts, last_id = last["ts"], last["_id"]
-        yield Row(order_id=order_id, entry=last_id, kind="order", state=current or "", event="",
-                  message=f"{seen} events", ts=last_ts)
+        yield Row(
+            order_id=order_id,
+            entry=last_id,
+            kind="order",
+            state=current or "",
+            event="",
+            message=f"{seen} events",
+            ts=last_ts,
+        )
         if current in TERMINAL:
             self.state.clear()
         else:
@@ -77,10 +92,17 @@ def transform(events: DataFrame) -> DataFrame:
 def results(rows: list[Row]) -> Iterable[Result]:
     for row in rows:
         if row["kind"] == "alert":
-            yield "alert", f"{row['order_id']}:{row['entry']}", {
-                "order_id": row["order_id"], "state": row["state"], "event": row["event"],
-                "message": row["message"], "ts": row["ts"],
-            }
+            yield (
+                "alert",
+                f"{row['order_id']}:{row['entry']}",
+                {
+                    "order_id": row["order_id"],
+                    "state": row["state"],
+                    "event": row["event"],
+                    "message": row["message"],
+                    "ts": row["ts"],
+                },
+            )
         else:
             yield "order", row["order_id"], {"state": row["state"], "events": row["message"], "ts": row["ts"]}
 
@@ -120,7 +142,12 @@ PIPELINE = Pipeline(
     results=results,
     generator=generator,
     views=(
-        ResultView("alert", "Alerts", (("Order", "order_id"), ("State", "state"), ("Event", "event"), ("Alert", "message")), "ts"),
+        ResultView(
+            "alert",
+            "Alerts",
+            (("Order", "order_id"), ("State", "state"), ("Event", "event"), ("Alert", "message")),
+            "ts",
+        ),
         ResultView("order", "Orders", (("Order", "key"), ("State", "state"), ("Events", "events")), "ts"),
     ),
     needs_rocksdb=True,

@@ -1,0 +1,88 @@
+# Shared set-up for bin/dev and bin/test: a virtualenv with pinned packages, Java, Redis and PostgreSQL.
+# Everything is idempotent: a second run checks and moves on.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
+
+say() { printf '\033[1;34m==>\033[0m %s\n' "$*"; }
+
+apt_install() {
+  if ! command -v apt-get >/dev/null; then say "cannot install $*: no apt-get here"; return 1; fi
+  local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  [ -n "${APT_UPDATED:-}" ] || { $sudo apt-get update -qq; APT_UPDATED=1; }
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_java() {
+  local major=0
+  if command -v java >/dev/null; then
+    major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+  fi
+  if [ "${major:-0}" -lt 17 ]; then
+    say "installing Java 17 (found ${major:-none})"
+    apt_install openjdk-17-jre-headless
+  fi
+}
+
+ensure_venv() {
+  if [ ! -x "$PY" ]; then
+    say "creating the virtualenv in .venv"
+    python3 -m venv "$VENV"
+  fi
+  if ! cmp -s requirements/lock.txt "$VENV/.installed" 2>/dev/null; then
+    say "installing pinned packages (requirements/lock.txt)"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt
+    cp requirements/lock.txt "$VENV/.installed"
+  fi
+}
+
+redis_up() { "$PY" -c "import redis,sys; redis.Redis(host='127.0.0.1', port=6379, socket_connect_timeout=1).ping()" 2>/dev/null; }
+
+ensure_redis() {
+  redis_up && return 0
+  command -v redis-server >/dev/null || { say "installing redis-server"; apt_install redis-server; }
+  say "starting Redis on 127.0.0.1:6379"
+  mkdir -p "$ROOT/var/redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no --dir "$ROOT/var/redis" \
+    --logfile "$ROOT/var/redis/redis.log"
+  for _ in $(seq 20); do redis_up && return 0; sleep 0.5; done
+  echo "Redis did not start: see var/redis/redis.log" >&2; return 1
+}
+
+pg_up() { "$PY" -c "import psycopg; psycopg.connect('host=$PGHOST port=$PGPORT user=$PGUSER dbname=postgres', connect_timeout=2).close()" 2>/dev/null; }
+
+ensure_postgres() {
+  # Sets DATABASE_URL: PostgreSQL when it is reachable or can be started, otherwise SQLite.
+  if [ -n "${DATABASE_URL:-}" ]; then return 0; fi
+  if ! pg_up; then
+    if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+      say "installing PostgreSQL"; apt_install postgresql || true
+    fi
+    if ls /etc/postgresql/*/main >/dev/null 2>&1; then
+      say "starting PostgreSQL"
+      pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start 2>/dev/null || true
+      for _ in $(seq 20); do pg_up && break; sleep 0.5; done
+      pg_up || su postgres -c "psql -c \"ALTER USER postgres PASSWORD NULL\"" >/dev/null 2>&1 || true
+    fi
+  fi
+  if pg_up; then
+    "$PY" - <<'PYEOF'
+import os, psycopg
+conn = psycopg.connect(f"host={os.environ['PGHOST']} port={os.environ['PGPORT']} user={os.environ['PGUSER']} dbname=postgres", autocommit=True)
+if not conn.execute("SELECT 1 FROM pg_database WHERE datname = 'statekeeper'").fetchone():
+    conn.execute("CREATE DATABASE statekeeper")
+PYEOF
+    export DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/statekeeper"
+  else
+    say "PostgreSQL is not available: using SQLite (var/db.sqlite3)"
+    mkdir -p "$ROOT/var"
+    export DATABASE_URL="sqlite://$ROOT/var/db.sqlite3"
+  fi
+}
+
+ensure_chromium() {
+  command -v chromium >/dev/null || { say "installing Debian's chromium (for browser tests)"; apt_install chromium; }
+}

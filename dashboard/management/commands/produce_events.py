@@ -1,0 +1,60 @@
+"""Demo event producer: ``produce_events url-counts=events:url-counts --rate 200``; Ctrl-C stops it."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from workers.pipelines import CATALOG
+
+MALFORMED = ["GET /oops", '{"order_id": 42}', "not json at all", ""]
+
+
+class Command(BaseCommand):
+    help = "Write demo events for pipelines to Redis streams, at a steady rate, with a few malformed ones."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("targets", nargs="+", help="PIPELINE=STREAM pairs")
+        parser.add_argument("--rate", type=float, default=200.0, help="events per second per stream")
+        parser.add_argument("--malformed", type=float, default=0.002, help="share of malformed events")
+        parser.add_argument("--count", type=int, default=0, help="stop after this many events per stream (0: never)")
+        parser.add_argument("--seed", type=int, default=None)
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        targets = []
+        rng = random.Random(opts["seed"])
+        for target in opts["targets"]:
+            name, _, stream = target.partition("=")
+            if name not in CATALOG or not stream:
+                raise CommandError(f"{target!r}: expected PIPELINE=STREAM with a pipeline from {', '.join(CATALOG)}")
+            targets.append((stream, CATALOG[name].generator(rng)))
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        sent, tick, started = 0, 0.1, time.monotonic()
+        while not opts["count"] or sent < opts["count"]:
+            due = int((time.monotonic() - started) * opts["rate"]) - sent
+            if opts["count"]:
+                due = min(due, opts["count"] - sent)
+            if due > 0:
+                try:
+                    pipe = client.pipeline(transaction=False)
+                    now_ms = int(time.time() * 1000)
+                    for stream, make in targets:
+                        for _ in range(due):
+                            bad = rng.random() < opts["malformed"]
+                            pipe.xadd(
+                                stream,
+                                {"v": rng.choice(MALFORMED) if bad else make(now_ms)},
+                                maxlen=2_000_000,
+                                approximate=True,
+                            )
+                    pipe.execute()
+                    sent += due
+                except redis.ConnectionError as exc:  # Redis restarting: wait, the backlog is sent when it is back
+                    self.stderr.write(f"Redis unreachable ({exc}); retrying")
+                    time.sleep(1)
+            time.sleep(tick)

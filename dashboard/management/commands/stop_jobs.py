@@ -1,0 +1,36 @@
+"""Stop every running job: drain, then wait; with --kill, kill drivers that outlast the wait."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from dashboard.models import ACTIVE_RUN_STATUSES, Run
+from dashboard.services.runs import ActionRefused, job_request_stop, pid_alive
+
+
+class Command(BaseCommand):
+    help = "Ask every running job to stop after its batch in flight, and wait for the drivers to exit."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--wait", type=int, default=60, help="seconds to wait for drivers to exit")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        runs = list(Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).select_related("job"))
+        for run in runs:
+            with contextlib.suppress(ActionRefused):
+                job_request_stop(job=run.job)
+        deadline = time.monotonic() + opts["wait"]
+        while time.monotonic() < deadline and any(pid_alive(r.pid) for r in runs):
+            time.sleep(0.5)
+        for run in runs:
+            if run.pid and pid_alive(run.pid):  # the stop signal: a driver stops its query on SIGTERM, then SIGKILL
+                os.killpg(run.pid, signal.SIGKILL)
+                self.stdout.write(f"killed the driver of {run.job.name} (pid {run.pid})")
+            else:
+                self.stdout.write(f"{run.job.name} stopped")

@@ -1,0 +1,77 @@
+"""Formatting for the console: byte sizes and durations the way Flink's UI writes them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.utils import timezone
+
+register = template.Library()
+
+
+@register.filter
+def bytes_h(value: float | int | None) -> str:
+    if value is None:
+        return "–"
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(size) < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TB"
+
+
+@register.filter
+def ms_h(value: float | int | None) -> str:
+    if value is None:
+        return "–"
+    ms = float(value)
+    if ms < 1000:
+        return f"{ms:.0f}ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{int(seconds)}s {int(ms % 1000)}ms"
+    return f"{int(seconds // 60)}m {int(seconds % 60)}s"
+
+
+@register.filter
+def age(value: datetime | None) -> str:
+    if value is None:
+        return "never"
+    seconds = max(0, (timezone.now() - value).total_seconds())
+    if seconds < 60:
+        return f"{seconds:.0f}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m ago"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f}h ago"
+    return f"{seconds // 86400:.0f}d ago"
+
+
+@register.filter
+def stat(value: float | None, unit: str) -> str:
+    if value is None:
+        return "–"
+    if unit == "bytes":
+        return bytes_h(value)
+    if unit == "ms":
+        return ms_h(value)
+    return f"{value:,.0f}"
+
+
+@register.filter
+def offset_id(value: object) -> str:
+    if isinstance(value, dict):
+        return f"{value.get('id', '?')} (#{value.get('n', '?')})"
+    return "–" if value is None else str(value)
+
+
+@register.filter
+def get_item(mapping: dict[object, object], key: object) -> object:
+    return mapping.get(key)
+
+
+@register.filter
+def make_list_words(value: str) -> list[str]:
+    return value.split()

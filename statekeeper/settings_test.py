@@ -1,0 +1,22 @@
+"""Settings for the test suite: its own Redis database and PostgreSQL database, so a running console is untouched.
+
+Processes the tests start (Celery worker, drivers) inherit STATEKEEPER_TEST_PROCESS=1 and use the test database.
+"""
+
+import os
+
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+from statekeeper.settings import *  # noqa: E402,F403
+from statekeeper.settings import DATABASES, env_str  # noqa: E402
+
+CELERY_BROKER_URL = REDIS_URL  # noqa: F405
+PROGRESS_STREAM = "statekeeper:test:progress"
+LEASE_TTL_SECONDS = 6
+LEASE_RENEW_SECONDS = 1
+STOP_GRACE_SECONDS = 60
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+if os.environ.get("STATEKEEPER_TEST_PROCESS") and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]  # type: ignore[index]
+CHECKPOINT_ROOT = Path(env_str("STATEKEEPER_CHECKPOINT_ROOT", "/tmp/statekeeper-tests/checkpoints")).resolve()  # noqa: F405
+LOG_ROOT = CHECKPOINT_ROOT.parent / "logs"

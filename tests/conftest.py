@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from django.conf import settings
+from django.db import connection
+
+from workers.pipelines import get as get_pipeline
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60, every: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def spark(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Any]:
+    """One SparkSession for the whole test session: starting one costs seconds."""
+    from workers.spark.session import build_session
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    session = build_session("statekeeper-tests", "local[2]", partitions=2)
+    yield session
+    session.stop()
+    # Spark's callback threads opened database connections of their own; close them so the test database can go.
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+
+
+@pytest.fixture
+def redis() -> Iterator[Any]:
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture(autouse=True)
+def checkpoint_root(settings: Any, tmp_path: Path) -> Path:
+    settings.CHECKPOINT_ROOT = (tmp_path / "checkpoints").resolve()
+    settings.LOG_ROOT = (tmp_path / "logs").resolve()
+    settings.CHECKPOINT_ROOT.mkdir()
+    return settings.CHECKPOINT_ROOT
+
+
+@pytest.fixture
+def stream_name() -> str:
+    return f"test:events:{uuid.uuid4().hex[:8]}"
+
+
+def send_events(client: Any, stream: str, pipeline: str, count: int, seed: int = 7, malformed: list[str] = ()) -> int:
+    """Write ``count`` valid events (and the given malformed payloads, spread among them) to a stream."""
+    make = get_pipeline(pipeline).generator(random.Random(seed))
+    pipe = client.pipeline(transaction=False)
+    bad = list(malformed)
+    step = max(1, count // (len(bad) + 1))
+    for i in range(count):
+        pipe.xadd(stream, {"v": make(int(time.time() * 1000))})
+        if bad and i % step == step - 1:
+            pipe.xadd(stream, {"v": bad.pop()})
+    for payload in bad:
+        pipe.xadd(stream, {"v": payload})
+    pipe.execute()
+    return count
+
+
+@pytest.fixture
+def make_job(db: Any, stream_name: str) -> Callable[..., Any]:
+    from dashboard.models import Job
+
+    def make(**overrides: Any) -> Job:
+        fields = {
+            "name": f"job-{uuid.uuid4().hex[:6]}", "pipeline": "url-counts", "source_stream": stream_name,
+            "state_backend": "memory", "trigger_interval_seconds": 0.5, "state_partitions": 2, "parallelism": 2,
+            "max_records_per_batch": 1000,
+        }
+        fields.update(overrides)
+        return Job.objects.create(**fields)
+
+    return make
+
+
+class DriverThread:
+    """A job's driver run in this process on the shared SparkSession: the same code a driver process runs."""
+
+    def __init__(self, spark: Any, job: Any) -> None:
+        from dashboard.models import Run
+        from dashboard.services.lease import lease_acquire
+
+        token = lease_acquire(job_id=job.id)
+        assert token is not None, "the lease should be free"
+        self.run = Run.objects.create(job=job, status="starting", fencing_token=token)
+        from workers.driver import JobDriver
+
+        self.driver = JobDriver(spark, self.run.id)
+        self.status: str | None = None
+        self.thread = threading.Thread(target=self._go, daemon=True)
+        self.thread.start()
+
+    def _go(self) -> None:
+        from django.db import connection
+
+        try:
+            self.status = self.driver.execute()
+        finally:
+            connection.close()
+
+    def stop(self, timeout: float = 90) -> str | None:
+        from dashboard.services.runs import job_request_stop
+
+        job_request_stop(job=self.run.job)
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the driver did not stop"
+        return self.status
+
+
+@pytest.fixture
+def start_driver(spark: Any) -> Iterator[Callable[[Any], DriverThread]]:
+    started: list[DriverThread] = []
+
+    def start(job: Any) -> DriverThread:
+        driver = DriverThread(spark, job)
+        started.append(driver)
+        return driver
+
+    yield start
+    for driver in started:
+        if driver.thread.is_alive():
+            driver.driver.stop_signal.set()
+            driver.thread.join(60)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_tmp_checkpoints() -> Iterator[None]:
+    yield
+    shutil.rmtree("/tmp/statekeeper-tests", ignore_errors=True)
+

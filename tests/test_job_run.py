@@ -1,0 +1,128 @@
+"""A real job on the shared SparkSession, real Redis and PostgreSQL: counts, restarts, dead letters, bytes on disk."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from django.db.models import Sum
+
+from dashboard.models import Checkpoint, ResultRow, RunStatus
+from dashboard.services.checkpoints import progress_stream_ingest
+from tests.conftest import send_events, wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+
+def sink_total(job: Any) -> int:
+    return sum(row.value["requests"] for row in ResultRow.objects.filter(job=job, kind="url"))
+
+
+def caught_up(job: Any, redis: Any, expected_rows: int) -> bool:
+    progress_stream_ingest(client=redis)
+    total = Checkpoint.objects.filter(job=job).aggregate(n=Sum("input_rows"))["n"] or 0
+    return total >= expected_rows
+
+
+def du_bytes(path: Any) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def test_checkpoints_add_up_to_the_events_sent(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=700)
+    sent = send_events(redis, stream_name, "url-counts", 2500)
+    driver = start_driver(job)
+    wait_for(lambda: caught_up(job, redis, sent), 120, what="all events checkpointed")
+    assert driver.stop() == RunStatus.STOPPED
+    progress_stream_ingest(client=redis)
+
+    checkpoints = list(Checkpoint.objects.filter(job=job).order_by("batch_id"))
+    assert sum(c.input_rows for c in checkpoints) == sent
+    assert [c.batch_id for c in checkpoints] == list(range(len(checkpoints)))
+    assert max(c.input_rows for c in checkpoints) <= 700, "admission control: max records per batch"
+    assert len(checkpoints) >= 4
+    assert sink_total(job) == sent
+    assert checkpoints[-1].lag_records == 0
+    assert checkpoints[0].lag_records == sent - checkpoints[0].input_rows
+    assert checkpoints[-1].end_offset["n"] == sent
+    job.refresh_from_db()
+    assert job.latest_checkpoint == checkpoints[-1]
+
+
+def test_stop_and_restart_resume_exactly(make_job, start_driver, redis, stream_name):
+    job = make_job()
+    first = send_events(redis, stream_name, "url-counts", 1200, seed=1)
+    driver = start_driver(job)
+    wait_for(lambda: caught_up(job, redis, 600), 120, what="some events checkpointed")
+    assert driver.stop() == RunStatus.STOPPED
+    second = send_events(redis, stream_name, "url-counts", 900, seed=2)
+
+    driver = start_driver(job)
+    wait_for(lambda: caught_up(job, redis, first + second), 120, what="both rounds checkpointed")
+    driver.stop()
+    progress_stream_ingest(client=redis)
+
+    assert sink_total(job) == first + second, "nothing lost, nothing counted twice across the restart"
+    batch_ids = list(Checkpoint.objects.filter(job=job).order_by("batch_id").values_list("batch_id", flat=True))
+    assert batch_ids == list(range(len(batch_ids)))
+    assert Checkpoint.objects.filter(job=job).aggregate(n=Sum("input_rows"))["n"] == first + second
+    assert job.runs.count() == 2
+
+
+def test_malformed_events_go_to_the_dead_letter_stream_and_the_job_keeps_running(
+    make_job, start_driver, redis, stream_name
+):
+    job = make_job()
+    garbage = ["not a log line", "GET /api/a", '"quoted"']
+    sent = send_events(redis, stream_name, "url-counts", 600, malformed=garbage)
+    redis.xadd(stream_name, {"other": "no v field"})
+    driver = start_driver(job)
+    wait_for(lambda: caught_up(job, redis, sent), 120, what="valid events checkpointed")
+    more = send_events(redis, stream_name, "url-counts", 300, seed=3)
+    wait_for(lambda: caught_up(job, redis, sent + more), 120, what="events after the bad ones")
+    driver.stop()
+
+    dead = redis.xrange(job.dead_letter_stream)
+    assert len(dead) == 4
+    reasons = {entry[b"payload"].decode(): entry[b"reason"].decode() for _, entry in dead}
+    assert reasons["not a log line"] == "line does not match the expected format"
+    assert reasons['{"other": "no v field"}'] == "entry has no 'v' field"
+    assert sink_total(job) == sent + more
+
+
+def test_checkpointed_bytes_equal_the_bytes_that_appeared_on_disk(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=400)
+    sent = send_events(redis, stream_name, "url-counts", 2000)
+    driver = start_driver(job)
+    wait_for(lambda: caught_up(job, redis, sent), 120, what="all events checkpointed")
+    driver.stop()
+    progress_stream_ingest(client=redis)
+
+    checkpoints = list(Checkpoint.objects.filter(job=job).order_by("batch_id"))
+    on_disk = du_bytes(job.checkpoint_location)
+    # nothing is deleted within the retained batches: every byte on disk was added by exactly one checkpoint
+    assert sum(c.checkpointed_bytes for c in checkpoints) == on_disk
+    assert checkpoints[-1].full_size_bytes == on_disk
+    for before, after in zip(checkpoints, checkpoints[1:], strict=False):
+        assert after.full_size_bytes == before.full_size_bytes + after.checkpointed_bytes
+        assert after.checkpointed_bytes > 0
+
+
+def test_rocksdb_incremental_job_records_full_and_incremental_checkpoints(make_job, start_driver, redis, stream_name):
+    job = make_job(pipeline="order-state-machine", state_backend="rocksdb-incremental", max_records_per_batch=300)
+    sent = send_events(redis, stream_name, "order-state-machine", 1500)
+    driver = start_driver(job)
+    wait_for(lambda: caught_up(job, redis, sent), 180, what="all order events checkpointed")
+    driver.stop()
+    progress_stream_ingest(client=redis)
+
+    checkpoints = list(Checkpoint.objects.filter(job=job).order_by("batch_id"))
+    assert sum(c.input_rows for c in checkpoints) == sent
+    assert {c.kind for c in checkpoints} == {"full", "incremental"}
+    assert checkpoints[0].kind == "full", "the first RocksDB version is a snapshot; changelogs follow"
+    assert ResultRow.objects.filter(job=job, kind="alert").exists(), "cancel after accepted raises alerts"
+    assert all(c.state_rows_total >= 0 for c in checkpoints)
+    orders = ResultRow.objects.filter(job=job, kind="order")
+    closed = orders.filter(value__state__in=["delivered", "cancelled"]).count()
+    assert checkpoints[-1].state_rows_total == orders.count() - closed, "terminal orders clear their state"
