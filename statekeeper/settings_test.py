@@ -16,7 +16,7 @@ LEASE_TTL_SECONDS = 6
 LEASE_RENEW_SECONDS = 1
 STOP_GRACE_SECONDS = 60
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-if os.environ.get("STATEKEEPER_TEST_PROCESS") and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+if os.environ.get("STATEKEEPER_TEST_PROCESS") and str(DATABASES["default"]["ENGINE"]).endswith("postgresql"):
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]  # type: ignore[index]
 CHECKPOINT_ROOT = Path(env_str("STATEKEEPER_CHECKPOINT_ROOT", "/tmp/statekeeper-tests/checkpoints")).resolve()  # noqa: F405
 LOG_ROOT = CHECKPOINT_ROOT.parent / "logs"

@@ -28,8 +28,21 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60, every: float = 0
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_other_connections(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """Spark's callback threads and the live server open connections of their own; close them so the test
+    database can be dropped at the end."""
+    yield
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+
+
 @pytest.fixture(scope="session")
-def spark(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Any]:
+def spark() -> Iterator[Any]:
     """One SparkSession for the whole test session: starting one costs seconds."""
     from workers.spark.session import build_session
 
@@ -37,13 +50,6 @@ def spark(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Any]:
     session = build_session("statekeeper-tests", "local[2]", partitions=2)
     yield session
     session.stop()
-    # Spark's callback threads opened database connections of their own; close them so the test database can go.
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
 
 
 @pytest.fixture
@@ -89,8 +95,13 @@ def make_job(db: Any, stream_name: str) -> Callable[..., Any]:
 
     def make(**overrides: Any) -> Job:
         fields = {
-            "name": f"job-{uuid.uuid4().hex[:6]}", "pipeline": "url-counts", "source_stream": stream_name,
-            "state_backend": "memory", "trigger_interval_seconds": 0.5, "state_partitions": 2, "parallelism": 2,
+            "name": f"job-{uuid.uuid4().hex[:6]}",
+            "pipeline": "url-counts",
+            "source_stream": stream_name,
+            "state_backend": "memory",
+            "trigger_interval_seconds": 0.5,
+            "state_partitions": 2,
+            "parallelism": 2,
             "max_records_per_batch": 1000,
         }
         fields.update(overrides)
@@ -153,4 +164,3 @@ def start_driver(spark: Any) -> Iterator[Callable[[Any], DriverThread]]:
 def _clean_tmp_checkpoints() -> Iterator[None]:
     yield
     shutil.rmtree("/tmp/statekeeper-tests", ignore_errors=True)
-

@@ -1,0 +1,130 @@
+"""The whole stack as an operator meets it: Chromium clicks Start, a Celery worker launches a driver process,
+checkpoints appear, a second start is refused, Stop drains the job, and a driver killed with SIGKILL shows as lost."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from dashboard.models import Run, RunStatus
+from tests.conftest import send_events, wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[subprocess.Popen]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "statekeeper.settings_test",
+        "STATEKEEPER_TEST_PROCESS": "1",
+        "STATEKEEPER_CHECKPOINT_ROOT": str(checkpoint_root),
+        "REDIS_URL": settings.REDIS_URL,
+    }
+    with open(tmp_path / "worker.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "statekeeper",
+                "worker",
+                "--beat",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(tmp_path / "beat-schedule"),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    yield worker
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+    for run in Run.objects.exclude(pid=None):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def browser_page(live_server: Any, django_user_model: Any, monkeypatch: Any) -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    # Playwright's sync API runs an event loop on this thread; the test's own ORM calls are still synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    django_user_model.objects.create_user("oncall", password="pw-for-tests", is_staff=True)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_server.url}/admin/login/?next=/")
+        page.fill("#id_username", "oncall")
+        page.fill("#id_password", "pw-for-tests")
+        page.click("input[type=submit]")
+        yield page
+        browser.close()
+
+
+def status_on_page(page: Any, url: str) -> str:
+    page.goto(url)
+    return page.locator("dl.grid .badge").first.inner_text().lower()
+
+
+def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
+    live_server, browser_page, celery_worker, make_job, redis, stream_name, tmp_path
+):
+    page = browser_page
+    job = make_job(name="clicks", parallelism=1, trigger_interval_seconds=1)
+    sent = send_events(redis, stream_name, "url-counts", 400)
+    url = f"{live_server.url}/jobs/clicks/"
+
+    page.goto(url)
+    page.click("button:has-text('Start')")
+    assert "Start of clicks requested" in page.content()
+    wait_for(lambda: status_on_page(page, url) == "running", 90, 1, "the driver to run")
+
+    wait_for(lambda: job.checkpoints.count() > 0, 90, 1, "the first checkpoint to be ingested")
+    page.goto(url)
+    assert page.locator("text=No checkpoint yet").count() == 0
+    page.screenshot(path=str(tmp_path / "running.png"), full_page=True)
+
+    # a second start, as a stale tab or a script would send it
+    csrf = page.locator("input[name=csrfmiddlewaretoken]").first.get_attribute("value")
+    answer = page.request.post(f"{live_server.url}/jobs/clicks/start", form={"csrfmiddlewaretoken": csrf})
+    assert "already has run #" in answer.text()
+    assert job.runs.count() == 1
+
+    page.goto(url)
+    page.click("button:has-text('Stop')")
+    wait_for(lambda: status_on_page(page, url) == "stopped", 120, 1, "the driver to drain and stop")
+    total = sum(r.value["requests"] for r in job.results.filter(kind="url"))
+    assert total == sent
+
+    page.click("button:has-text('Start')")
+    run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 90, 1, "the second run")
+    os.killpg(run.pid, signal.SIGKILL)
+    wait_for(lambda: status_on_page(page, url) == "lost", 60, 1, "the supervisor to notice the dead driver")
+    assert "exited without reporting" in page.content()
+    page.screenshot(path=str(tmp_path / "lost.png"), full_page=True)

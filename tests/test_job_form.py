@@ -1,0 +1,111 @@
+"""Creating and editing jobs in the console: every bad input gets a field error and nothing is saved."""
+
+from __future__ import annotations
+
+import pytest
+
+from dashboard.models import Checkpoint, Job
+
+pytestmark = pytest.mark.django_db
+
+VALID = {
+    "name": "clicks",
+    "pipeline": "url-counts",
+    "source_stream": "events:clicks",
+    "state_backend": "memory",
+    "trigger_interval_seconds": "2",
+    "state_partitions": "4",
+    "parallelism": "2",
+    "batches_retained": "100",
+    "max_records_per_batch": "5000",
+}
+
+
+@pytest.fixture
+def client(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("operator", password="x"))
+    return client
+
+
+def post_new(client, **changes):
+    return client.post("/jobs/new", {**VALID, **changes})
+
+
+def test_a_valid_job_is_created_with_its_checkpoint_under_the_root(client, checkpoint_root):
+    response = post_new(client)
+    assert response.status_code == 302
+    job = Job.objects.get(name="clicks")
+    assert job.checkpoint_location == checkpoint_root / "clicks" / "checkpoint"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("name", "../../etc", "lower-case letters, digits and hyphens"),
+        ("name", "Has Spaces", "lower-case letters, digits and hyphens"),
+        ("name", "", "This field is required"),
+        ("pipeline", "no-such-pipeline", "Select a valid choice"),
+        ("source_stream", "events clicks", "letters, digits and : . _ - only"),
+        ("state_backend", "filesystem", "Select a valid choice"),
+        ("trigger_interval_seconds", "0", "greater than or equal to 0.1"),
+        ("trigger_interval_seconds", "soon", "Enter a number"),
+        ("state_partitions", "0", "greater than or equal to 1"),
+        ("parallelism", "65", "less than or equal to 64"),
+        ("batches_retained", "1", "greater than or equal to 2"),
+        ("max_records_per_batch", "-5", "greater than or equal to"),
+    ],
+)
+def test_bad_input_gets_a_field_error(client, field, value, message):
+    response = post_new(client, **{field: value})
+    assert response.status_code == 400
+    assert message in " ".join(response.context["form"].errors[field])
+    assert not Job.objects.exists()
+
+
+def test_a_pipeline_that_needs_rocksdb_is_refused_on_the_memory_backend(client):
+    response = post_new(client, pipeline="order-state-machine")
+    assert response.status_code == 400
+    assert "needs RocksDB" in response.context["form"].errors["state_backend"][0]
+
+
+def test_a_duplicate_name_is_refused(client):
+    post_new(client)
+    response = post_new(client, source_stream="events:other")
+    assert response.status_code == 400
+    assert "already exists" in response.context["form"].errors["name"][0]
+
+
+def test_settings_frozen_in_the_checkpoint_cannot_change_once_the_job_has_state(client):
+    post_new(client)
+    job = Job.objects.get(name="clicks")
+    Checkpoint.objects.create(job=job, batch_id=0, committed_at="2026-11-21T00:00:00Z", duration_ms=10)
+    job.latest_checkpoint = job.checkpoints.get()
+    job.save()
+
+    response = client.post(f"/jobs/{job.name}/edit", {**VALID, "state_partitions": "8", "state_backend": "rocksdb"})
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "frozen in the checkpoint" in errors["state_partitions"][0]
+    assert "frozen in the checkpoint" in errors["state_backend"][0]
+    job.refresh_from_db()
+    assert (job.state_partitions, job.state_backend) == (4, "memory")
+
+    response = client.post(f"/jobs/{job.name}/edit", {**VALID, "parallelism": "1", "max_records_per_batch": "900"})
+    assert response.status_code == 302, "compute settings may change: they apply at the next start"
+    job.refresh_from_db()
+    assert (job.parallelism, job.max_records_per_batch) == (1, 900)
+
+
+def test_a_job_without_state_may_change_anything(client):
+    post_new(client)
+    response = client.post("/jobs/clicks/edit", {**VALID, "state_partitions": "8", "state_backend": "rocksdb"})
+    assert response.status_code == 302
+    assert Job.objects.get(name="clicks").state_partitions == 8
+
+
+def test_pages_need_a_login(db):
+    from django.test import Client
+
+    response = Client().get("/jobs/new")
+    assert response.status_code == 302
+    assert "/login/" in response["Location"]

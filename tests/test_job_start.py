@@ -1,0 +1,134 @@
+"""Start and stop requests: one driver per checkpoint whatever the clicks, redeliveries or races."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from dashboard.models import Job, Run, RunStatus
+from dashboard.services import runs as run_services
+from dashboard.services.lease import lease_acquire, lease_renew
+from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop, run_launch
+from workers.sink import Fenced, write_results
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """Record driver spawns instead of starting a JVM: these tests are about who may start one, not the driver."""
+    calls: list[int] = []
+
+    def spawn(run: Run) -> int:
+        calls.append(run.id)
+        return 999_999
+
+    monkeypatch.setattr(run_services, "spawn_driver", spawn)
+    return calls
+
+
+@pytest.fixture
+def operator_client(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("operator", password="x"))
+    return client
+
+
+def test_a_second_start_of_a_running_job_is_refused_with_a_clear_message(make_job, operator_client, spawned):
+    job = make_job()
+    first = operator_client.post(f"/jobs/{job.name}/start", follow=True)
+    assert "Start of" in first.content.decode()
+    second = operator_client.post(f"/jobs/{job.name}/start", follow=True)
+    page = second.content.decode()
+    assert "already has run #" in page and "one driver per checkpoint" in page
+    assert job.runs.count() == 1
+
+
+def test_the_database_refuses_a_second_active_run_even_without_the_check(make_job):
+    job = make_job()
+    Run.objects.create(job=job, status=RunStatus.RUNNING)
+    with pytest.raises(Exception, match="one_active_run_per_job"):
+        Run.objects.create(job=job, status=RunStatus.PENDING)
+
+
+def test_a_redelivered_start_task_does_not_start_a_second_driver(make_job, spawned):
+    job = make_job()
+    run = Run.objects.create(job=job)
+    assert run_launch(run_id=run.id).status == RunStatus.STARTING
+    assert run_launch(run_id=run.id).status == RunStatus.STARTING
+    assert spawned == [run.id]
+
+
+def test_a_start_is_refused_while_another_driver_holds_the_lease(make_job, spawned):
+    job = make_job()
+    assert lease_acquire(job_id=job.id) is not None  # a driver from elsewhere holds the checkpoint
+    run = Run.objects.create(job=job)
+    refused = run_launch(run_id=run.id)
+    assert refused.status == RunStatus.REFUSED
+    assert "leased by another driver" in refused.message
+    assert spawned == []
+
+
+def test_an_expired_lease_is_taken_over_with_a_higher_fencing_token(make_job):
+    job = make_job()
+    old = lease_acquire(job_id=job.id)
+    assert old is not None
+    assert lease_acquire(job_id=job.id) is None
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    new = lease_acquire(job_id=job.id)
+    assert new is not None and new > old
+    assert not lease_renew(job_id=job.id, token=old), "the old holder learns it was fenced"
+
+
+def test_a_fenced_driver_cannot_write_results(make_job):
+    job = make_job()
+    old = lease_acquire(job_id=job.id)
+    assert old is not None
+    write_results(job_id=job.id, token=old, batch_id=0, results=[("url", "/a", {"requests": 1})])
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert lease_acquire(job_id=job.id) is not None
+    with pytest.raises(Fenced):
+        write_results(job_id=job.id, token=old, batch_id=1, results=[("url", "/a", {"requests": 99})])
+    assert job.results.get().value == {"requests": 1}
+
+
+def test_a_replayed_batch_changes_nothing_in_the_sink(make_job):
+    job = make_job()
+    token = lease_acquire(job_id=job.id)
+    assert token is not None
+    rows = [("url", "/a", {"requests": 3}), ("url", "/b", {"requests": 1})]
+    write_results(job_id=job.id, token=token, batch_id=4, results=rows)
+    write_results(job_id=job.id, token=token, batch_id=4, results=rows)
+    assert sorted((r.key, r.value["requests"]) for r in job.results.all()) == [("/a", 3), ("/b", 1)]
+
+
+def test_stop_is_safe_to_ask_twice_and_refused_when_not_running(make_job):
+    job = make_job()
+    with pytest.raises(ActionRefused, match="is not running"):
+        job_request_stop(job=job)
+    run = Run.objects.create(job=job, status=RunStatus.RUNNING)
+    job_request_stop(job=job)
+    asked = Run.objects.get(id=run.id).stop_requested_at
+    job_request_stop(job=job)
+    run.refresh_from_db()
+    assert run.status == RunStatus.STOPPING and run.stop_requested_at == asked
+
+
+def test_a_dead_driver_is_marked_lost_and_its_lease_released(make_job):
+    job = make_job()
+    token = lease_acquire(job_id=job.id)
+    run = Run.objects.create(
+        job=job,
+        status=RunStatus.RUNNING,
+        fencing_token=token,
+        pid=2**22 + 12345,
+        host=run_services.socket.gethostname(),
+        started_at=timezone.now(),
+    )
+    assert run_services.runs_supervise() == [f"run {run.id} lost"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.LOST and "exited without reporting" in run.message
+    job.refresh_from_db()
+    assert not job.lease_is_held()
+    assert job_request_start(job=job).status == RunStatus.PENDING

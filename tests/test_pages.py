@@ -1,0 +1,112 @@
+"""The job list and job page, as an operator reads them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from dashboard.models import Checkpoint, Run, RunStatus
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def viewer(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    return client
+
+
+def with_history(job, batches: int) -> None:
+    Checkpoint.objects.bulk_create(
+        Checkpoint(
+            job=job,
+            batch_id=b,
+            committed_at=T0 + timedelta(seconds=b),
+            duration_ms=100 + b,
+            input_rows=10,
+            checkpointed_bytes=1000 + b,
+            full_size_bytes=5000 + 10 * b,
+            lag_records=50 - b,
+            state_rows_total=b,
+            end_offset={"id": f"{b}-0", "n": 10 * b},
+        )
+        for b in range(batches)
+    )
+    job.latest_checkpoint = job.checkpoints.order_by("-batch_id").first()
+    job.save()
+
+
+def queries_for(client, url: str) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url).status_code == 200
+    return len(captured)
+
+
+def test_the_job_list_costs_the_same_queries_for_one_job_or_many(viewer, make_job):
+    first = make_job()
+    with_history(first, 3)
+    Run.objects.create(job=first, status=RunStatus.RUNNING)
+    one = queries_for(viewer, "/")
+    for _ in range(6):
+        job = make_job()
+        with_history(job, 2)
+        Run.objects.create(job=job, status=RunStatus.STOPPED)
+    assert queries_for(viewer, "/") == one
+
+
+def test_the_job_list_shows_status_lag_and_state(viewer, make_job):
+    job = make_job(name="clicks")
+    with_history(job, 4)
+    Run.objects.create(job=job, status=RunStatus.RUNNING)
+    page = viewer.get("/").content.decode()
+    assert "clicks" in page and "running" in page
+    assert "#3" in page, "the last checkpoint's batch id"
+    assert ">47<" in page, "lag in records of the last checkpoint"
+
+
+def test_the_job_page_pages_through_history_newest_first(viewer, make_job):
+    job = make_job(name="clicks")
+    with_history(job, 60)
+    first = viewer.get("/jobs/clicks/")
+    history = first.context["history"]
+    assert [c.batch_id for c in history][:3] == [59, 58, 57]
+    assert history.paginator.num_pages == 3
+    last = viewer.get("/jobs/clicks/?page=3").context["history"]
+    assert [c.batch_id for c in last][-1] == 0
+    assert viewer.get("/jobs/clicks/?page=zzz").status_code == 200, "a bad page number shows the first page"
+
+
+def test_the_summary_has_min_avg_and_percentiles_like_flinks(viewer, make_job):
+    job = make_job(name="clicks")
+    with_history(job, 101)
+    context = viewer.get("/jobs/clicks/").context
+    assert context["summary_count"] == 101
+    duration = next(row for row in context["summary"] if row.label == "End to end duration")
+    assert duration.values["min"] == 100 and duration.values["max"] == 200
+    assert duration.values["avg"] == pytest.approx(150)
+    assert duration.values["p50"] == pytest.approx(150)
+    assert duration.values["p90"] == pytest.approx(190)
+    assert duration.values["p99"] == pytest.approx(199)
+
+
+def test_the_job_page_shows_results_and_the_start_button(viewer, make_job):
+    job = make_job(name="clicks")
+    job.results.create(kind="url", key="/api/a", value={"requests": 42}, batch_id=0)
+    page = viewer.get("/jobs/clicks/").content.decode()
+    assert "Top URLs" in page and "/api/a" in page and ">42<" in page
+    assert 'action="/jobs/clicks/start"' in page
+
+
+def test_an_unknown_job_is_a_404(viewer):
+    assert viewer.get("/jobs/nope/").status_code == 404
+
+
+def test_start_and_stop_need_a_post(viewer, make_job):
+    job = make_job()
+    assert viewer.get(f"/jobs/{job.name}/start").status_code == 405
+    assert viewer.get(f"/jobs/{job.name}/stop").status_code == 405
