@@ -20,3 +20,6 @@ if os.environ.get("STATEKEEPER_TEST_PROCESS") and str(DATABASES["default"]["ENGI
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]  # type: ignore[index]
 CHECKPOINT_ROOT = Path(env_str("STATEKEEPER_CHECKPOINT_ROOT", "/tmp/statekeeper-tests/checkpoints")).resolve()  # noqa: F405
 LOG_ROOT = CHECKPOINT_ROOT.parent / "logs"
+# Tests serve static files from the apps' folders: no collectstatic step.
+STATIC_ROOT = None  # type: ignore[assignment]
+WHITENOISE_USE_FINDERS = True
