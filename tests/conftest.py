@@ -144,6 +144,27 @@ class DriverThread:
         return self.status
 
 
+def read_through(job: Any, redis: Any, count: int) -> bool:
+    """True once the job's checkpoints have read the first ``count`` stream entries (ingesting what is buffered)."""
+    from dashboard.models import Checkpoint
+    from dashboard.services.checkpoints import progress_stream_ingest
+
+    progress_stream_ingest(client=redis)
+    latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
+    return latest is not None and latest.end_offset["n"] >= count
+
+
+def run_through(driver: DriverThread, redis: Any, count: int, timeout: float = 180) -> str | None:
+    """Let a started driver read ``count`` entries, stop it gracefully, and ingest every checkpoint it made."""
+    from dashboard.services.checkpoints import progress_stream_ingest
+
+    job = driver.run.job
+    wait_for(lambda: read_through(job, redis, count), timeout, what=f"{job.name} to read {count} entries")
+    status = driver.stop()
+    progress_stream_ingest(client=redis)
+    return status
+
+
 @pytest.fixture
 def start_driver(spark: Any) -> Iterator[Callable[[Any], DriverThread]]:
     started: list[DriverThread] = []

@@ -9,20 +9,13 @@ import pytest
 from django.db.models import Sum
 
 from dashboard.models import Checkpoint, ResultRow, RunStatus
-from dashboard.services.checkpoints import progress_stream_ingest
-from tests.conftest import send_events, wait_for
+from tests.conftest import read_through, run_through, send_events, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 
 def sink_total(job: Any) -> int:
     return sum(row.value["requests"] for row in ResultRow.objects.filter(job=job, kind="url"))
-
-
-def caught_up(job: Any, redis: Any, expected_rows: int) -> bool:
-    progress_stream_ingest(client=redis)
-    total = Checkpoint.objects.filter(job=job).aggregate(n=Sum("input_rows"))["n"] or 0
-    return total >= expected_rows
 
 
 def du_bytes(path: Any) -> int:
@@ -32,10 +25,7 @@ def du_bytes(path: Any) -> int:
 def test_checkpoints_add_up_to_the_events_sent(make_job, start_driver, redis, stream_name):
     job = make_job(max_records_per_batch=700)
     sent = send_events(redis, stream_name, "url-counts", 2500)
-    driver = start_driver(job)
-    wait_for(lambda: caught_up(job, redis, sent), 120, what="all events checkpointed")
-    assert driver.stop() == RunStatus.STOPPED
-    progress_stream_ingest(client=redis)
+    assert run_through(start_driver(job), redis, sent) == RunStatus.STOPPED
 
     checkpoints = list(Checkpoint.objects.filter(job=job).order_by("batch_id"))
     assert sum(c.input_rows for c in checkpoints) == sent
@@ -53,15 +43,10 @@ def test_checkpoints_add_up_to_the_events_sent(make_job, start_driver, redis, st
 def test_stop_and_restart_resume_exactly(make_job, start_driver, redis, stream_name):
     job = make_job()
     first = send_events(redis, stream_name, "url-counts", 1200, seed=1)
-    driver = start_driver(job)
-    wait_for(lambda: caught_up(job, redis, 600), 120, what="some events checkpointed")
-    assert driver.stop() == RunStatus.STOPPED
+    assert run_through(start_driver(job), redis, 600) == RunStatus.STOPPED
     second = send_events(redis, stream_name, "url-counts", 900, seed=2)
 
-    driver = start_driver(job)
-    wait_for(lambda: caught_up(job, redis, first + second), 120, what="both rounds checkpointed")
-    driver.stop()
-    progress_stream_ingest(client=redis)
+    run_through(start_driver(job), redis, first + second)
 
     assert sink_total(job) == first + second, "nothing lost, nothing counted twice across the restart"
     batch_ids = list(Checkpoint.objects.filter(job=job).order_by("batch_id").values_list("batch_id", flat=True))
@@ -78,10 +63,10 @@ def test_malformed_events_go_to_the_dead_letter_stream_and_the_job_keeps_running
     sent = send_events(redis, stream_name, "url-counts", 600, malformed=garbage)
     redis.xadd(stream_name, {"other": "no v field"})
     driver = start_driver(job)
-    wait_for(lambda: caught_up(job, redis, sent), 120, what="valid events checkpointed")
+    entries = sent + len(garbage) + 1
+    wait_for(lambda: read_through(job, redis, entries), 120, what="the bad entries to be read")
     more = send_events(redis, stream_name, "url-counts", 300, seed=3)
-    wait_for(lambda: caught_up(job, redis, sent + more), 120, what="events after the bad ones")
-    driver.stop()
+    run_through(driver, redis, entries + more)
 
     dead = redis.xrange(job.dead_letter_stream)
     assert len(dead) == 4
@@ -94,10 +79,7 @@ def test_malformed_events_go_to_the_dead_letter_stream_and_the_job_keeps_running
 def test_checkpointed_bytes_equal_the_bytes_that_appeared_on_disk(make_job, start_driver, redis, stream_name):
     job = make_job(max_records_per_batch=400)
     sent = send_events(redis, stream_name, "url-counts", 2000)
-    driver = start_driver(job)
-    wait_for(lambda: caught_up(job, redis, sent), 120, what="all events checkpointed")
-    driver.stop()
-    progress_stream_ingest(client=redis)
+    run_through(start_driver(job), redis, sent)
 
     checkpoints = list(Checkpoint.objects.filter(job=job).order_by("batch_id"))
     on_disk = du_bytes(job.checkpoint_location)
@@ -112,10 +94,7 @@ def test_checkpointed_bytes_equal_the_bytes_that_appeared_on_disk(make_job, star
 def test_rocksdb_incremental_job_records_full_and_incremental_checkpoints(make_job, start_driver, redis, stream_name):
     job = make_job(pipeline="order-state-machine", state_backend="rocksdb-incremental", max_records_per_batch=300)
     sent = send_events(redis, stream_name, "order-state-machine", 1500)
-    driver = start_driver(job)
-    wait_for(lambda: caught_up(job, redis, sent), 180, what="all order events checkpointed")
-    driver.stop()
-    progress_stream_ingest(client=redis)
+    run_through(start_driver(job), redis, sent)
 
     checkpoints = list(Checkpoint.objects.filter(job=job).order_by("batch_id"))
     assert sum(c.input_rows for c in checkpoints) == sent

@@ -9,22 +9,14 @@ from collections import Counter, defaultdict
 import pytest
 
 from dashboard.models import Checkpoint, ResultRow
-from dashboard.services.checkpoints import progress_stream_ingest
-from tests.conftest import wait_for
+from tests.conftest import run_through
 from workers.pipelines.order_state_machine import step
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 
 def run_to_completion(job, start_driver, redis, sent: int) -> None:
-    def caught_up() -> bool:
-        progress_stream_ingest(client=redis)
-        latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
-        return latest is not None and latest.end_offset["n"] >= sent
-
-    driver = start_driver(job)
-    wait_for(caught_up, 180, what=f"{job.pipeline} to read all events")
-    driver.stop()
+    run_through(start_driver(job), redis, sent)
 
 
 def xadd_all(redis, stream: str, payloads: list[str]) -> int:
