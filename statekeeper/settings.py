@@ -33,7 +33,17 @@ def env_bool(name: str, default: bool) -> bool:
 def database_from_url(url: str) -> dict[str, object]:
     parsed = urlparse(url)
     if parsed.scheme == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": parsed.path or str(BASE_DIR / "var" / "db.sqlite3")}
+        # Web, workers and drivers all write: WAL lets readers go on, IMMEDIATE takes the write lock up front, and the
+        # busy timeout waits for it instead of failing with "database is locked".
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": parsed.path or str(BASE_DIR / "var" / "db.sqlite3"),
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
     if parsed.scheme in ("postgres", "postgresql"):
         return {
             "ENGINE": "django.db.backends.postgresql",

@@ -5,13 +5,14 @@ from __future__ import annotations
 import redis
 from celery import shared_task
 from django.conf import settings
+from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
 from dashboard.services.runs import run_launch, runs_supervise
 
 
-@shared_task(time_limit=60, acks_late=True)
+@shared_task(time_limit=60, acks_late=True, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
 def start_run(run_id: int) -> str:
     # acks_late is safe: run_launch does nothing for a run that is no longer pending, and the lease refuses a twin.
     run = run_launch(run_id=run_id)
