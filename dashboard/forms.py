@@ -47,3 +47,21 @@ class JobForm(forms.ModelForm):
                         f"migration to a new checkpoint (not available yet).",
                     )
         return data
+
+
+class RescaleForm(forms.Form):
+    parallelism = forms.IntegerField(min_value=1, max_value=64, help_text="cores: a restart, state untouched")
+    state_partitions = forms.IntegerField(
+        min_value=1, max_value=1024, help_text="stop, savepoint, Spark's offline repartition on a copy, restart"
+    )
+
+    def __init__(self, data: Any = None, *, job: Job) -> None:
+        super().__init__(data)
+        self.initial = {"parallelism": job.parallelism, "state_partitions": job.state_partitions}
+        self.job = job
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if (data.get("parallelism"), data.get("state_partitions")) == (self.job.parallelism, self.job.state_partitions):
+            raise forms.ValidationError("That is the current scale: change the parallelism or the state partitions.")
+        return data

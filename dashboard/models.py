@@ -21,6 +21,12 @@ class StateBackend(models.TextChoices):
     ROCKSDB_INCREMENTAL = "rocksdb-incremental", "RocksDB, incremental (changelog checkpointing)"
 
 
+class RestartStrategy(models.TextChoices):
+    NONE = "none", "No automatic restart"
+    FIXED = "fixed-delay", "Fixed delay"
+    EXPONENTIAL = "exponential", "Exponential back-off"
+
+
 class Job(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[JOB_NAME])
     pipeline = models.CharField(max_length=40, choices=[(name, name) for name in CATALOG])
@@ -53,6 +59,29 @@ class Job(models.Model):
     latest_checkpoint = models.ForeignKey(
         "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Restores and rollbacks fork into a new directory under the job's; the job runs on the one named here.
+    checkpoint_dir = models.CharField(max_length=80, default="checkpoint", editable=False)
+    savepoint_interval_minutes = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(7 * 24 * 60)], help_text="periodic savepoints; 0 turns them off"
+    )
+    savepoints_max_count = models.PositiveIntegerField(
+        default=10, validators=[MinValueValidator(1), MaxValueValidator(1000)], help_text="verified savepoints kept"
+    )
+    savepoints_max_age_hours = models.PositiveIntegerField(
+        default=7 * 24, validators=[MinValueValidator(1)], help_text="older savepoints are disposed (never the newest)"
+    )
+    restart_strategy = models.CharField(
+        max_length=16, choices=RestartStrategy.choices, default=RestartStrategy.EXPONENTIAL
+    )
+    restart_delay_seconds = models.PositiveIntegerField(default=5, validators=[MaxValueValidator(3600)])
+    restart_max_delay_seconds = models.PositiveIntegerField(default=300, validators=[MaxValueValidator(86400)])
+    failure_rate_max = models.PositiveIntegerField(
+        default=5,
+        validators=[MinValueValidator(1)],
+        help_text="failures allowed in the window before the job is FAILED",
+    )
+    failure_rate_window_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    failed_reason = models.TextField(blank=True, help_text="set when the restart strategy gave up; cleared by a start")
 
     class Meta:
         ordering = ["name"]
@@ -69,7 +98,11 @@ class Job(models.Model):
 
     @property
     def checkpoint_location(self) -> Path:
-        return self.directory / "checkpoint"
+        return self.directory / self.checkpoint_dir
+
+    @property
+    def savepoint_root(self) -> Path:
+        return self.directory / "savepoints"
 
     @property
     def dead_letter_stream(self) -> str:
@@ -146,6 +179,7 @@ class Checkpoint(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="checkpoints")
+    location = models.CharField(max_length=80, default="checkpoint", help_text="the checkpoint directory (fork)")
     batch_id = models.BigIntegerField()
     committed_at = models.DateTimeField()
     duration_ms = models.BigIntegerField(help_text="end to end: triggerExecution")
@@ -174,7 +208,9 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["-batch_id"]
-        constraints = [models.UniqueConstraint(fields=["job", "batch_id"], name="one_checkpoint_per_batch")]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "location", "batch_id"], name="one_checkpoint_per_batch_and_fork")
+        ]
         indexes = [models.Index(fields=["job", "-batch_id"], name="checkpoint_job_batch")]
 
     def __str__(self) -> str:
@@ -196,3 +232,114 @@ class ResultRow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.key}"
+
+
+class ActionKind(models.TextChoices):
+    SAVEPOINT = "savepoint", "Savepoint"
+    STOP_WITH_SAVEPOINT = "stop-with-savepoint", "Stop with savepoint"
+    RESTORE = "restore", "Restore from savepoint"
+    ROLLBACK = "rollback", "Roll back to a batch"
+    RESCALE = "rescale", "Rescale"
+    DISPOSE_SAVEPOINT = "dispose-savepoint", "Dispose savepoint"
+
+
+class ActionStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+
+
+IN_FLIGHT_ACTIONS = (ActionStatus.PENDING, ActionStatus.RUNNING)
+
+
+class Action(models.Model):
+    """An operator action on a job: who asked, when, with what, how far it got and how it ended."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="actions")
+    kind = models.CharField(max_length=24, choices=ActionKind.choices)
+    status = models.CharField(max_length=12, choices=ActionStatus.choices, default=ActionStatus.PENDING)
+    origin = models.CharField(max_length=24, default="user", help_text="user, periodic, supervisor, …")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    requested_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    progress = models.CharField(max_length=300, blank=True)
+    outcome = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            # Actions on one job never overlap: a second one is refused while one is pending or running.
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=models.Q(status__in=["pending", "running"]),
+                name="one_action_in_flight_per_job",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} #{self.pk} on {self.job_id}"
+
+    @property
+    def in_flight(self) -> bool:
+        return self.status in IN_FLIGHT_ACTIONS
+
+
+class SavepointStatus(models.TextChoices):
+    IN_PROGRESS = "in-progress", "In progress"
+    VERIFIED = "verified", "Verified"
+    FAILED = "failed", "Failed"
+    DISPOSED = "disposed", "Disposed"
+
+
+class Savepoint(models.Model):
+    """A self-contained, verified copy of the checkpoint at a committed batch, with its manifest."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="savepoints")
+    action = models.ForeignKey(Action, null=True, blank=True, on_delete=models.SET_NULL, related_name="savepoints")
+    origin = models.CharField(max_length=24, default="user")
+    status = models.CharField(max_length=12, choices=SavepointStatus.choices, default=SavepointStatus.IN_PROGRESS)
+    batch_id = models.BigIntegerField(null=True, blank=True)
+    path = models.CharField(max_length=500, blank=True)
+    size_bytes = models.BigIntegerField(default=0)
+    duration_ms = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    disposed_at = models.DateTimeField(null=True, blank=True)
+    manifest = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"savepoint {self.pk} of {self.job_id} at batch {self.batch_id}"
+
+
+class Recovery(models.Model):
+    """An automatic restart after a driver died: the cause, when it came back, and what it replayed."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="recoveries")
+    failed_run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="recovery")
+    restart_run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    cause = models.TextField()
+    trace = models.TextField(blank=True)
+    failed_at = models.DateTimeField()
+    attempt = models.PositiveIntegerField(default=1)
+    restart_at = models.DateTimeField(null=True, blank=True, help_text="when the restart strategy restarts it")
+    recovered_at = models.DateTimeField(null=True, blank=True, help_text="first batch committed after the restart")
+    batches_replayed = models.PositiveIntegerField(default=0)
+    gave_up = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"recovery {self.pk} of {self.job_id}"
+
+    @property
+    def downtime_seconds(self) -> float | None:
+        return (self.recovered_at - self.failed_at).total_seconds() if self.recovered_at else None

@@ -47,7 +47,8 @@ def dead_letter_counts(jobs: list[Job]) -> dict[int, int | None]:
 
 
 def checkpoint_history(*, job: Job, page: int | str | None, per_page: int = 25) -> Page[Checkpoint]:
-    queryset = Checkpoint.objects.filter(job=job).order_by("-batch_id")
+    # forks restart their batch ids: newest commit first keeps the history in the order things happened
+    queryset = Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")
     return Paginator(queryset, per_page).get_page(page)
 
 

@@ -10,4 +10,10 @@ urlpatterns = [
     path("jobs/<str:name>/edit", views.job_edit, name="job_edit"),
     path("jobs/<str:name>/start", views.job_start, name="job_start"),
     path("jobs/<str:name>/stop", views.job_stop, name="job_stop"),
+    path("jobs/<str:name>/savepoint", views.job_savepoint, name="job_savepoint"),
+    path("jobs/<str:name>/stop-with-savepoint", views.job_stop_with_savepoint, name="job_stop_with_savepoint"),
+    path("jobs/<str:name>/savepoints/<int:savepoint_id>/restore", views.job_restore, name="job_restore"),
+    path("jobs/<str:name>/savepoints/<int:savepoint_id>/dispose", views.savepoint_dispose, name="savepoint_dispose"),
+    path("jobs/<str:name>/rollback", views.job_rollback, name="job_rollback"),
+    path("jobs/<str:name>/rescale", views.job_rescale, name="job_rescale"),
 ]

@@ -7,8 +7,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from dashboard import selectors
-from dashboard.forms import JobForm
-from dashboard.models import Job
+from dashboard.forms import JobForm, RescaleForm
+from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Job, SavepointStatus
+from dashboard.services.actions import action_request
+from dashboard.services.forks import rollback_preview, savepoint_preview
+from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
 from workers.pipelines import CATALOG
 
@@ -34,6 +37,10 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "summary_count": count,
         "results": selectors.job_results(job=job),
         "dead_letters": selectors.dead_letter_counts([job])[job.id],
+        "actions": job.actions.select_related("requested_by")[:10],
+        "action_in_flight": job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first(),
+        "savepoints": job.savepoints.exclude(status=SavepointStatus.DISPOSED)[:20],
+        "recoveries": job.recoveries.select_related("failed_run", "restart_run")[:10],
     }
     return render(request, "dashboard/job_detail.html", context)
 
@@ -70,6 +77,8 @@ def job_edit(request: HttpRequest, name: str) -> HttpResponse:
 def job_start(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     try:
+        if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first():
+            raise ActionRefused(f"{job.name} has {busy.get_kind_display().lower()} #{busy.id} in flight: wait for it.")
         run = job_request_start(job=job, requested_by=request.user)
         messages.success(request, f"Start of {job.name} requested (run #{run.id}).")
     except ActionRefused as exc:
@@ -89,3 +98,70 @@ def job_stop(request: HttpRequest, name: str) -> HttpResponse:
     except ActionRefused as exc:
         messages.error(request, str(exc))
     return redirect("dashboard:job_detail", name=job.name)
+
+
+def _request(request: HttpRequest, job: Job, kind: str, params: dict | None = None) -> HttpResponse:
+    try:
+        action = action_request(job=job, kind=kind, params=params, requested_by=request.user)
+        messages.success(request, f"{action.get_kind_display()} #{action.id} requested.")
+    except ActionRefused as exc:
+        messages.error(request, str(exc))
+    return redirect("dashboard:job_detail", name=job.name)
+
+
+@require_POST
+@login_required
+def job_savepoint(request: HttpRequest, name: str) -> HttpResponse:
+    return _request(request, get_object_or_404(Job, name=name), ActionKind.SAVEPOINT)
+
+
+@require_POST
+@login_required
+def job_stop_with_savepoint(request: HttpRequest, name: str) -> HttpResponse:
+    return _request(request, get_object_or_404(Job, name=name), ActionKind.STOP_WITH_SAVEPOINT)
+
+
+@login_required
+def job_restore(request: HttpRequest, name: str, savepoint_id: int) -> HttpResponse:
+    job = get_object_or_404(Job, name=name)
+    savepoint = get_object_or_404(job.savepoints, id=savepoint_id)
+    preview = savepoint_preview(job, savepoint)
+    if request.method == "POST" and not preview.refusal:
+        return _request(request, job, ActionKind.RESTORE, {"savepoint": savepoint.id})
+    context = {"job": job, "title": f"Restore savepoint #{savepoint.id}", "preview": preview, "savepoint": savepoint}
+    return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
+
+
+@login_required
+def job_rollback(request: HttpRequest, name: str) -> HttpResponse:
+    job = get_object_or_404(Job, name=name)
+    try:
+        batch = int(request.GET.get("batch") or request.POST.get("batch") or "")
+    except ValueError:
+        messages.error(request, "Choose a committed batch to roll back to.")
+        return redirect("dashboard:job_detail", name=job.name)
+    preview = rollback_preview(job, batch)
+    if request.method == "POST" and not preview.refusal:
+        return _request(request, job, ActionKind.ROLLBACK, {"batch": batch})
+    context = {"job": job, "title": f"Roll back to batch {batch}", "preview": preview, "batch": batch}
+    return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
+
+
+@login_required
+def job_rescale(request: HttpRequest, name: str) -> HttpResponse:
+    job = get_object_or_404(Job, name=name)
+    form = RescaleForm(request.POST or None, job=job)
+    if request.method == "POST" and form.is_valid():
+        return _request(request, job, ActionKind.RESCALE, form.cleaned_data)
+    context = {"job": job, "form": form, "backend_switch": BACKEND_SWITCH}
+    return render(request, "dashboard/rescale.html", context, status=400 if form.errors else 200)
+
+
+@login_required
+def savepoint_dispose(request: HttpRequest, name: str, savepoint_id: int) -> HttpResponse:
+    job = get_object_or_404(Job, name=name)
+    savepoint = get_object_or_404(job.savepoints, id=savepoint_id)
+    if request.method == "POST":
+        return _request(request, job, ActionKind.DISPOSE_SAVEPOINT, {"savepoint": savepoint.id})
+    context = {"job": job, "title": f"Dispose savepoint #{savepoint.id}", "savepoint": savepoint, "dispose": True}
+    return render(request, "dashboard/action_preview.html", context)

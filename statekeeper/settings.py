@@ -118,6 +118,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BEAT_SCHEDULE = {
     "ingest-progress": {"task": "workers.tasks.ingest_progress", "schedule": 1.0},
     "supervise-jobs": {"task": "workers.tasks.supervise_jobs", "schedule": 5.0},
+    "periodic-savepoints": {"task": "workers.tasks.periodic_savepoints", "schedule": 60.0},
 }
 
 # Where every job's checkpoint lives: <root>/<job name>/checkpoint. Users name jobs, never paths.

@@ -101,7 +101,7 @@ def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
     url = f"{live_server.url}/jobs/clicks/"
 
     page.goto(url)
-    page.click("button:has-text('Start')")
+    page.get_by_role("button", name="Start", exact=True).click()
     assert "Start of clicks requested" in page.content()
     wait_for(lambda: status_on_page(page, url) == "running", 90, 1, "the driver to run")
 
@@ -117,12 +117,12 @@ def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
     assert job.runs.count() == 1
 
     page.goto(url)
-    page.click("button:has-text('Stop')")
+    page.get_by_role("button", name="Stop", exact=True).click()
     wait_for(lambda: status_on_page(page, url) == "stopped", 120, 1, "the driver to drain and stop")
     total = sum(r.value["requests"] for r in job.results.filter(kind="url"))
     assert total == sent
 
-    page.click("button:has-text('Start')")
+    page.get_by_role("button", name="Start", exact=True).click()
     run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 90, 1, "the second run")
     os.killpg(run.pid, signal.SIGKILL)
     wait_for(lambda: status_on_page(page, url) == "lost", 60, 1, "the supervisor to notice the dead driver")

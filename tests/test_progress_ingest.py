@@ -67,7 +67,7 @@ def test_idle_trigger_progress_is_not_a_checkpoint():
 def test_records_are_ingested_once_in_order(make_job, redis, tmp_path):
     job = make_job()
     run = Run.objects.create(job=job, status="running")
-    recorder = recorder_for(job, run, tmp_path / "ck")
+    recorder = recorder_for(job, run, tmp_path / "checkpoint")
     for batch in range(5):
         recorder.on_progress(progress(batch))
     recorder.on_progress(progress(4))  # a duplicate event for the same batch
@@ -84,7 +84,7 @@ def test_records_are_ingested_once_in_order(make_job, redis, tmp_path):
 def test_entries_read_by_a_crashed_ingester_are_ingested_by_the_next(make_job, redis, tmp_path):
     job = make_job()
     run = Run.objects.create(job=job, status="running")
-    recorder = recorder_for(job, run, tmp_path / "ck")
+    recorder = recorder_for(job, run, tmp_path / "checkpoint")
     for batch in range(3):
         recorder.on_progress(progress(batch))
     redis.xgroup_create(settings.PROGRESS_STREAM, "console", id="0")
@@ -97,7 +97,7 @@ def test_entries_read_by_a_crashed_ingester_are_ingested_by_the_next(make_job, r
 def test_what_redis_lost_is_recovered_from_the_journal(make_job, redis, tmp_path):
     job = make_job()
     run = Run.objects.create(job=job, status="running")
-    recorder = recorder_for(job, run, tmp_path / "ck")
+    recorder = recorder_for(job, run, tmp_path / "checkpoint")
     for batch in range(3):
         recorder.on_progress(progress(batch))
     progress_stream_ingest(client=redis)
@@ -120,7 +120,7 @@ def test_progress_is_journaled_even_when_redis_is_unreachable(make_job, tmp_path
     recorder = ProgressRecorder(
         job_id=job.id,
         run_id=run.id,
-        checkpoint=tmp_path / "ck",
+        checkpoint=tmp_path / "checkpoint",
         journal=journal_path(job=job, run_id=run.id),
         redis_url="redis://127.0.0.1:1/0",
         stream=settings.PROGRESS_STREAM,

@@ -85,6 +85,7 @@ class ProgressRecorder:
 
     def __init__(self, *, job_id: int, run_id: int, checkpoint: Path, journal: Path, redis_url: str, stream: str):
         self.job_id, self.run_id = job_id, run_id
+        self.location = checkpoint.name
         self.disk = CheckpointDisk(checkpoint)
         self.journal = journal
         self.journal.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +95,7 @@ class ProgressRecorder:
     def on_progress(self, progress: dict[str, Any]) -> dict[str, Any] | None:
         if not is_commit(progress):
             return None
-        record = checkpoint_record(progress, self.disk.measure(progress["batchId"]))
+        record = checkpoint_record(progress, self.disk.measure(progress["batchId"])) | {"location": self.location}
         line = json.dumps({"job": self.job_id, "run": self.run_id, "record": record}, separators=(",", ":"))
         with open(self.journal, "a") as out:
             out.write(line + "\n")

@@ -8,8 +8,11 @@ from django.conf import settings
 from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
+from dashboard.services.actions import action_execute, actions_abandoned
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
+from dashboard.services.recovery import recoveries_supervise
 from dashboard.services.runs import run_launch, runs_supervise
+from dashboard.services.savepoints import savepoints_periodic
 
 
 @shared_task(time_limit=60, acks_late=True, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
@@ -31,9 +34,25 @@ def ingest_progress() -> int:
         lock.release()
 
 
+# Long: a savepoint copies and verifies state, a rescale drains, copies and repartitions. Not acks_late: a worker that
+# dies mid-action leaves it RUNNING, and the supervisor marks it failed, to be requested again by the operator.
+@shared_task(time_limit=3600, soft_time_limit=3500)
+def run_action(action_id: int) -> str:
+    action = action_execute(action_id=action_id)
+    return f"action {action.id}: {action.status}"
+
+
+@shared_task(time_limit=60)
+def periodic_savepoints() -> list[int]:
+    return savepoints_periodic()
+
+
 @shared_task(time_limit=60)
 def supervise_jobs() -> list[str]:
     notes = runs_supervise()
+    notes += recoveries_supervise()
+    if abandoned := actions_abandoned(older_than_seconds=3700):
+        notes.append(f"{abandoned} abandoned actions marked failed")
     recent = Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).select_related("job")
     for run in list(recent) + list(Run.objects.exclude(status__in=ACTIVE_RUN_STATUSES).select_related("job")[:5]):
         created = journal_reconcile(job=run.job, run_id=run.id)

@@ -33,8 +33,11 @@ def checkpoint_record_ingest(*, job_id: int, run_id: int | None, record: dict[st
                 committed_at=parse_time(record["committed_at"]),
                 **fields,
             )
-            Job.objects.filter(id=job_id).filter(
-                Q(latest_checkpoint__isnull=True) | Q(latest_checkpoint__batch_id__lt=checkpoint.batch_id)
+            # the job's latest checkpoint is the newest batch of the directory it runs on now (forks restart lower)
+            Job.objects.filter(id=job_id, checkpoint_dir=checkpoint.location).filter(
+                Q(latest_checkpoint__isnull=True)
+                | ~Q(latest_checkpoint__location=checkpoint.location)
+                | Q(latest_checkpoint__batch_id__lt=checkpoint.batch_id)
             ).update(latest_checkpoint=checkpoint)
     except IntegrityError:
         return False
@@ -94,7 +97,7 @@ def journal_reconcile(*, job: Job, run_id: int) -> int:
     path = journal_path(job=job, run_id=run_id)
     if not path.exists():
         return 0
-    known = set(Checkpoint.objects.filter(job=job, run_id=run_id).values_list("batch_id", flat=True))
+    known = set(Checkpoint.objects.filter(job=job, run_id=run_id).values_list("location", "batch_id"))
     created = 0
     with open(path) as journal:
         for number, line in enumerate(journal):
@@ -102,7 +105,8 @@ def journal_reconcile(*, job: Job, run_id: int) -> int:
                 data = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a kill: its batch is in the next line or was never committed
-            if data.get("record", {}).get("batch_id") in known:
+            record = data.get("record", {})
+            if (record.get("location", "checkpoint"), record.get("batch_id")) in known:
                 continue
             made, _ = _ingest_lines([(number, line)])
             created += made

@@ -44,6 +44,7 @@ def job_request_start(*, job: Job, requested_by: AbstractBaseUser | AnonymousUse
                     f"requested {active.requested_at:%Y-%m-%d %H:%M:%S} UTC): one driver per checkpoint."
                 )
             run = Run.objects.create(job=job, requested_by=user)
+            Job.objects.filter(id=job.id).exclude(failed_reason="").update(failed_reason="")
             transaction.on_commit(lambda: start_run.delay(run.id))
     except IntegrityError:  # the partial unique index: another request got there first
         raise ActionRefused(f"{job.name} is already being started: one driver per checkpoint.") from None

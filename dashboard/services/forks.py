@@ -1,0 +1,186 @@
+"""Restore from a savepoint and roll back to a committed batch. Both fork into a new checkpoint directory and switch
+the job to it; the original directory stays untouched until the operator discards it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Avg
+from django.utils import timezone
+
+from dashboard.models import Action, Checkpoint, Job, Savepoint, SavepointStatus
+from dashboard.services.actions import ActionFailed, action_progress, active_run, run_state_tool
+from dashboard.services.runs import job_request_start
+from workers.sources.redis_streams import stream_position
+from workers.spark.checkpoint_files import (
+    CheckpointError,
+    batch_offsets,
+    committed_batches,
+    copy_checkpoint,
+    remove_tree,
+    verify_files,
+)
+
+
+@dataclass
+class Preview:
+    """What a restore or rollback would do, shown before the operator confirms."""
+
+    batch_id: int
+    committed_at: datetime | None
+    resume_offset: dict[str, Any] | None
+    replay_records: int | None
+    catch_up_seconds: float | None
+    refusal: str = ""
+
+    @property
+    def age_seconds(self) -> float | None:
+        return (timezone.now() - self.committed_at).total_seconds() if self.committed_at else None
+
+
+def _stream_numbers(job: Job) -> tuple[int, int] | None:
+    """(entries ever added, entries trimmed away) of the job's stream; None if Redis cannot be reached."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=3, socket_connect_timeout=3)
+        latest = stream_position(client, job.source_stream)
+        length = int(client.xlen(job.source_stream))
+    except Exception:
+        return None
+    return int(latest["n"]), int(latest["n"]) - length
+
+
+def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at: datetime | None) -> Preview:
+    numbers = _stream_numbers(job)
+    result = Preview(batch_id, committed_at, offset, None, None)
+    if numbers is None or not isinstance(offset, dict) or "n" not in offset:
+        result.refusal = "" if numbers is not None else "Redis cannot be reached: the replay cannot be checked now."
+        return result
+    added, trimmed = numbers
+    result.replay_records = max(0, added - int(offset["n"]))
+    if trimmed > int(offset["n"]):
+        gone = trimmed - int(offset["n"])
+        result.refusal = (
+            f"Refused: {gone} records after this batch were already trimmed from {job.source_stream}; restoring here "
+            f"would lose them."
+        )
+    rate = (
+        Checkpoint.objects.filter(job=job, input_rows__gt=0, processed_rate__gt=0)
+        .order_by("-id")[:20]
+        .aggregate(rate=Avg("processed_rate"))["rate"]
+    )
+    if rate:
+        result.catch_up_seconds = result.replay_records / rate
+    return result
+
+
+def savepoint_preview(job: Job, savepoint: Savepoint) -> Preview:
+    offsets = savepoint.manifest.get("source_offsets") or [None]
+    result = preview(job, int(savepoint.batch_id or 0), offsets[0], savepoint.created_at)
+    if savepoint.status != SavepointStatus.VERIFIED:
+        result.refusal = "Refused: only a verified savepoint can be restored."
+    return result
+
+
+def restorable_batches(job: Job) -> list[int]:
+    """Committed batches of the live checkpoint whose state Spark still keeps (the retained batches)."""
+    root = job.checkpoint_location
+    batches = committed_batches(root)
+    state = root / "state" / "0" / "0"
+    if not state.is_dir():
+        return batches
+    versions = set()
+    for name in state.iterdir():
+        head = name.name.split(".")[0].split("_")[0]
+        if head.isdigit():
+            versions.add(int(head))
+    oldest = min(versions) if versions else 0
+    return [b for b in batches if b + 1 >= oldest]
+
+
+def rollback_preview(job: Job, batch_id: int) -> Preview:
+    record = Checkpoint.objects.filter(job=job, location=job.checkpoint_dir, batch_id=batch_id).first()
+    try:
+        offsets = batch_offsets(job.checkpoint_location, batch_id)["sources"]
+    except CheckpointError:
+        offsets = [None]
+    result = preview(job, batch_id, offsets[0], record.committed_at if record else None)
+    retained = restorable_batches(job)
+    if batch_id not in retained:
+        span = f"{retained[0]}–{retained[-1]}" if retained else "none"
+        result.refusal = f"Refused: batch {batch_id} is not among the retained batches ({span})."
+    return result
+
+
+def _switch_to_fork(job: Job, fork: str) -> None:
+    Job.objects.filter(id=job.id).update(checkpoint_dir=fork, latest_checkpoint=None)
+    job.checkpoint_dir, job.latest_checkpoint = fork, None
+
+
+def _refuse_if_running(job: Job) -> None:
+    if active_run(job) is not None:
+        raise ActionFailed(f"{job.name} is running: stop it (or stop with a savepoint) before restoring.")
+
+
+def restore_action(action: Action) -> str:
+    job = action.job
+    _refuse_if_running(job)
+    savepoint = job.savepoints.filter(id=action.params.get("savepoint")).first()
+    if savepoint is None:
+        raise ActionFailed("That savepoint does not exist.")
+    check = savepoint_preview(job, savepoint)
+    if check.refusal:
+        raise ActionFailed(check.refusal)
+    fork = f"checkpoint-restore-{action.id}"
+    target = job.directory / fork
+    action_progress(action, f"copying savepoint #{savepoint.id} into {fork}")
+    source = Path(savepoint.path) / "checkpoint"
+    remove_tree(target)
+    shutil.copytree(source, target)
+    manifest = json.loads((Path(savepoint.path) / "_manifest.json").read_text())
+    problems = verify_files(target, manifest["files"])
+    if problems:
+        remove_tree(target)
+        raise ActionFailed(f"The savepoint's files do not match its manifest: {'; '.join(problems[:5])}")
+    previous = job.checkpoint_dir
+    _switch_to_fork(job, fork)
+    run = job_request_start(job=job, requested_by=action.requested_by)
+    return (
+        f"Restored savepoint #{savepoint.id} (batch {savepoint.batch_id}) into {fork}; run #{run.id} starting. "
+        f"{check.replay_records if check.replay_records is not None else '?'} records to replay. "
+        f"The previous checkpoint {previous} is kept."
+    )
+
+
+def rollback_action(action: Action) -> str:
+    job = action.job
+    _refuse_if_running(job)
+    batch = int(action.params["batch"])
+    check = rollback_preview(job, batch)
+    if check.refusal:
+        raise ActionFailed(check.refusal)
+    fork = f"checkpoint-rollback-{action.id}"
+    target = job.directory / fork
+    remove_tree(target)
+    action_progress(action, f"copying the checkpoint as of batch {batch} into {fork}")
+    try:
+        copy_checkpoint(job.checkpoint_location, target, batch)
+        action_progress(action, f"checking that Spark loads the state at batch {batch}")
+        run_state_tool("verify", target, batch)
+    except (CheckpointError, ActionFailed) as exc:
+        remove_tree(target)
+        raise ActionFailed(f"Rollback to batch {batch} is not possible: {exc}") from None
+    previous = job.checkpoint_dir
+    _switch_to_fork(job, fork)
+    run = job_request_start(job=job, requested_by=action.requested_by)
+    return (
+        f"Rolled back to batch {batch} in {fork}; run #{run.id} starting and replays "
+        f"{check.replay_records if check.replay_records is not None else '?'} records. {previous} is kept."
+    )

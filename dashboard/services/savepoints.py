@@ -1,0 +1,147 @@
+"""Savepoints: a self-contained copy of the checkpoint at a committed batch, listed as usable only once verified."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pyspark
+from django.utils import timezone
+
+from dashboard.models import Action, ActionKind, Job, Savepoint, SavepointStatus
+from dashboard.services.actions import ActionFailed, action_progress, action_request, run_state_tool, wait_until_stopped
+from workers.spark.checkpoint_files import (
+    CheckpointError,
+    batch_offsets,
+    copy_checkpoint,
+    entries_json,
+    frozen_settings,
+    latest_committed,
+    remove_tree,
+    verify_files,
+)
+
+MANIFEST = "_manifest.json"
+
+
+def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
+    """Copy the checkpoint as of its latest committed batch (the job may keep running), then verify the copy."""
+    started = time.monotonic()
+    savepoint = Savepoint.objects.create(job=job, action=action, origin=origin)
+    try:
+        source = job.checkpoint_location
+        batch = latest_committed(source)
+        folder = job.savepoint_root / f"sp-{savepoint.id}-batch-{batch}"
+        savepoint.batch_id, savepoint.path = batch, str(folder)
+        savepoint.save(update_fields=["batch_id", "path"])
+        action_progress(action, f"copying the checkpoint as of batch {batch}")
+        entries = copy_checkpoint(source, folder / "checkpoint", batch)
+        offsets = batch_offsets(folder / "checkpoint", batch)
+        manifest = {
+            "job": job.name,
+            "pipeline": job.pipeline,
+            "batch_id": batch,
+            "source_stream": job.source_stream,
+            "source_offsets": offsets["sources"],
+            "watermark_ms": offsets["metadata"].get("batchWatermarkMs"),
+            "backend": job.state_backend,
+            "state_partitions": int(
+                frozen_settings(folder / "checkpoint", batch)["partitions"] or job.state_partitions
+            ),
+            "state_provider": frozen_settings(folder / "checkpoint", batch)["provider"],
+            "spark_version": pyspark.__version__,
+            "created_at": timezone.now().isoformat(),
+            "files": entries_json(entries),
+        }
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        savepoint_verify(savepoint=savepoint, manifest=manifest, action=action)
+    except (CheckpointError, ActionFailed) as exc:
+        savepoint.status, savepoint.error = SavepointStatus.FAILED, str(exc)
+        savepoint.duration_ms = int((time.monotonic() - started) * 1000)
+        savepoint.save()
+        raise ActionFailed(f"Savepoint failed: {exc}") from None
+    savepoint.duration_ms = int((time.monotonic() - started) * 1000)
+    savepoint.save()
+    savepoints_retain(job=job)
+    return savepoint
+
+
+def savepoint_verify(*, savepoint: Savepoint, manifest: dict, action: Action) -> None:
+    """Complete files, matching checksums, and Spark's state reader loads the state at the savepoint's batch."""
+    folder = Path(savepoint.path)
+    action_progress(action, f"verifying {len(manifest['files'])} files against their checksums")
+    problems = verify_files(folder / "checkpoint", manifest["files"])
+    if problems:
+        raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
+    action_progress(action, "verifying: Spark's state reader loads the state")
+    reading = run_state_tool("verify", folder / "checkpoint", int(manifest["batch_id"]))
+    manifest["verification"] = reading
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    savepoint.manifest = {k: v for k, v in manifest.items() if k != "files"} | {"file_count": len(manifest["files"])}
+    savepoint.size_bytes = sum(int(f["size"]) for f in manifest["files"])
+    savepoint.status, savepoint.verified_at = SavepointStatus.VERIFIED, timezone.now()
+
+
+def savepoint_action(action: Action) -> str:
+    savepoint = savepoint_take(job=action.job, action=action, origin=action.origin)
+    return f"Savepoint #{savepoint.id} at batch {savepoint.batch_id} verified ({savepoint.size_bytes} bytes)."
+
+
+def stop_with_savepoint_action(action: Action) -> str:
+    wait_until_stopped(action, action.job)
+    savepoint = savepoint_take(job=action.job, action=action, origin="stop")
+    return f"Stopped; savepoint #{savepoint.id} at batch {savepoint.batch_id} verified."
+
+
+def savepoint_dispose(*, savepoint: Savepoint) -> None:
+    if savepoint.path:
+        folder = Path(savepoint.path).resolve()
+        if savepoint.job.savepoint_root.resolve() not in folder.parents:
+            raise ActionFailed(f"{folder} is not under the job's savepoint folder; not deleting it")
+        remove_tree(folder)
+    Savepoint.objects.filter(id=savepoint.id).update(status=SavepointStatus.DISPOSED, disposed_at=timezone.now())
+
+
+def dispose_action(action: Action) -> str:
+    savepoint = action.job.savepoints.filter(id=action.params.get("savepoint")).first()
+    if savepoint is None or savepoint.status == SavepointStatus.DISPOSED:
+        raise ActionFailed("That savepoint does not exist or was already disposed.")
+    newest = action.job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-id").first()
+    if newest is not None and newest.id == savepoint.id and not action.params.get("allow_newest"):
+        raise ActionFailed("This is the newest verified savepoint: it is kept, so that a restore is always possible.")
+    savepoint_dispose(savepoint=savepoint)
+    return f"Savepoint #{savepoint.id} disposed."
+
+
+def savepoints_retain(*, job: Job) -> list[int]:
+    """Dispose verified savepoints beyond the job's max count or max age; never the newest verified one."""
+    verified = list(job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-id"))
+    too_old = timezone.now() - timedelta(hours=job.savepoints_max_age_hours)
+    gone = [sp for i, sp in enumerate(verified) if i > 0 and (i >= job.savepoints_max_count or sp.created_at < too_old)]
+    for savepoint in gone:
+        savepoint_dispose(savepoint=savepoint)
+    for failed in job.savepoints.filter(status=SavepointStatus.FAILED, disposed_at=None):
+        savepoint_dispose(savepoint=failed)  # a failed copy is of no use: free its space
+    return [sp.id for sp in gone]
+
+
+def savepoints_periodic() -> list[int]:
+    """Request a savepoint for every running job whose interval has passed since its last one."""
+    from dashboard.models import RunStatus
+    from dashboard.services.runs import ActionRefused
+
+    requested = []
+    now = timezone.now()
+    for job in Job.objects.filter(savepoint_interval_minutes__gt=0):
+        if not job.runs.filter(status=RunStatus.RUNNING).exists() or job.latest_checkpoint_id is None:
+            continue
+        last = job.savepoints.exclude(status=SavepointStatus.FAILED).order_by("-created_at").first()
+        if last is not None and now - last.created_at < timedelta(minutes=job.savepoint_interval_minutes):
+            continue
+        try:
+            requested.append(action_request(job=job, kind=ActionKind.SAVEPOINT, origin="periodic").id)
+        except ActionRefused:
+            continue  # another action is in flight: try at the next tick
+    return requested

@@ -1,0 +1,144 @@
+"""Reading and copying a Spark checkpoint directory as of one committed batch. Plain files, no Spark, no Django.
+
+A copy "as of batch K" holds the commit log up to K and the state versions up to K + 1 (state version v is written by
+batch v - 1), plus every file that belongs to no batch (metadata, sources, schemas, RocksDB's shared SST files). It is
+a checkpoint Spark restarts from at batch K + 1. The live directory is only ever read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.spark.checkpoint_disk import file_batch
+
+
+class CheckpointError(Exception):
+    """The checkpoint directory is missing, incomplete or unreadable; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+
+
+def _batch_files(root: Path, log: str) -> list[int]:
+    folder = root / log
+    if not folder.is_dir():
+        return []
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+def committed_batches(root: Path) -> list[int]:
+    return _batch_files(root, "commits")
+
+
+def latest_committed(root: Path) -> int:
+    batches = committed_batches(root)
+    if not batches:
+        raise CheckpointError(f"{root} has no committed batch")
+    return batches[-1]
+
+
+def batch_offsets(root: Path, batch: int) -> dict[str, Any]:
+    """What offsets/<batch> says: the batch's metadata (watermark, timestamp, frozen conf) and source end offsets."""
+    path = root / "offsets" / str(batch)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise CheckpointError(f"offsets/{batch} is missing from {root}") from None
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        raise CheckpointError(f"offsets/{batch} in {root} is truncated or not an offset log entry")
+    try:
+        metadata = json.loads(lines[1])
+        sources = [json.loads(line) if line != "-" else None for line in lines[2:]]
+    except ValueError as exc:
+        raise CheckpointError(f"offsets/{batch} in {root} is corrupt: {exc}") from None
+    return {"metadata": metadata, "sources": sources}
+
+
+def frozen_settings(root: Path, batch: int) -> dict[str, str]:
+    conf = batch_offsets(root, batch)["metadata"].get("conf", {})
+    return {
+        "partitions": conf.get("spark.sql.shuffle.partitions", ""),
+        "provider": conf.get("spark.sql.streaming.stateStore.providerClass", ""),
+    }
+
+
+def _keep(relative: str, upto: int) -> bool:
+    if relative.endswith((".tmp", ".tmp.crc")):  # a file Spark is still writing
+        return False
+    owner, _ = file_batch(relative)
+    return owner is None or owner <= upto
+
+
+def _copy_hashing(src: Path, dst: Path) -> FileEntry | None:
+    digest = hashlib.sha256()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(src, "rb") as reader, open(dst, "wb") as writer:
+            while chunk := reader.read(1 << 20):
+                digest.update(chunk)
+                writer.write(chunk)
+    except FileNotFoundError:  # Spark's cleanup removed it while we copied: verification decides if it mattered
+        dst.unlink(missing_ok=True)
+        return None
+    return FileEntry(str(dst), dst.stat().st_size, digest.hexdigest())
+
+
+def copy_checkpoint(src: Path, dst: Path, upto: int) -> list[FileEntry]:
+    """Copy the checkpoint at ``src`` as of committed batch ``upto`` into ``dst`` (which must not exist)."""
+    if upto not in committed_batches(src):
+        raise CheckpointError(f"batch {upto} is not committed in {src}")
+    if dst.exists():
+        raise CheckpointError(f"{dst} already exists")
+    entries = []
+    for dirpath, _, names in os.walk(src):
+        for name in sorted(names):
+            source = Path(dirpath) / name
+            relative = str(source.relative_to(src))
+            if not _keep(relative, upto):
+                continue
+            entry = _copy_hashing(source, dst / relative)
+            if entry is not None:
+                entries.append(FileEntry(relative, entry.size, entry.sha256))
+    return entries
+
+
+def verify_files(root: Path, files: list[dict[str, Any]]) -> list[str]:
+    """Problems with the files a manifest lists: missing, wrong size, wrong checksum."""
+    problems = []
+    for item in files:
+        path = root / item["path"]
+        if not path.is_file():
+            problems.append(f"{item['path']} is missing")
+            continue
+        if path.stat().st_size != item["size"]:
+            problems.append(f"{item['path']} has {path.stat().st_size} bytes, the manifest says {item['size']}")
+            continue
+        digest = hashlib.sha256()
+        with open(path, "rb") as reader:
+            while chunk := reader.read(1 << 20):
+                digest.update(chunk)
+        if digest.hexdigest() != item["sha256"]:
+            problems.append(f"{item['path']} does not match its checksum")
+    return problems
+
+
+def directory_bytes(root: Path) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(root) for f in names)
+
+
+def entries_json(entries: list[FileEntry]) -> list[dict[str, Any]]:
+    return [asdict(e) for e in entries]
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

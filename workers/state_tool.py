@@ -1,0 +1,63 @@
+"""Spark's own reading of a checkpoint or savepoint, in a short-lived process of its own.
+
+    python -m workers.state_tool verify PATH BATCH      -> JSON: operators, partitions, rows per state variable
+    python -m workers.state_tool repartition PATH N     -> JSON: the batch the repartitioned state was written as
+
+Workers call it as a subprocess, so no Celery worker ever hosts a JVM. Exit 0 with JSON on the last line of stdout,
+or exit 2 with {"error": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def state_counts(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
+    operators = []
+    for row in spark.read.format("state-metadata").load(path).collect():
+        props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
+        names = [var["stateName"] for var in props.get("stateVariables", [])] or [None]
+        counts = {}
+        for name in names:
+            reader = (
+                spark.read.format("statestore")
+                .option("batchId", str(batch))
+                .option("operatorId", str(row["operatorId"]))
+            )
+            if name is not None:
+                reader = reader.option("stateVarName", name)
+            counts[name or row["stateStoreName"]] = reader.load(path).count()
+        operators.append(
+            {"id": row["operatorId"], "name": row["operatorName"], "partitions": row["numPartitions"], "rows": counts}
+        )
+    if not operators:
+        raise ValueError("no stateful operator in the checkpoint's metadata")
+    return operators
+
+
+def main(argv: list[str]) -> int:
+    from workers.spark.session import build_session
+
+    command, path, number = argv[1], argv[2], int(argv[3])
+    spark = build_session("statekeeper-state-tool", "local[1]", backend="rocksdb")
+    try:
+        if command == "verify":
+            result: dict[str, Any] = {"operators": state_counts(spark, path, number)}
+        elif command == "repartition":
+            spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
+            result = {"repartitioned": number}
+        else:
+            raise ValueError(f"unknown command {command!r}")
+    except Exception as exc:
+        print(json.dumps({"error": str(exc).splitlines()[0][:2000] if str(exc) else repr(exc)}))
+        return 2
+    finally:
+        spark.stop()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
