@@ -64,4 +64,9 @@ class RescaleForm(forms.Form):
         data = super().clean() or {}
         if (data.get("parallelism"), data.get("state_partitions")) == (self.job.parallelism, self.job.state_partitions):
             raise forms.ValidationError("That is the current scale: change the parallelism or the state partitions.")
+        changes_partitions = data.get("state_partitions") not in (None, self.job.state_partitions)
+        if changes_partitions and self.job.state_backend == "memory" and self.job.has_state():
+            from dashboard.services.rescale import MEMORY_REPARTITION
+
+            self.add_error("state_partitions", MEMORY_REPARTITION)
         return data

@@ -37,6 +37,18 @@ def state_counts(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
     return operators
 
 
+def describe(exc: Exception) -> str:
+    """The message an operator can act on: for a JVM error, the Java exception, not Py4J's wrapper."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        cause, text = java, str(java.toString())
+        while cause.getCause() is not None:  # the root cause names the file or setting at fault
+            cause = cause.getCause()
+            text = str(cause.toString())
+        return text[:2000]
+    return (str(exc).splitlines() or [repr(exc)])[0][:2000]
+
+
 def main(argv: list[str]) -> int:
     from workers.spark.session import build_session
 
@@ -51,7 +63,7 @@ def main(argv: list[str]) -> int:
         else:
             raise ValueError(f"unknown command {command!r}")
     except Exception as exc:
-        print(json.dumps({"error": str(exc).splitlines()[0][:2000] if str(exc) else repr(exc)}))
+        print(json.dumps({"error": describe(exc)}))
         return 2
     finally:
         spark.stop()

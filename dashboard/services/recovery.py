@@ -51,8 +51,14 @@ def _record_failure(job: Job, run: Run) -> Recovery:
         batches_replayed=in_flight_batches(job),
     )
     if match := BROKEN_CHECKPOINT.search(text):
-        restorable = committed_batches(job.checkpoint_location)
-        offer = f"roll back to batch {restorable[-1]}" if restorable else "restore a savepoint"
+        retained = committed_batches(job.checkpoint_location)
+        savepoint = job.savepoints.filter(status="verified").order_by("-id").first()
+        offers = []
+        if retained:
+            offers.append(f"roll back to an earlier batch (batches {retained[0]}–{retained[-1]} are retained)")
+        if savepoint is not None:
+            offers.append(f"restore savepoint #{savepoint.id} (batch {savepoint.batch_id})")
+        offer = " or ".join(offers) or "restore a savepoint once one exists"
         recovery.gave_up = True
         job.failed_reason = (
             f"The checkpoint is broken ({match.group(0)}): restarting would fail the same way. "

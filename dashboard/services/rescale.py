@@ -13,6 +13,11 @@ from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import savepoint_take
 from workers.spark.checkpoint_files import CheckpointError, copy_checkpoint, latest_committed, remove_tree
 
+MEMORY_REPARTITION = (
+    "State partitions of a memory-backend job cannot change: Spark's offline repartition supports only RocksDB state "
+    "(it answers STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_PROVIDER for the HDFS-backed store). The "
+    "parallelism (cores) can still change."
+)
 BACKEND_SWITCH = (
     "Switching between the memory and RocksDB backends is not offered: Spark records the state store provider in the "
     "checkpoint at the first batch and refuses another one on restart, and its state reader cannot re-seed a "
@@ -30,6 +35,8 @@ def rescale_action(action: Action) -> str:
         raise ActionFailed("Parallelism must be 1–64 and state partitions 1–1024.")
     if (parallelism, partitions) == (before["parallelism"], before["state_partitions"]):
         raise ActionFailed("Nothing to change: that is the current scale.")
+    if partitions != before["state_partitions"] and job.state_backend == "memory" and job.has_state():
+        raise ActionFailed(MEMORY_REPARTITION)
     was_running = job.runs.filter(status="running").exists()
     stopped_at = time.monotonic()
     wait_until_stopped(action, job)

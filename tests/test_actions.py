@@ -1,0 +1,157 @@
+"""Operator actions on real jobs: savepoints, restore, rollback and rescale keep every record exactly once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
+from dashboard.services.actions import action_execute, action_request
+from dashboard.services.forks import rollback_preview, savepoint_preview
+from dashboard.services.runs import ActionRefused
+from tests.conftest import run_through, send_events, wait_for
+from workers.spark.checkpoint_files import committed_batches, verify_files
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+
+def sink_total(job) -> int:
+    return sum(row.value["requests"] for row in ResultRow.objects.filter(job=job, kind="url"))
+
+
+def execute(job, kind: str, **params) -> Action:
+    action = action_request(job=job, kind=kind, params=params)
+    done = action_execute(action_id=action.id)
+    assert done.status == ActionStatus.SUCCEEDED, done.outcome
+    return done
+
+
+def take_pending_start(job) -> None:
+    """Actions queue a start for a Celery worker; these tests run the driver themselves, so drop the request."""
+    job.runs.filter(status=RunStatus.PENDING).update(status=RunStatus.STOPPED)
+
+
+def test_a_savepoint_of_a_running_job_is_verified_and_self_contained(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=300)
+    sent = send_events(redis, stream_name, "url-counts", 900)
+    driver = start_driver(job)
+    wait_for(lambda: len(committed_batches(job.checkpoint_location)) >= 2, 120, what="two committed batches")
+
+    execute(job, ActionKind.SAVEPOINT)  # while the job runs
+    run_through(driver, redis, sent)
+
+    savepoint = job.savepoints.get()
+    assert savepoint.status == SavepointStatus.VERIFIED
+    manifest = json.loads((Path(savepoint.path) / "_manifest.json").read_text())
+    assert manifest["batch_id"] == savepoint.batch_id
+    assert manifest["source_offsets"][0]["n"] == 300 * (savepoint.batch_id + 1)
+    assert manifest["state_partitions"] == 2 and manifest["backend"] == "memory"
+    assert manifest["verification"]["operators"][0]["rows"]["default"] == 8, "8 URLs in the state"
+    assert verify_files(Path(savepoint.path) / "checkpoint", manifest["files"]) == []
+    assert savepoint.size_bytes == sum(f["size"] for f in manifest["files"]) > 0
+
+
+def test_restore_from_a_savepoint_replays_to_exactly_the_events_sent(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=250)
+    first = send_events(redis, stream_name, "url-counts", 750, seed=1)
+    run_through(start_driver(job), redis, first)
+    execute(job, ActionKind.SAVEPOINT)
+    savepoint = job.savepoints.get()
+    second = send_events(redis, stream_name, "url-counts", 500, seed=2)
+    run_through(start_driver(job), redis, first + second)
+    assert sink_total(job) == first + second
+
+    preview = savepoint_preview(job, savepoint)
+    assert (preview.batch_id, preview.replay_records, preview.refusal) == (savepoint.batch_id, second, "")
+    execute(job, ActionKind.RESTORE, savepoint=savepoint.id)
+    job.refresh_from_db()
+    assert job.checkpoint_dir.startswith("checkpoint-restore-")
+    assert (job.directory / "checkpoint" / "commits").is_dir(), "the original checkpoint stays untouched"
+    take_pending_start(job)
+    run_through(start_driver(job), redis, first + second)
+    assert sink_total(job) == first + second, "the replayed records overwrite, never add"
+    forked = job.checkpoints.filter(location=job.checkpoint_dir)
+    assert sum(c.input_rows for c in forked) == second
+
+
+def test_rollback_to_a_committed_batch_then_replay(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=200)
+    sent = send_events(redis, stream_name, "url-counts", 1000)
+    run_through(start_driver(job), redis, sent)
+    preview = rollback_preview(job, 1)
+    assert (preview.replay_records, preview.refusal) == (600, "")
+    assert "not among the retained batches" in rollback_preview(job, 99).refusal
+
+    execute(job, ActionKind.ROLLBACK, batch=1)
+    take_pending_start(job)
+    job.refresh_from_db()
+    assert committed_batches(job.checkpoint_location)[-1] == 1
+    run_through(start_driver(job), redis, sent)
+    assert sink_total(job) == sent
+
+
+def test_a_restore_whose_records_were_trimmed_is_refused_with_the_count(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=200)
+    first = send_events(redis, stream_name, "url-counts", 200)
+    run_through(start_driver(job), redis, first)
+    execute(job, ActionKind.SAVEPOINT)
+    savepoint = job.savepoints.get()
+    send_events(redis, stream_name, "url-counts", 200, seed=2)
+    redis.xtrim(
+        stream_name, maxlen=50, approximate=False
+    )  # the retention of the stream dropped what the savepoint needs
+
+    preview = savepoint_preview(job, savepoint)
+    assert preview.refusal.startswith("Refused: 150 records after this batch were already trimmed")
+    action = action_request(job=job, kind=ActionKind.RESTORE, params={"savepoint": savepoint.id})
+    assert action_execute(action_id=action.id).status == ActionStatus.FAILED
+    job.refresh_from_db()
+    assert job.checkpoint_dir == "checkpoint", "a refused restore changes nothing"
+
+
+def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=300, state_partitions=2, state_backend="rocksdb")
+    first = send_events(redis, stream_name, "url-counts", 600, seed=1)
+    run_through(start_driver(job), redis, first)
+
+    action = execute(job, ActionKind.RESCALE, parallelism=1, state_partitions=3)
+    job.refresh_from_db()
+    assert (job.parallelism, job.state_partitions) == (1, 3)
+    assert action.params["before"] == {"parallelism": 2, "state_partitions": 2}
+    assert job.savepoints.get().origin == "before-rescale"
+    assert job.checkpoint_dir.startswith("checkpoint-rescale-")
+
+    second = send_events(redis, stream_name, "url-counts", 400, seed=2)
+    run_through(start_driver(job), redis, first + second)
+    assert sink_total(job) == first + second
+    latest = job.checkpoints.filter(location=job.checkpoint_dir).order_by("-batch_id").first()
+    assert latest.state_operators[0]["numShufflePartitions"] == 3
+
+
+def test_a_second_action_is_refused_while_one_is_in_flight(make_job):
+    job = make_job()
+    action_request(job=job, kind=ActionKind.SAVEPOINT)
+    with pytest.raises(ActionRefused, match="one action at a time"):
+        action_request(job=job, kind=ActionKind.RESCALE, params={"parallelism": 1})
+    assert Job.objects.get(id=job.id).actions.count() == 1
+
+
+def test_a_redelivered_action_is_not_executed_twice(make_job):
+    job = make_job()
+    action = action_request(job=job, kind=ActionKind.SAVEPOINT)
+    first = action_execute(action_id=action.id)
+    assert first.status == ActionStatus.FAILED and "no committed batch" in first.outcome
+    again = action_execute(action_id=action.id)
+    assert (again.status, again.finished_at) == (first.status, first.finished_at)
+
+
+def test_a_memory_backend_job_cannot_repartition_and_is_told_why(make_job, start_driver, redis, stream_name):
+    job = make_job(max_records_per_batch=300)
+    run_through(start_driver(job), redis, send_events(redis, stream_name, "url-counts", 300))
+    action = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 4})
+    done = action_execute(action_id=action.id)
+    assert done.status == ActionStatus.FAILED and "supports only RocksDB state" in done.outcome
+    job.refresh_from_db()
+    assert (job.state_partitions, job.checkpoint_dir) == (2, "checkpoint")
