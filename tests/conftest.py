@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -185,3 +190,76 @@ def start_driver(spark: Any) -> Iterator[Callable[[Any], DriverThread]]:
 def _clean_tmp_checkpoints() -> Iterator[None]:
     yield
     shutil.rmtree("/tmp/statekeeper-tests", ignore_errors=True)
+
+
+def start_celery_worker(checkpoint_root: Path, log_path: Path) -> subprocess.Popen:
+    """A real Celery worker with beat, on the test database, the test Redis database and this test's checkpoint root."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "statekeeper.settings_test",
+        "STATEKEEPER_TEST_PROCESS": "1",
+        "STATEKEEPER_CHECKPOINT_ROOT": str(checkpoint_root),
+        "REDIS_URL": settings.REDIS_URL,
+    }
+    with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "statekeeper",
+                "worker",
+                "--beat",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(log_path.with_suffix(".beat")),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 30) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+class CeleryWorkers:
+    """The test's Celery worker processes: ``kill()`` the current one with SIGKILL, ``start()`` a replacement."""
+
+    def __init__(self, checkpoint_root: Path, log_path: Path) -> None:
+        self.checkpoint_root, self.log_path = checkpoint_root, log_path
+        self.processes: list[subprocess.Popen] = []
+        self.start()
+
+    def start(self) -> subprocess.Popen:
+        self.processes.append(start_celery_worker(self.checkpoint_root, self.log_path))
+        return self.processes[-1]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.processes[-1].pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[CeleryWorkers]:
+    from dashboard.models import Run
+
+    workers = CeleryWorkers(checkpoint_root, tmp_path / "worker.log")
+    yield workers
+    for worker in workers.processes:
+        stop_process_group(worker)
+    for run in Run.objects.exclude(pid=None):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)

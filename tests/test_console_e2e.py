@@ -3,19 +3,14 @@ checkpoints appear, a second start is refused, Stop drains the job, and a driver
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
-from dashboard.models import Run, RunStatus
+from dashboard.models import RunStatus
 from tests.conftest import send_events, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -26,48 +21,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-@pytest.fixture
-def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[subprocess.Popen]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "statekeeper.settings_test",
-        "STATEKEEPER_TEST_PROCESS": "1",
-        "STATEKEEPER_CHECKPOINT_ROOT": str(checkpoint_root),
-        "REDIS_URL": settings.REDIS_URL,
-    }
-    with open(tmp_path / "worker.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "statekeeper",
-                "worker",
-                "--beat",
-                "--concurrency",
-                "2",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(tmp_path / "beat-schedule"),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    yield worker
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-    for run in Run.objects.exclude(pid=None):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(run.pid, signal.SIGKILL)
 
 
 @pytest.fixture
