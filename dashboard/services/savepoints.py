@@ -38,6 +38,7 @@ def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
         savepoint.save(update_fields=["batch_id", "path"])
         action_progress(action, f"copying the checkpoint as of batch {batch}")
         entries = copy_checkpoint(source, folder / "checkpoint", batch)
+        copied = time.monotonic()
         offsets = batch_offsets(folder / "checkpoint", batch)
         manifest = {
             "job": job.name,
@@ -54,6 +55,7 @@ def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
             "spark_version": pyspark.__version__,
             "created_at": timezone.now().isoformat(),
             "files": entries_json(entries),
+            "copy_ms": int((copied - started) * 1000),
         }
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
         savepoint_verify(savepoint=savepoint, manifest=manifest, action=action)
@@ -76,8 +78,10 @@ def savepoint_verify(*, savepoint: Savepoint, manifest: dict, action: Action) ->
     if problems:
         raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
     action_progress(action, "verifying: Spark's state reader loads the state")
+    started = time.monotonic()
     reading = run_state_tool("verify", folder / "checkpoint", int(manifest["batch_id"]))
     manifest["verification"] = reading
+    manifest["verify_ms"] = int((time.monotonic() - started) * 1000)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
     savepoint.manifest = {k: v for k, v in manifest.items() if k != "files"} | {"file_count": len(manifest["files"])}
     savepoint.size_bytes = sum(int(f["size"]) for f in manifest["files"])
