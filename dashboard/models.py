@@ -241,6 +241,7 @@ class ActionKind(models.TextChoices):
     ROLLBACK = "rollback", "Roll back to a batch"
     RESCALE = "rescale", "Rescale"
     DISPOSE_SAVEPOINT = "dispose-savepoint", "Dispose savepoint"
+    DISCARD_CHECKPOINT = "discard-checkpoint", "Discard old checkpoint directory"
 
 
 class ActionStatus(models.TextChoices):

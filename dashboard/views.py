@@ -10,7 +10,7 @@ from dashboard import selectors
 from dashboard.forms import JobForm, RescaleForm
 from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Job, SavepointStatus
 from dashboard.services.actions import action_request
-from dashboard.services.forks import rollback_preview, savepoint_preview
+from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
 from workers.pipelines import CATALOG
@@ -41,6 +41,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "action_in_flight": job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first(),
         "savepoints": job.savepoints.exclude(status=SavepointStatus.DISPOSED)[:20],
         "recoveries": job.recoveries.select_related("failed_run", "restart_run")[:10],
+        "old_checkpoints": old_checkpoints(job),
     }
     return render(request, "dashboard/job_detail.html", context)
 
@@ -164,4 +165,17 @@ def savepoint_dispose(request: HttpRequest, name: str, savepoint_id: int) -> Htt
     if request.method == "POST":
         return _request(request, job, ActionKind.DISPOSE_SAVEPOINT, {"savepoint": savepoint.id})
     context = {"job": job, "title": f"Dispose savepoint #{savepoint.id}", "savepoint": savepoint, "dispose": True}
+    return render(request, "dashboard/action_preview.html", context)
+
+
+@login_required
+def checkpoint_discard(request: HttpRequest, name: str, directory: str) -> HttpResponse:
+    job = get_object_or_404(Job, name=name)
+    old = next((o for o in old_checkpoints(job) if o.name == directory), None)
+    if old is None:
+        messages.error(request, f"{directory} is not an old checkpoint directory of {job.name}.")
+        return redirect("dashboard:job_detail", name=job.name)
+    if request.method == "POST":
+        return _request(request, job, ActionKind.DISCARD_CHECKPOINT, {"directory": old.name})
+    context = {"job": job, "title": f"Discard {old.name}", "old": old, "dispose": True}
     return render(request, "dashboard/action_preview.html", context)

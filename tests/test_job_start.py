@@ -135,3 +135,20 @@ def test_a_dead_driver_is_marked_lost_and_its_lease_released(make_job):
     job.refresh_from_db()
     assert not job.lease_is_held()
     assert job_request_start(job=job).status == RunStatus.PENDING
+
+
+def test_a_job_whose_checkpoint_vanished_is_not_started_from_nothing(make_job, spawned):
+    from dashboard.models import Checkpoint
+    from dashboard.services.recovery import recoveries_supervise
+
+    job = make_job()
+    checkpoint = Checkpoint.objects.create(job=job, batch_id=41, committed_at=timezone.now(), duration_ms=1)
+    Job.objects.filter(id=job.id).update(latest_checkpoint=checkpoint)
+    run = Run.objects.create(job=job)
+    failed = run_launch(run_id=run.id)
+    assert failed.status == RunStatus.FAILED
+    assert "checkpoint directory is missing or empty" in failed.message and "batch 41" in failed.message
+    assert spawned == []
+    recoveries_supervise()
+    job.refresh_from_db()
+    assert "The checkpoint is broken" in job.failed_reason, "reported, not restarted in a loop"

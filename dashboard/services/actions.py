@@ -74,6 +74,7 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.STOP_WITH_SAVEPOINT: savepoints.stop_with_savepoint_action,
         ActionKind.DISPOSE_SAVEPOINT: savepoints.dispose_action,
         ActionKind.RESTORE: forks.restore_action,
+        ActionKind.DISCARD_CHECKPOINT: forks.discard_action,
         ActionKind.ROLLBACK: forks.rollback_action,
         ActionKind.RESCALE: rescale.rescale_action,
     }

@@ -81,11 +81,16 @@ def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at
     return result
 
 
+RUNNING = "Refused: {job} is running. Stop it first (Stop with savepoint keeps its latest state too)."
+
+
 def savepoint_preview(job: Job, savepoint: Savepoint) -> Preview:
     offsets = savepoint.manifest.get("source_offsets") or [None]
     result = preview(job, int(savepoint.batch_id or 0), offsets[0], savepoint.created_at)
     if savepoint.status != SavepointStatus.VERIFIED:
         result.refusal = "Refused: only a verified savepoint can be restored."
+    elif active_run(job) is not None:
+        result.refusal = RUNNING.format(job=job.name)
     return result
 
 
@@ -116,6 +121,8 @@ def rollback_preview(job: Job, batch_id: int) -> Preview:
     if batch_id not in retained:
         span = f"{retained[0]}–{retained[-1]}" if retained else "none"
         result.refusal = f"Refused: batch {batch_id} is not among the retained batches ({span})."
+    elif active_run(job) is not None:
+        result.refusal = RUNNING.format(job=job.name)
     return result
 
 
@@ -184,3 +191,32 @@ def rollback_action(action: Action) -> str:
         f"Rolled back to batch {batch} in {fork}; run #{run.id} starting and replays "
         f"{check.replay_records if check.replay_records is not None else '?'} records. {previous} is kept."
     )
+
+
+@dataclass
+class OldCheckpoint:
+    name: str
+    size_bytes: int
+    batches: int
+
+
+def old_checkpoints(job: Job) -> list[OldCheckpoint]:
+    """Checkpoint directories the job no longer runs on: left behind by restores, rollbacks and rescales."""
+    from workers.spark.checkpoint_files import directory_bytes
+
+    if not job.directory.is_dir():
+        return []
+    found = []
+    for path in sorted(job.directory.iterdir()):
+        if path.is_dir() and path.name.startswith("checkpoint") and path.name != job.checkpoint_dir:
+            found.append(OldCheckpoint(path.name, directory_bytes(path), len(committed_batches(path))))
+    return found
+
+
+def discard_action(action: Action) -> str:
+    job = action.job
+    name = str(action.params.get("directory", ""))
+    if name not in {old.name for old in old_checkpoints(job)}:
+        raise ActionFailed(f"{name!r} is not an old checkpoint directory of {job.name}; nothing was deleted.")
+    remove_tree(job.directory / name)
+    return f"Discarded {name}."

@@ -17,7 +17,7 @@ from workers.spark.checkpoint_files import committed_batches
 BROKEN_CHECKPOINT = re.compile(
     r"FileNotFoundException|NoSuchFileException|CANNOT_LOAD_STATE_STORE|CANNOT_READ_(?:DELTA|SNAPSHOT|CHECKPOINT)|"
     r"Error reading (?:delta|snapshot) file|corrupt|EOFException|Unexpected end of|incomplete log file|"
-    r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|does not exist",
+    r"STATE_STORE_\w*(?:NOT_FOUND|CORRUPT)|does not exist|checkpoint directory is missing",
     re.IGNORECASE,
 )
 

@@ -58,6 +58,10 @@ def run_launch(*, run_id: int) -> Run:
         if run.status != RunStatus.PENDING:
             return run  # already launched (a redelivered task) or finished
         job = run.job
+        if missing := checkpoint_missing(job):
+            run.status, run.ended_at, run.message = RunStatus.FAILED, timezone.now(), missing
+            run.save()
+            return run
         token = lease_acquire(job_id=job.id)
         if token is None:
             run.status = RunStatus.REFUSED
@@ -82,6 +86,22 @@ def run_launch(*, run_id: int) -> Run:
         raise
     Run.objects.filter(id=run.id).update(pid=run.pid)
     return run
+
+
+def checkpoint_missing(job: Job) -> str:
+    """Why the job must not start if its checkpoint vanished after batches were committed to it: Spark would
+    silently begin again from nothing and overwrite the results."""
+    latest = job.latest_checkpoint
+    if latest is None or latest.location != job.checkpoint_dir:
+        return ""
+    commits = job.checkpoint_location / "commits"
+    if commits.is_dir() and any(name.isdigit() for name in os.listdir(commits)):
+        return ""
+    return (
+        f"Not started: the checkpoint directory is missing or empty ({job.checkpoint_location}), but batch "
+        f"{latest.batch_id} was committed there. Starting would silently begin again from nothing. Restore a "
+        f"savepoint, or put the directory back."
+    )
 
 
 def spawn_driver(run: Run) -> int:
