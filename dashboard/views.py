@@ -1,12 +1,18 @@
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from dashboard import selectors
+from dashboard import live, selectors
 from dashboard.forms import JobForm, RescaleForm
 from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Job, SavepointStatus
 from dashboard.services.actions import action_request
@@ -179,3 +185,66 @@ def checkpoint_discard(request: HttpRequest, name: str, directory: str) -> HttpR
         return _request(request, job, ActionKind.DISCARD_CHECKPOINT, {"directory": old.name})
     context = {"job": job, "title": f"Discard {old.name}", "old": old, "dispose": True}
     return render(request, "dashboard/action_preview.html", context)
+
+
+@login_required
+def job_series(request: HttpRequest, name: str) -> JsonResponse:
+    """Chart points for a time range, the lag status, and the live stream position to follow from."""
+    import redis
+
+    job = get_object_or_404(Job, name=name)
+    span = live.RANGES.get(request.GET.get("range", "15m"), live.RANGES["15m"])
+    points = live.job_series(job, timezone.now() - span)
+    status = live.lag_status(points, job.trigger_interval_seconds)
+    try:
+        newest = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).xrevrange(settings.LIVE_STREAM, count=1)
+        follow = newest[0][0].decode() if newest else "0-0"
+    except redis.RedisError:
+        follow = "$"
+    return JsonResponse(
+        {"points": points, "status": status.__dict__, "follow": follow, "trigger": job.trigger_interval_seconds}
+    )
+
+
+async def _live_events(job_id: int, cursor: str) -> AsyncIterator[str]:
+    import redis.asyncio as aredis
+
+    client = aredis.Redis.from_url(settings.REDIS_URL)
+    yield "retry: 2000\n\n"
+    try:
+        while True:
+            try:
+                reply = await client.xread({settings.LIVE_STREAM: cursor}, block=15_000, count=500)
+            except aredis.RedisError:
+                yield ": redis unavailable\n\n"  # the browser keeps the connection; the stream returns with Redis
+                await _sleep(2)
+                continue
+            if not reply:
+                yield ": keep-alive\n\n"
+                continue
+            for entry_id, fields in reply[0][1]:
+                cursor = entry_id.decode()
+                data = json.loads(fields[b"data"])
+                if data.get("job") == job_id:
+                    yield f"id: {cursor}\nevent: checkpoint\ndata: {json.dumps(live.point(data['record']))}\n\n"
+    finally:
+        await client.aclose()  # type: ignore[attr-defined]  # redis 5+ has aclose; the stubs predate it
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+@login_required
+async def job_live(request: HttpRequest, name: str) -> StreamingHttpResponse:
+    """Server-sent events, one per committed batch; a reconnecting browser sends Last-Event-ID and misses nothing."""
+    job = await sync_to_async(Job.objects.filter(name=name).first)()
+    if job is None:
+        raise Http404(name)
+    cursor = request.headers.get("Last-Event-ID") or request.GET.get("after") or "$"
+    response = StreamingHttpResponse(_live_events(job.id, cursor), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

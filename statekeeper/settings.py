@@ -107,6 +107,8 @@ LANGUAGE_CODE = "en"
 TIME_ZONE = "UTC"
 USE_TZ = True
 STATIC_URL = "static/"
+# plotly.js comes from the installed plotly package: no CDN, there may be no internet where the console runs
+STATICFILES_DIRS = [("plotly", Path(str(__import__("plotly").__file__)).parent / "package_data")]
 STATIC_ROOT = BASE_DIR / "var" / "static"
 LOGIN_URL = "/admin/login/"
 
@@ -131,6 +133,8 @@ LEASE_RENEW_SECONDS = env_int("STATEKEEPER_LEASE_RENEW", 3)
 SPARK_MASTER = env_str("STATEKEEPER_SPARK_MASTER", "")
 STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)
 PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
+# Every committed batch is also pushed here for the browsers; its entry ids are the server-sent events' ids.
+LIVE_STREAM = env_str("STATEKEEPER_LIVE_STREAM", "statekeeper:live")
 
 LOGGING = {
     "version": 1,

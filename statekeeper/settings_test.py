@@ -12,6 +12,7 @@ from statekeeper.settings import DATABASES, env_str  # noqa: E402
 
 CELERY_BROKER_URL = REDIS_URL  # noqa: F405
 PROGRESS_STREAM = "statekeeper:test:progress"
+LIVE_STREAM = "statekeeper:test:live"
 LEASE_TTL_SECONDS = 6
 LEASE_RENEW_SECONDS = 1
 STOP_GRACE_SECONDS = 60

@@ -83,6 +83,7 @@ class JobDriver:
             journal=journal_path(job=self.job, run_id=self.run.id),
             redis_url=settings.REDIS_URL,
             stream=settings.PROGRESS_STREAM,
+            live=settings.LIVE_STREAM,
         )
         query_id: list[str] = []
 

@@ -83,13 +83,15 @@ def parse_time(stamp: str) -> datetime:
 class ProgressRecorder:
     """Measures the checkpoint after each committed batch and buffers its record (journal file, then Redis)."""
 
-    def __init__(self, *, job_id: int, run_id: int, checkpoint: Path, journal: Path, redis_url: str, stream: str):
+    def __init__(
+        self, *, job_id: int, run_id: int, checkpoint: Path, journal: Path, redis_url: str, stream: str, live: str = ""
+    ):
         self.job_id, self.run_id = job_id, run_id
         self.location = checkpoint.name
         self.disk = CheckpointDisk(checkpoint)
         self.journal = journal
         self.journal.parent.mkdir(parents=True, exist_ok=True)
-        self.redis_url, self.stream = redis_url, stream
+        self.redis_url, self.stream, self.live = redis_url, stream, live
         self._redis: Any = None
 
     def on_progress(self, progress: dict[str, Any]) -> dict[str, Any] | None:
@@ -104,7 +106,11 @@ class ProgressRecorder:
                 import redis
 
                 self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
-            self._redis.xadd(self.stream, {"data": line}, maxlen=1_000_000, approximate=True)
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xadd(self.stream, {"data": line}, maxlen=1_000_000, approximate=True)
+            if self.live:  # for the browsers, straight away; the console's database catches up within a second
+                pipe.xadd(self.live, {"data": line}, maxlen=50_000, approximate=True)
+            pipe.execute()
         except Exception as exc:  # Redis down: the journal has it, and the console will ingest it from there
             self._redis = None
             log.warning(

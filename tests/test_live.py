@@ -1,0 +1,115 @@
+"""Live push and lag status: Burrow's rules, and a reconnecting browser that misses nothing."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.test import AsyncClient
+
+from dashboard.live import MAX_POINTS, job_series, lag_status
+from dashboard.models import Checkpoint
+
+pytestmark = pytest.mark.django_db
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+
+
+def points(lags, ends=None, rate=100.0, in_rate=50.0, last_age=1.0):
+    ends = ends or [100 * (i + 1) for i in range(len(lags))]
+    start = NOW - timedelta(seconds=last_age + len(lags) - 1)
+    return [
+        {
+            "t": (start + timedelta(seconds=i)).isoformat(),
+            "lag": lag,
+            "end_n": end,
+            "location": "checkpoint",
+            "proc_rate": rate,
+            "in_rate": in_rate,
+        }
+        for i, (lag, end) in enumerate(zip(lags, ends, strict=True))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("series", "status"),
+    [
+        (points([0, 0, 0]), "OK"),
+        (points([500, 300, 100]), "OK"),
+        (points([100, 200, 350, 600]), "WARN"),
+        (points([100, 100, 100], ends=[400, 400, 400]), "STALL"),
+        (points([0, 0, 0], ends=[400, 300, 500]), "REWIND"),
+        (points([0, 0], last_age=600), "STOP"),
+        ([], ""),
+    ],
+)
+def test_lag_status_follows_burrows_rules(series, status):
+    assert lag_status(series, trigger_seconds=2, now=NOW).status == status
+
+
+def test_the_time_to_drain_uses_the_current_rates():
+    assert lag_status(points([900, 600, 300]), 2, NOW).drain_seconds == 300 / 50
+    assert lag_status(points([100, 200, 300], in_rate=200), 2, NOW).drain_seconds is None
+
+
+def test_a_long_range_is_thinned_to_the_point_budget_keeping_the_newest(make_job):
+    job = make_job()
+    Checkpoint.objects.bulk_create(
+        Checkpoint(job=job, batch_id=b, committed_at=NOW - timedelta(seconds=5000 - b), duration_ms=1)
+        for b in range(5000)
+    )
+    series = job_series(job, NOW - timedelta(days=1))
+    assert len(series) == MAX_POINTS and series[-1]["batch"] == 4999 and series[0]["batch"] == 0
+
+
+def record(batch: int) -> dict:
+    return {
+        "batch_id": batch,
+        "committed_at": NOW.isoformat(),
+        "lag_records": 3,
+        "processed_rate": 10.0,
+        "end_offset": {"id": f"{batch}-0", "n": batch},
+    }
+
+
+def read_events(client, url: str, count: int, headers: dict | None = None) -> list[tuple[str, dict]]:
+    async def go():
+        response = await client.get(url, headers=headers)
+        events, buffer = [], ""
+        async for chunk in response.streaming_content:
+            buffer += chunk.decode() if isinstance(chunk, bytes) else chunk
+            while "\n\n" in buffer:
+                block, buffer = buffer.split("\n\n", 1)
+                fields = dict(
+                    line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":")
+                )
+                if fields.get("event") == "checkpoint":
+                    events.append((fields["id"], json.loads(fields["data"])))
+            if len(events) >= count:
+                break
+        return events
+
+    return async_to_sync(go)()
+
+
+def test_the_live_stream_resumes_from_the_last_event_id(make_job, redis, django_user_model):
+    job, other = make_job(), make_job()
+    for batch in range(5):
+        for owner in (job, other):
+            redis.xadd(settings.LIVE_STREAM, {"data": json.dumps({"job": owner.id, "record": record(batch)})})
+    client = AsyncClient()
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    url = f"/jobs/{job.name}/live?after=0-0"
+
+    first = read_events(client, url, 3)
+    assert [p["batch"] for _, p in first] == [0, 1, 2], "only this job's checkpoints"
+    resumed = read_events(client, f"/jobs/{job.name}/live", 2, {"Last-Event-ID": first[-1][0]})
+    assert [p["batch"] for _, p in resumed] == [3, 4], "the gap after a reconnect is filled, nothing repeated"
+
+
+def test_the_live_stream_needs_a_login(make_job):
+    job = make_job()
+    response = async_to_sync(AsyncClient().get)(f"/jobs/{job.name}/live")
+    assert response.status_code == 302
