@@ -110,7 +110,9 @@ STATIC_URL = "static/"
 # plotly.js comes from the installed plotly package: no CDN, there may be no internet where the console runs
 STATICFILES_DIRS = [("plotly", Path(str(__import__("plotly").__file__)).parent / "package_data")]
 STATIC_ROOT = BASE_DIR / "var" / "static"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)

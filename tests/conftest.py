@@ -263,3 +263,47 @@ def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[CeleryWorke
     for run in Run.objects.exclude(pid=None):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def asgi_server(checkpoint_root: Path, tmp_path: Path) -> Iterator[str]:
+    """The console under uvicorn (ASGI, as bin/dev runs it), on the test database: server-sent events need ASGI."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "statekeeper.settings_test",
+        "STATEKEEPER_TEST_PROCESS": "1",
+        "STATEKEEPER_CHECKPOINT_ROOT": str(checkpoint_root),
+        "REDIS_URL": settings.REDIS_URL,
+    }
+    with open(tmp_path / "web.log", "ab") as log:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "statekeeper.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        return False
+
+    wait_for(answers, 30, 0.2, "uvicorn to listen")
+    yield url
+    stop_process_group(server, 10)

@@ -28,14 +28,17 @@ def browser_page(live_server: Any, django_user_model: Any, monkeypatch: Any) -> 
     playwright = pytest.importorskip("playwright.sync_api")
     # Playwright's sync API runs an event loop on this thread; the test's own ORM calls are still synchronous.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    django_user_model.objects.create_user("oncall", password="pw-for-tests", is_staff=True)
+    django_user_model.objects.create_user(
+        "oncall",
+        password="pw-for-tests",
+    )
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_server.url}/admin/login/?next=/")
+        page.goto(f"{live_server.url}/login/?next=/")
         page.fill("#id_username", "oncall")
         page.fill("#id_password", "pw-for-tests")
-        page.click("input[type=submit]")
+        page.click("button[type=submit]")
         yield page
         browser.close()
 

@@ -1,0 +1,94 @@
+"""The live console in Chromium against uvicorn: points arrive without a reload, the lag status follows the backlog,
+and a reconnect fills the gap."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dashboard.models import Checkpoint
+from dashboard.services.runs import job_request_start, job_request_stop
+from tests.conftest import send_events, wait_for
+from tests.test_console_e2e import CHROMIUM_ARGS
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def page(asgi_server: str, django_user_model: Any, monkeypatch: Any) -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop runs on this thread; the ORM is sync
+    django_user_model.objects.create_user("watcher", password="pw-for-tests")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport={"width": 1400, "height": 1200})
+        tab.goto(f"{asgi_server}/login/?next=/")
+        tab.fill("#id_username", "watcher")
+        tab.fill("#id_password", "pw-for-tests")
+        tab.click("button[type=submit]")
+        yield tab
+        browser.close()
+
+
+def shown(tab: Any) -> int:
+    return int(tab.locator("#charts").get_attribute("data-points") or 0)
+
+
+def status(tab: Any) -> str:
+    return tab.locator("#lag-status").inner_text()
+
+
+def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_job, redis, stream_name, tmp_path):
+    job = make_job(name="clicks", parallelism=1, trigger_interval_seconds=1, max_records_per_batch=40)
+    send_events(redis, stream_name, "url-counts", 30)
+    job_request_start(job=job)
+    wait_for(lambda: job.checkpoints.exists(), 120, 1, "the first checkpoint")
+
+    page.goto(f"{asgi_server}/jobs/clicks/")
+    wait_for(lambda: page.locator("#live-state").inner_text() == "live", 30, 0.5, "the live connection")
+    before = shown(page)
+    send_events(redis, stream_name, "url-counts", 10, seed=2)
+    wait_for(lambda: shown(page) > before, 30, 0.5, "a new point without a reload")
+    assert status(page) == "OK"
+
+    # the producer outruns the job (150 events/s against 40 per 1 s batch): lag grows batch after batch
+    halt = threading.Event()
+
+    def produce() -> None:
+        seed = 10
+        while not halt.wait(0.2):
+            seed += 1
+            send_events(redis, stream_name, "url-counts", 30, seed=seed)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    wait_for(lambda: status(page) == "WARN", 60, 0.5, "the lag status to turn WARN")
+    page.screenshot(path=str(tmp_path / "warn.png"), full_page=True)
+    halt.set()
+    producer.join()
+    job.max_records_per_batch = 5000
+    job.save()  # takes effect at the next start: restart so the job can catch up
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 60, 1, "the stop")
+    job_request_start(job=job)
+    wait_for(lambda: status(page) == "OK", 120, 0.5, "the lag status back to OK once the job catches up")
+
+    # a dropped connection: batches commit meanwhile, and the reconnect replays exactly those
+    page.evaluate("window.statekeeperLive.disconnect()")
+    away_from = Checkpoint.objects.filter(job=job).count()
+    for round_ in (1, 2):  # a job commits a batch only when there is new data: two rounds, two batches
+        send_events(redis, stream_name, "url-counts", 10, seed=100 + round_)
+        wait_for(
+            lambda n=round_: Checkpoint.objects.filter(job=job).count() >= away_from + n, 60, 0.5, "a batch while away"
+        )
+    assert shown(page) < Checkpoint.objects.filter(job=job).count(), "the page really missed them"
+    page.evaluate("window.statekeeperLive.reconnect()")
+    expected = wait_for(lambda: Checkpoint.objects.filter(job=job).count(), 5, 0.5, "the count")
+    wait_for(lambda: shown(page) >= expected, 30, 0.5, "the gap to be filled")
+    batches = page.evaluate("window.statekeeperLive.points().map(p => p.location + ':' + p.batch)")
+    assert len(batches) == len(set(batches)), "no point twice"
+    assert sorted(int(b.split(":")[1]) for b in batches) == list(range(len(batches))), "no point missing"
+    job_request_stop(job=job)
