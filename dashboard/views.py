@@ -206,13 +206,19 @@ def job_series(request: HttpRequest, name: str) -> JsonResponse:
     )
 
 
+LIVE_STREAM_SECONDS = 300  # a stream ends after this; the browser reconnects with Last-Event-ID and misses nothing
+
+
 async def _live_events(job_id: int, cursor: str) -> AsyncIterator[str]:
+    import time
+
     import redis.asyncio as aredis
 
     client = aredis.Redis.from_url(settings.REDIS_URL)
     yield "retry: 2000\n\n"
+    ends = time.monotonic() + LIVE_STREAM_SECONDS
     try:
-        while True:
+        while time.monotonic() < ends:
             try:
                 reply = await client.xread({settings.LIVE_STREAM: cursor}, block=15_000, count=500)
             except aredis.RedisError:
@@ -238,11 +244,15 @@ async def _sleep(seconds: float) -> None:
 
 
 @login_required
-async def job_live(request: HttpRequest, name: str) -> StreamingHttpResponse:
+async def job_live(request: HttpRequest, name: str) -> HttpResponse | StreamingHttpResponse:
     """Server-sent events, one per committed batch; a reconnecting browser sends Last-Event-ID and misses nothing."""
+    from django.core.handlers.asgi import ASGIRequest
+
     job = await sync_to_async(Job.objects.filter(name=name).first)()
     if job is None:
         raise Http404(name)
+    if not isinstance(request, ASGIRequest):  # a WSGI server would hold a thread for as long as the browser watches
+        return HttpResponse("Live updates need the ASGI server (uvicorn).", status=503, content_type="text/plain")
     cursor = request.headers.get("Last-Event-ID") or request.GET.get("after") or "$"
     response = StreamingHttpResponse(_live_events(job.id, cursor), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

@@ -113,3 +113,9 @@ def test_the_live_stream_needs_a_login(make_job):
     job = make_job()
     response = async_to_sync(AsyncClient().get)(f"/jobs/{job.name}/live")
     assert response.status_code == 302
+
+
+def test_under_wsgi_the_live_stream_refuses_instead_of_holding_a_thread(client, make_job, django_user_model):
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    response = client.get(f"/jobs/{make_job().name}/live")
+    assert response.status_code == 503 and b"ASGI" in response.content
