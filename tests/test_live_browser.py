@@ -29,6 +29,7 @@ def page(asgi_server: str, django_user_model: Any, monkeypatch: Any) -> Iterator
         tab.fill("#id_username", "watcher")
         tab.fill("#id_password", "pw-for-tests")
         tab.click("button[type=submit]")
+        tab.wait_for_url(f"{asgi_server}/")
         yield tab
         browser.close()
 
@@ -48,7 +49,8 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     wait_for(lambda: job.checkpoints.exists(), 120, 1, "the first checkpoint")
 
     page.goto(f"{asgi_server}/jobs/clicks/")
-    wait_for(lambda: page.locator("#live-state").inner_text() == "live", 30, 0.5, "the live connection")
+    page.screenshot(path=str(tmp_path / "opened.png"))
+    wait_for(lambda: page.locator("#live-state").inner_text(timeout=1000) == "live", 30, 0.5, "the live connection")
     before = shown(page)
     send_events(redis, stream_name, "url-counts", 10, seed=2)
     wait_for(lambda: shown(page) > before, 30, 0.5, "a new point without a reload")
