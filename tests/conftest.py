@@ -241,6 +241,8 @@ class CeleryWorkers:
     def __init__(self, checkpoint_root: Path, log_path: Path) -> None:
         self.checkpoint_root, self.log_path = checkpoint_root, log_path
         self.processes: list[subprocess.Popen] = []
+        # tasks queued by earlier tests (their jobs are gone) must not reach this worker
+        redis_lib.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
         self.start()
 
     def start(self) -> subprocess.Popen:
