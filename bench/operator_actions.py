@@ -42,15 +42,7 @@ from dashboard.models import Action, ActionKind, Checkpoint, Job, Run, RunStatus
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from workers.pipelines import get as get_pipeline  # noqa: E402
-
-
-def wait(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.1)
-    raise SystemExit(f"timed out waiting for {what}")
+from workers.polling import wait_for  # noqa: E402
 
 
 def first_commit_after(job: Job, after_run: int) -> datetime:
@@ -59,7 +51,7 @@ def first_commit_after(job: Job, after_run: int) -> datetime:
         checkpoint = Checkpoint.objects.filter(run=run).order_by("batch_id").first() if run else None
         return checkpoint.committed_at if checkpoint else None
 
-    return wait(found, 180, "a batch committed by the new driver")
+    return wait_for(found, 180, 0.1, "a batch committed by the new driver")
 
 
 def produce(client: Any, stream: str, halt: threading.Event, rate: int) -> None:
@@ -145,10 +137,10 @@ def main() -> None:
             recovery.append((committed - killed).total_seconds())
             time.sleep(3)
             job_request_stop(job=job)
-            wait(
+            wait_for(
                 lambda: not job.runs.filter(status__in=["pending", "starting", "running", "stopping"]).exists(),
                 120,
-                "stop",
+                what="stop",
             )
 
         # savepoint cost, and the job's throughput with and without a savepoint running, on a standing backlog
@@ -163,10 +155,11 @@ def main() -> None:
             time.sleep(8)
             quiet_rates.append(rate_over(job, quiet_from, timezone.now()))
             action = action_request(job=job, kind=ActionKind.SAVEPOINT)
-            done = wait(
-                lambda a=action.id: Action.objects.filter(id=a, status__in=["succeeded", "failed"]).first(),
+            finished = Action.objects.filter(id=action.id, status__in=["succeeded", "failed"])
+            done = wait_for(
+                finished.first,
                 300,
-                "savepoint",
+                what="savepoint",
             )
             busy_rates.append(rate_over(job, done.started_at, done.finished_at))
             lag = job.checkpoints.order_by("-committed_at").first()
@@ -188,7 +181,7 @@ def main() -> None:
             client.xtrim(job.source_stream, maxlen=0)  # drop the rest of the backlog: the next round starts fresh
             time.sleep(5)
         job_request_stop(job=job)
-        wait(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, "stop")
+        wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
     finally:
         halt.set()
         os.killpg(worker.pid, signal.SIGTERM)

@@ -21,16 +21,9 @@ from django.conf import settings
 from django.db import connection
 
 from workers.pipelines import get as get_pipeline
+from workers.polling import wait_for
 
-
-def wait_for(condition: Callable[[], Any], timeout: float = 60, every: float = 0.2, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+__all__ = ["wait_for"]  # tests import it from here
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -317,3 +310,35 @@ def asgi_server(checkpoint_root: Path, tmp_path: Path) -> Iterator[str]:
     wait_for(answers, 30, 0.2, "uvicorn to listen")
     yield url
     stop_process_group(server, 10)
+
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def browser_login(django_user_model: Any, monkeypatch: Any) -> Iterator[Callable[[str, str], Any]]:
+    """Debian's chromium, logged in to the console at a base URL as a new user; call it once per test."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    # Playwright's sync API runs an event loop on this thread; the test's own ORM calls are still synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+
+        def login(base_url: str, username: str) -> Any:
+            django_user_model.objects.create_user(username, password="pw-for-tests")
+            tab = browser.new_page(viewport={"width": 1400, "height": 1200})
+            tab.goto(f"{base_url}/login/?next=/")
+            tab.fill("#id_username", username)
+            tab.fill("#id_password", "pw-for-tests")
+            tab.click("button[type=submit]")
+            tab.wait_for_url(f"{base_url}/")
+            return tab
+
+        yield login
+        browser.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,33 +13,11 @@ from dashboard.models import RunStatus
 from tests.conftest import send_events, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture
-def browser_page(live_server: Any, django_user_model: Any, monkeypatch: Any) -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API runs an event loop on this thread; the test's own ORM calls are still synchronous.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    django_user_model.objects.create_user(
-        "oncall",
-        password="pw-for-tests",
-    )
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{live_server.url}/login/?next=/")
-        page.fill("#id_username", "oncall")
-        page.fill("#id_password", "pw-for-tests")
-        page.click("button[type=submit]")
-        yield page
-        browser.close()
+def browser_page(live_server: Any, browser_login: Any) -> Any:
+    return browser_login(live_server.url, "oncall")
 
 
 def status_on_page(page: Any, url: str) -> str:

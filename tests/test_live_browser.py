@@ -4,7 +4,6 @@ and a reconnect fills the gap."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,26 +11,13 @@ import pytest
 from dashboard.models import Checkpoint
 from dashboard.services.runs import job_request_start, job_request_stop
 from tests.conftest import send_events, wait_for
-from tests.test_console_e2e import CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def page(asgi_server: str, django_user_model: Any, monkeypatch: Any) -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop runs on this thread; the ORM is sync
-    django_user_model.objects.create_user("watcher", password="pw-for-tests")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        tab = browser.new_page(viewport={"width": 1400, "height": 1200})
-        tab.goto(f"{asgi_server}/login/?next=/")
-        tab.fill("#id_username", "watcher")
-        tab.fill("#id_password", "pw-for-tests")
-        tab.click("button[type=submit]")
-        tab.wait_for_url(f"{asgi_server}/")
-        yield tab
-        browser.close()
+def page(asgi_server: str, browser_login: Any) -> Any:
+    return browser_login(asgi_server, "watcher")
 
 
 def shown(tab: Any) -> int:

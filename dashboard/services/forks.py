@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db.models import Avg
 from django.utils import timezone
 
-from dashboard.models import Action, Checkpoint, Job, Savepoint, SavepointStatus
+from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
 from dashboard.services.actions import ActionFailed, action_progress, active_run, run_state_tool
 from dashboard.services.runs import job_request_start
 from workers.sources.redis_streams import stream_position
@@ -126,9 +126,19 @@ def rollback_preview(job: Job, batch_id: int) -> Preview:
     return result
 
 
-def _switch_to_fork(job: Job, fork: str) -> None:
+def switch_to_fork(job: Job, fork: str) -> None:
+    """From now on the job runs on this checkpoint directory; the previous one is kept."""
     Job.objects.filter(id=job.id).update(checkpoint_dir=fork, latest_checkpoint=None)
     job.checkpoint_dir, job.latest_checkpoint = fork, None
+
+
+def _start_on_fork(action: Action, fork: str, check: Preview) -> tuple[Run, str, str]:
+    """Switch to the fork and start the job on it; returns the run, the directory left behind, and the replay."""
+    previous = action.job.checkpoint_dir
+    switch_to_fork(action.job, fork)
+    run = job_request_start(job=action.job, requested_by=action.requested_by)
+    replay = f"{check.replay_records if check.replay_records is not None else '?'} records"
+    return run, previous, replay
 
 
 def _refuse_if_running(job: Job) -> None:
@@ -156,13 +166,10 @@ def restore_action(action: Action) -> str:
     if problems:
         remove_tree(target)
         raise ActionFailed(f"The savepoint's files do not match its manifest: {'; '.join(problems[:5])}")
-    previous = job.checkpoint_dir
-    _switch_to_fork(job, fork)
-    run = job_request_start(job=job, requested_by=action.requested_by)
+    run, previous, replay = _start_on_fork(action, fork, check)
     return (
         f"Restored savepoint #{savepoint.id} (batch {savepoint.batch_id}) into {fork}; run #{run.id} starting. "
-        f"{check.replay_records if check.replay_records is not None else '?'} records to replay. "
-        f"The previous checkpoint {previous} is kept."
+        f"{replay} to replay. The previous checkpoint {previous} is kept."
     )
 
 
@@ -184,13 +191,8 @@ def rollback_action(action: Action) -> str:
     except (CheckpointError, ActionFailed) as exc:
         remove_tree(target)
         raise ActionFailed(f"Rollback to batch {batch} is not possible: {exc}") from None
-    previous = job.checkpoint_dir
-    _switch_to_fork(job, fork)
-    run = job_request_start(job=job, requested_by=action.requested_by)
-    return (
-        f"Rolled back to batch {batch} in {fork}; run #{run.id} starting and replays "
-        f"{check.replay_records if check.replay_records is not None else '?'} records. {previous} is kept."
-    )
+    run, previous, replay = _start_on_fork(action, fork, check)
+    return f"Rolled back to batch {batch} in {fork}; run #{run.id} starting and replays {replay}. {previous} is kept."
 
 
 @dataclass

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from dashboard.models import Action, Job
 from dashboard.services.actions import ActionFailed, action_progress, run_state_tool, wait_until_stopped
+from dashboard.services.forks import switch_to_fork
 from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import savepoint_take
 from workers.spark.checkpoint_files import CheckpointError, copy_checkpoint, latest_committed, remove_tree
@@ -38,7 +39,6 @@ def rescale_action(action: Action) -> str:
     if partitions != before["state_partitions"] and job.state_backend == "memory" and job.has_state():
         raise ActionFailed(MEMORY_REPARTITION)
     was_running = job.runs.filter(status="running").exists()
-    stopped_at = time.monotonic()
     wait_until_stopped(action, job)
     stopped_at = time.monotonic()
     notes = []
@@ -58,8 +58,7 @@ def rescale_action(action: Action) -> str:
         except (CheckpointError, ActionFailed) as exc:
             remove_tree(target)
             raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None
-        Job.objects.filter(id=job.id).update(checkpoint_dir=fork, latest_checkpoint=None)
-        job.checkpoint_dir = fork
+        switch_to_fork(job, fork)
     Job.objects.filter(id=job.id).update(
         parallelism=parallelism, state_partitions=partitions, updated_at=timezone.now()
     )
