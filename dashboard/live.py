@@ -8,11 +8,21 @@ from typing import Any
 
 from django.utils import timezone
 
-from dashboard.models import Checkpoint, Job
+from dashboard.models import Action, ActionStatus, Alert, Checkpoint, CheckpointRollup, Job, Recovery, Run, RunStatus
 from workers.progress import parse_time
 
-RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6), "1d": timedelta(days=1)}
+RANGES = {
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "1d": timedelta(days=1),
+    "1w": timedelta(weeks=1),
+    "4w": timedelta(weeks=4),
+}
 MAX_POINTS = 3000
+# Up to 6 hours the charts show every checkpoint (thinned); a day shows minutes; a week or four show hours.
+RAW_UP_TO = timedelta(hours=6)
+MINUTES_UP_TO = timedelta(days=1)
 # Burrow judges a consumer over a window of offsets; here a window of checkpoints
 STATUS_WINDOW = 10
 
@@ -78,6 +88,117 @@ def job_series(job: Job, since: datetime) -> list[dict[str, Any]]:
         step = len(rows) / MAX_POINTS
         rows = [rows[int(i * step)] for i in range(MAX_POINTS - 1)] + [rows[-1]]
     return [point(row) for row in rows]
+
+
+def rollup_point(r: CheckpointRollup) -> dict[str, Any]:
+    """A chart point from a roll-up bucket: the same keys as point(), plus how many batches it holds."""
+    rate = r.processed_rate_avg
+    lag = r.lag_records_max
+    return {
+        "t": r.bucket.isoformat(),
+        "batch": r.batch_last,
+        "batches": r.batches,
+        "location": r.location,
+        "lag": lag,
+        "lag_s": round(lag / rate, 2) if lag is not None and rate > 0 else None,
+        "end_n": r.end_n_last,
+        "in_rate": round(r.input_rate_avg, 1),
+        "proc_rate": round(rate, 1),
+        "rows": r.input_rows,
+        "dur": round(r.duration_ms_avg),
+        "dur_max": r.duration_ms_max,
+        "wal": round(r.wal_commit_ms_avg),
+        "add": round(r.add_batch_ms_avg),
+        "commit": round(r.commit_offsets_ms_avg),
+        "plan": round(r.planning_ms_avg),
+        "state_commit": round(r.state_commit_ms_avg),
+        "state_rows": r.state_rows_last,
+        "state_mem": r.state_memory_bytes_last,
+        "ckpt": r.checkpointed_bytes_sum,
+        "full": r.full_size_bytes_last,
+    }
+
+
+@dataclass
+class Series:
+    points: list[dict[str, Any]]
+    resolution: str  # "batch", "minute" or "hour"
+    recent: list[dict[str, Any]]  # the last raw checkpoints: what the lag status is judged on
+
+
+def chart_series(job: Job, span: timedelta, now: datetime | None = None) -> Series:
+    """The points for a chart range: raw checkpoints up to 6 hours, minute roll-ups up to a day, hours beyond.
+    After the newest complete roll-up, the raw checkpoints follow, so the right edge is never behind."""
+    now = now or timezone.now()
+    since = now - span
+    recent_rows = Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id").values(*FIELDS)[:STATUS_WINDOW]
+    recent = [point(row) for row in reversed(recent_rows)]
+    if span <= RAW_UP_TO:
+        return Series(job_series(job, since), "batch", recent)
+    resolution = CheckpointRollup.MINUTE if span <= MINUTES_UP_TO else CheckpointRollup.HOUR
+    buckets = list(
+        CheckpointRollup.objects.filter(job=job, resolution=resolution, bucket__gte=since).order_by("bucket")
+    )
+    points = [rollup_point(b) for b in buckets]
+    # roll-ups trail the commits by up to a pass: the time after the last complete bucket comes from raw records
+    tail_from = buckets[-1].bucket + timedelta(seconds=resolution) if buckets else since
+    tail = job_series(job, max(tail_from, since))
+    return Series(points + tail, "minute" if resolution == CheckpointRollup.MINUTE else "hour", recent)
+
+
+def incidents(job: Job, since: datetime) -> list[dict[str, Any]]:
+    """The incident timeline: runs starting and ending, failures and restarts, operator actions, alerts."""
+    events = []
+    for run in Run.objects.filter(job=job, requested_at__gte=since - timedelta(days=1)):
+        events += run_incidents(run)
+    for action in Action.objects.filter(job=job, requested_at__gte=since - timedelta(days=1)):
+        events += action_incidents(action)
+    for recovery in Recovery.objects.filter(job=job, failed_at__gte=since):
+        events += recovery_incidents(recovery)
+    for alert in Alert.objects.filter(job=job, opened_at__gte=since - timedelta(days=1)):
+        events += alert_incidents(alert)
+    return sorted((e for e in events if e["t"] >= since.isoformat()), key=lambda e: e["t"])
+
+
+def _incident(at: datetime, kind: str, text: str, key: str) -> dict[str, Any]:
+    return {"t": at.isoformat(), "kind": kind, "text": text, "key": key}
+
+
+def run_incidents(run: Run) -> list[dict[str, Any]]:
+    events = []
+    if run.started_at:
+        events.append(_incident(run.started_at, "start", f"run #{run.id} started", f"run-{run.id}-start"))
+    if run.ended_at:
+        kind = {RunStatus.STOPPED: "stop", RunStatus.FAILED: "failure", RunStatus.LOST: "failure"}.get(
+            RunStatus(run.status), "stop"
+        )
+        text = f"run #{run.id} {run.status}" + (f": {run.message[:120]}" if run.message else "")
+        events.append(_incident(run.ended_at, kind, text, f"run-{run.id}-end"))
+    return events
+
+
+def action_incidents(action: Action) -> list[dict[str, Any]]:
+    if action.status not in (ActionStatus.SUCCEEDED, ActionStatus.FAILED) or not action.finished_at:
+        return []
+    ok = action.status == ActionStatus.SUCCEEDED
+    text = f"{action.get_kind_display()} #{action.id} {action.status}" + (
+        "" if ok else f": {(action.error or action.outcome)[:120]}"
+    )
+    return [_incident(action.finished_at, action.kind if ok else "failure", text, f"action-{action.id}")]
+
+
+def recovery_incidents(recovery: Recovery) -> list[dict[str, Any]]:
+    text = f"restart #{recovery.attempt}" + (" (gave up)" if recovery.gave_up else "") + f": {recovery.cause[:120]}"
+    return [_incident(recovery.failed_at, "restart", text, f"recovery-{recovery.id}")]
+
+
+def alert_incidents(alert: Alert) -> list[dict[str, Any]]:
+    events = [_incident(alert.opened_at, "alert", f"alert: {alert.message[:140]}", f"alert-{alert.id}-open")]
+    if alert.resolved_at:
+        events.append(
+            _incident(alert.resolved_at, "all-clear", f"all clear: {alert.get_kind_display()}", f"alert-{alert.id}-end")
+        )
+    return events
 
 
 @dataclass

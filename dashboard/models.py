@@ -82,6 +82,9 @@ class Job(models.Model):
     )
     failure_rate_window_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     failed_reason = models.TextField(blank=True, help_text="set when the restart strategy gave up; cleared by a start")
+    rolled_up_to = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="checkpoints recorded up to here are in the roll-ups"
+    )
 
     class Meta:
         ordering = ["name"]
@@ -211,7 +214,11 @@ class Checkpoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "location", "batch_id"], name="one_checkpoint_per_batch_and_fork")
         ]
-        indexes = [models.Index(fields=["job", "-batch_id"], name="checkpoint_job_batch")]
+        indexes = [
+            models.Index(fields=["job", "-batch_id"], name="checkpoint_job_batch"),
+            models.Index(fields=["job", "-committed_at", "-id"], name="checkpoint_job_committed"),
+            models.Index(fields=["job", "recorded_at"], name="checkpoint_job_recorded"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.batch_id}"
@@ -344,3 +351,83 @@ class Recovery(models.Model):
     @property
     def downtime_seconds(self) -> float | None:
         return (self.recovered_at - self.failed_at).total_seconds() if self.recovered_at else None
+
+
+class CheckpointRollup(models.Model):
+    """Checkpoints summarised per minute or per hour: what long charts read, and what is left once raw records age
+    out of their retention window."""
+
+    MINUTE, HOUR = 60, 3600
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rollups")
+    resolution = models.PositiveIntegerField(help_text="bucket length in seconds")
+    bucket = models.DateTimeField(help_text="start of the bucket")
+    location = models.CharField(max_length=80, default="checkpoint")
+    batches = models.PositiveIntegerField()
+    batch_first = models.BigIntegerField()
+    batch_last = models.BigIntegerField()
+    last_committed_at = models.DateTimeField()
+    input_rows = models.BigIntegerField()
+    duration_ms_avg = models.FloatField()
+    duration_ms_max = models.BigIntegerField()
+    wal_commit_ms_avg = models.FloatField()
+    add_batch_ms_avg = models.FloatField()
+    commit_offsets_ms_avg = models.FloatField()
+    planning_ms_avg = models.FloatField(help_text="query planning + latestOffset")
+    state_commit_ms_avg = models.FloatField()
+    input_rate_avg = models.FloatField()
+    processed_rate_avg = models.FloatField()
+    lag_records_max = models.BigIntegerField(null=True)
+    lag_records_last = models.BigIntegerField(null=True)
+    end_n_last = models.BigIntegerField(null=True)
+    state_rows_last = models.BigIntegerField()
+    state_memory_bytes_last = models.BigIntegerField()
+    checkpointed_bytes_sum = models.BigIntegerField()
+    full_size_bytes_last = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["job", "resolution", "bucket"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "resolution", "bucket"], name="one_rollup_per_bucket"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.bucket:%Y-%m-%d %H:%M}/{self.resolution}s"
+
+
+class AlertKind(models.TextChoices):
+    LAG_WARN = "lag-warn", "Lag growing (WARN)"
+    LAG_STALL = "lag-stall", "Offsets stalled (STALL)"
+    LAG_STOP = "lag-stop", "No commits (STOP)"
+    CHECKPOINT_STALL = "checkpoint-stall", "Checkpoint stall"
+    RESTART_LOOP = "restart-loop", "Restart loop"
+    SAVEPOINT_FAILED = "savepoint-failed", "Savepoint failed"
+
+
+class Alert(models.Model):
+    """A condition on a job, open until it clears; notified when it opens and when it resolves."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=24, choices=AlertKind.choices)
+    opened_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    clear_since = models.DateTimeField(null=True, blank=True, help_text="the condition is gone since; resolves later")
+    message = models.TextField(help_text="what opened it")
+    latest = models.TextField(blank=True, help_text="the condition as last evaluated")
+    subject_id = models.BigIntegerField(null=True, blank=True, help_text="the savepoint a savepoint alert is about")
+    notifications = models.JSONField(default=list, blank=True, help_text="deliveries: channel, event, ok, detail")
+
+    class Meta:
+        ordering = ["-opened_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "kind"], condition=models.Q(resolved_at__isnull=True), name="one_open_alert_per_kind"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind} {'open' if self.is_open else 'resolved'}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.resolved_at is None

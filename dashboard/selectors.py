@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.paginator import Page, Paginator
 from django.db import connection
-from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from dashboard.models import Checkpoint, Job, ResultRow, Run
+from dashboard.models import Alert, Checkpoint, CheckpointRollup, Job, ResultRow, Run
 from workers.pipelines import get as get_pipeline
 
 SUMMARY_FIELDS = (
@@ -26,10 +29,48 @@ STATS = ("min", "avg", "p50", "p90", "p99", "max")
 
 def job_list() -> QuerySet[Job]:
     latest_run = Run.objects.filter(job=OuterRef("pk")).order_by("-id")
+    open_alerts = (
+        Alert.objects.filter(job=OuterRef("pk"), resolved_at__isnull=True)
+        .order_by()
+        .values("job")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
     return Job.objects.select_related("latest_checkpoint").annotate(
         run_status=Subquery(latest_run.values("status")[:1]),
         run_id=Subquery(latest_run.values("id")[:1]),
+        open_alerts=Coalesce(Subquery(open_alerts[:1]), 0),
     )
+
+
+TREND_SPAN = timedelta(hours=1)
+
+
+def job_trends(jobs: list[Job]) -> dict[int, dict[str, list[Any]]]:
+    """The last hour of lag and state size per job, for the job list's sparklines: minute roll-ups, then the raw
+    checkpoints after the newest of them. Two queries whatever the number of jobs."""
+    now = timezone.now()
+    trends: dict[int, dict[str, list[Any]]] = {job.id: {"t": [], "lag": [], "state": []} for job in jobs}
+    newest: dict[int, datetime] = {}
+    minutes = CheckpointRollup.objects.filter(
+        job__in=trends, resolution=CheckpointRollup.MINUTE, bucket__gte=now - TREND_SPAN
+    ).order_by("job", "bucket")
+    for r in minutes.values_list("job_id", "bucket", "lag_records_last", "state_memory_bytes_last"):
+        trend = trends[r[0]]
+        trend["t"].append(r[1].isoformat())
+        trend["lag"].append(r[2])
+        trend["state"].append(r[3])
+        newest[r[0]] = r[1] + timedelta(seconds=CheckpointRollup.MINUTE)
+    tail_from = min(newest.values(), default=now - TREND_SPAN) if len(newest) == len(trends) else now - TREND_SPAN
+    raw = Checkpoint.objects.filter(job__in=trends, committed_at__gte=tail_from).order_by("job", "committed_at")
+    for job_id, committed, lag, state in raw.values_list("job_id", "committed_at", "lag_records", "state_memory_bytes"):
+        if committed < newest.get(job_id, tail_from):
+            continue
+        trend = trends[job_id]
+        trend["t"].append(committed.isoformat())
+        trend["lag"].append(lag)
+        trend["state"].append(state)
+    return trends
 
 
 def dead_letter_counts(jobs: list[Job]) -> dict[int, int | None]:
@@ -46,10 +87,28 @@ def dead_letter_counts(jobs: list[Job]) -> dict[int, int | None]:
         return {job.id: None for job in jobs}
 
 
-def checkpoint_history(*, job: Job, page: int | str | None, per_page: int = 25) -> Page[Checkpoint]:
-    # forks restart their batch ids: newest commit first keeps the history in the order things happened
+@dataclass
+class HistoryPage:
+    rows: list[Checkpoint]
+    older: int | None  # the id to pass as ?before= for the next page, None on the last
+    newest: bool  # this is the first page
+
+
+def checkpoint_history(*, job: Job, before: int | str | None, per_page: int = 25) -> HistoryPage:
+    """One page of checkpoints, newest commit first (forks restart their batch ids: commit order keeps the history
+    in the order things happened). Keyset pages, ?before=<id>: as fast on page 40,000 as on page 1, no count(*)."""
     queryset = Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")
-    return Paginator(queryset, per_page).get_page(page)
+    anchor = None
+    if before:
+        with contextlib.suppress(ValueError, TypeError):
+            anchor = Checkpoint.objects.filter(job=job, id=int(before)).values("committed_at", "id").first()
+    if anchor:
+        queryset = queryset.filter(
+            Q(committed_at__lt=anchor["committed_at"]) | Q(committed_at=anchor["committed_at"], id__lt=anchor["id"])
+        )
+    rows = list(queryset[: per_page + 1])
+    older = rows[per_page - 1].id if len(rows) > per_page else None
+    return HistoryPage(rows[:per_page], older, anchor is None)
 
 
 @dataclass
@@ -66,8 +125,12 @@ def _percentile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
+SUMMARY_WINDOW = 1000
+
+
 def checkpoint_summary(*, job: Job) -> tuple[int, list[SummaryRow]]:
-    """Min / avg / p50 / p90 / p99 / max of each checkpoint measure, like Flink's checkpoint summary."""
+    """Min / avg / p50 / p90 / p99 / max of each checkpoint measure over the last SUMMARY_WINDOW checkpoints, like
+    Flink's checkpoint summary over its retained history."""
     rows: list[SummaryRow] = []
     if connection.vendor == "postgresql":
         parts = []
@@ -79,7 +142,11 @@ def checkpoint_summary(*, job: Job) -> tuple[int, list[SummaryRow]]:
                 f"max({name})",
             ]
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT count(*), {', '.join(parts)} FROM dashboard_checkpoint WHERE job_id = %s", [job.id])
+            cursor.execute(
+                f"SELECT count(*), {', '.join(parts)} FROM (SELECT * FROM dashboard_checkpoint WHERE job_id = %s "
+                "ORDER BY committed_at DESC, id DESC LIMIT %s) AS recent",
+                [job.id, SUMMARY_WINDOW],
+            )
             result = cursor.fetchone()
         count = int(result[0])
         for i, (_, label, unit) in enumerate(SUMMARY_FIELDS):
@@ -88,7 +155,9 @@ def checkpoint_summary(*, job: Job) -> tuple[int, list[SummaryRow]]:
             rows.append(SummaryRow(label, unit, dict(zip(STATS, [low, avg, *pct, high], strict=True))))
         return count, rows
     names = [name for name, _, _ in SUMMARY_FIELDS]
-    data = list(Checkpoint.objects.filter(job=job).values_list(*names))
+    data = list(
+        Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id").values_list(*names)[:SUMMARY_WINDOW]
+    )
     for i, (_, label, unit) in enumerate(SUMMARY_FIELDS):
         column = sorted(float(r[i]) for r in data)
         if not column:

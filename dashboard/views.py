@@ -7,6 +7,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -14,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard import live, selectors
 from dashboard.forms import JobForm, RescaleForm
-from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Job, SavepointStatus
+from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, Job, SavepointStatus
 from dashboard.services.actions import action_request
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
@@ -25,9 +26,13 @@ from workers.pipelines import CATALOG
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     jobs = list(selectors.job_list())
-    return render(
-        request, "dashboard/job_list.html", {"jobs": jobs, "dead_letters": selectors.dead_letter_counts(jobs)}
-    )
+    context = {
+        "jobs": jobs,
+        "dead_letters": selectors.dead_letter_counts(jobs),
+        "trends": selectors.job_trends(jobs),
+        "follow": _follow_position(),
+    }
+    return render(request, "dashboard/job_list.html", context)
 
 
 @login_required
@@ -38,7 +43,9 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "job": job,
         "pipeline": CATALOG.get(job.pipeline),
         "runs": job.runs.select_related("requested_by")[:10],
-        "history": selectors.checkpoint_history(job=job, page=request.GET.get("page")),
+        "history": selectors.checkpoint_history(job=job, before=request.GET.get("before")),
+        "alerts": job.alerts.all()[:10],
+        "open_alerts": [a for a in job.alerts.all()[:50] if a.is_open],
         "summary": summary,
         "summary_count": count,
         "results": selectors.job_results(job=job),
@@ -48,6 +55,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "savepoints": job.savepoints.exclude(status=SavepointStatus.DISPOSED)[:20],
         "recoveries": job.recoveries.select_related("failed_run", "restart_run")[:10],
         "old_checkpoints": old_checkpoints(job),
+        "retention_hours": settings.CHECKPOINT_RAW_RETENTION_HOURS,
     }
     return render(request, "dashboard/job_detail.html", context)
 
@@ -187,29 +195,44 @@ def checkpoint_discard(request: HttpRequest, name: str, directory: str) -> HttpR
     return render(request, "dashboard/action_preview.html", context)
 
 
-@login_required
-def job_series(request: HttpRequest, name: str) -> JsonResponse:
-    """Chart points for a time range, the lag status, and the live stream position to follow from."""
+def _follow_position() -> str:
+    """The live stream's newest entry id: where a page loaded now starts following."""
     import redis
 
-    job = get_object_or_404(Job, name=name)
-    span = live.RANGES.get(request.GET.get("range", "15m"), live.RANGES["15m"])
-    points = live.job_series(job, timezone.now() - span)
-    status = live.lag_status(points, job.trigger_interval_seconds)
     try:
         newest = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).xrevrange(settings.LIVE_STREAM, count=1)
-        follow = newest[0][0].decode() if newest else "0-0"
+        return newest[0][0].decode() if newest else "0-0"
     except redis.RedisError:
-        follow = "$"
+        return "$"
+
+
+@login_required
+def job_series(request: HttpRequest, name: str) -> JsonResponse:
+    """Chart points for a time range (raw, per minute or per hour), the incidents on the same axis, the lag status
+    on the latest raw checkpoints, and the live stream position to follow from."""
+    job = get_object_or_404(Job, name=name)
+    span = live.RANGES.get(request.GET.get("range", "15m"), live.RANGES["15m"])
+    now = timezone.now()
+    series = live.chart_series(job, span, now)
+    status = live.lag_status(series.recent, job.trigger_interval_seconds, now)
     return JsonResponse(
-        {"points": points, "status": status.__dict__, "follow": follow, "trigger": job.trigger_interval_seconds}
+        {
+            "points": series.points,
+            "resolution": series.resolution,
+            "recent": series.recent,
+            "incidents": live.incidents(job, now - span),
+            "status": status.__dict__,
+            "follow": _follow_position(),
+            "trigger": job.trigger_interval_seconds,
+        }
     )
 
 
 LIVE_STREAM_SECONDS = 300  # a stream ends after this; the browser reconnects with Last-Event-ID and misses nothing
 
 
-async def _live_events(job_id: int, cursor: str) -> AsyncIterator[str]:
+async def _live_events(job_id: int | None, cursor: str) -> AsyncIterator[str]:
+    """Checkpoints and incidents from the live stream, for one job or (None) for all."""
     import time
 
     import redis.asyncio as aredis
@@ -230,9 +253,18 @@ async def _live_events(job_id: int, cursor: str) -> AsyncIterator[str]:
                 continue
             for entry_id, fields in reply[0][1]:
                 cursor = entry_id.decode()
-                data = json.loads(fields[b"data"])
-                if data.get("job") == job_id:
-                    yield f"id: {cursor}\nevent: checkpoint\ndata: {json.dumps(live.point(data['record']))}\n\n"
+                try:
+                    data = json.loads(fields[b"data"])
+                except (KeyError, ValueError):
+                    continue
+                if job_id is not None and data.get("job") != job_id:
+                    continue
+                if "record" in data:
+                    body = live.point(data["record"]) | {"job": data["job"]}
+                    yield f"id: {cursor}\nevent: checkpoint\ndata: {json.dumps(body)}\n\n"
+                elif "incident" in data:
+                    body = data["incident"] | {"job": data["job"]}
+                    yield f"id: {cursor}\nevent: incident\ndata: {json.dumps(body)}\n\n"
     finally:
         await client.aclose()  # type: ignore[attr-defined]  # redis 5+ has aclose; the stubs predate it
 
@@ -243,18 +275,49 @@ async def _sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-@login_required
-async def job_live(request: HttpRequest, name: str) -> HttpResponse | StreamingHttpResponse:
-    """Server-sent events, one per committed batch; a reconnecting browser sends Last-Event-ID and misses nothing."""
+def _event_stream(request: HttpRequest, job_id: int | None) -> HttpResponse | StreamingHttpResponse:
     from django.core.handlers.asgi import ASGIRequest
 
-    job = await sync_to_async(Job.objects.filter(name=name).first)()
-    if job is None:
-        raise Http404(name)
     if not isinstance(request, ASGIRequest):  # a WSGI server would hold a thread for as long as the browser watches
         return HttpResponse("Live updates need the ASGI server (uvicorn).", status=503, content_type="text/plain")
     cursor = request.headers.get("Last-Event-ID") or request.GET.get("after") or "$"
-    response = StreamingHttpResponse(_live_events(job.id, cursor), content_type="text/event-stream")
+    response = StreamingHttpResponse(_live_events(job_id, cursor), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+@login_required
+async def job_live(request: HttpRequest, name: str) -> HttpResponse | StreamingHttpResponse:
+    """Server-sent events, one per committed batch; a reconnecting browser sends Last-Event-ID and misses nothing."""
+    job = await sync_to_async(Job.objects.filter(name=name).first)()
+    if job is None:
+        raise Http404(name)
+    return _event_stream(request, job.id)
+
+
+@login_required
+async def jobs_live(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """Server-sent events for the job list: every job's checkpoints."""
+    return _event_stream(request, None)
+
+
+@login_required
+def alert_list(request: HttpRequest) -> HttpResponse:
+    alerts = Alert.objects.select_related("job")
+    job_name, state = request.GET.get("job", ""), request.GET.get("state", "")
+    if job_name:
+        alerts = alerts.filter(job__name=job_name)
+    if state == "open":
+        alerts = alerts.filter(resolved_at__isnull=True)
+    elif state == "resolved":
+        alerts = alerts.filter(resolved_at__isnull=False)
+    page = Paginator(alerts.order_by("-opened_at", "-id"), 50).get_page(request.GET.get("page"))
+    context = {
+        "alerts": page,
+        "jobs": Job.objects.order_by("name").values_list("name", flat=True),
+        "job_name": job_name,
+        "state": state,
+        "open_count": Alert.objects.filter(resolved_at__isnull=True).count(),
+    }
+    return render(request, "dashboard/alert_list.html", context)

@@ -123,6 +123,8 @@ CELERY_BEAT_SCHEDULE = {
     "ingest-progress": {"task": "workers.tasks.ingest_progress", "schedule": 1.0},
     "supervise-jobs": {"task": "workers.tasks.supervise_jobs", "schedule": 5.0},
     "periodic-savepoints": {"task": "workers.tasks.periodic_savepoints", "schedule": 60.0},
+    "rollup-checkpoints": {"task": "workers.tasks.rollup_checkpoints", "schedule": 30.0},
+    "evaluate-alerts": {"task": "workers.tasks.evaluate_alerts", "schedule": 5.0},
 }
 
 # Where every job's checkpoint lives: <root>/<job name>/checkpoint. Users name jobs, never paths.
@@ -137,6 +139,21 @@ STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)
 PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
 # Every committed batch is also pushed here for the browsers; its entry ids are the server-sent events' ids.
 LIVE_STREAM = env_str("STATEKEEPER_LIVE_STREAM", "statekeeper:live")
+# Raw checkpoint records are kept this long; beyond it only the per-minute and per-hour roll-ups remain.
+CHECKPOINT_RAW_RETENTION_HOURS = env_int("STATEKEEPER_RAW_RETENTION_HOURS", 72)
+
+# Alerts: notified on open and on resolve. Empty webhook or no addresses: shown in the console only.
+ALERT_WEBHOOK_URL = env_str("STATEKEEPER_ALERT_WEBHOOK", "")
+ALERT_EMAILS = [a for a in env_str("STATEKEEPER_ALERT_EMAILS", "").split(",") if a]
+ALERT_CHECKPOINT_STALL_TRIGGERS = env_int("STATEKEEPER_ALERT_STALL_TRIGGERS", 10)  # no commit for N x trigger
+ALERT_RESTART_LOOP_COUNT = env_int("STATEKEEPER_ALERT_RESTARTS", 3)  # restarts within the job's failure window
+ALERT_RESOLVE_AFTER_SECONDS = env_int("STATEKEEPER_ALERT_RESOLVE_AFTER", 20)  # clear this long before all-clear
+CONSOLE_URL = env_str("STATEKEEPER_CONSOLE_URL", "http://127.0.0.1:8000")
+DEFAULT_FROM_EMAIL = env_str("STATEKEEPER_FROM_EMAIL", "statekeeper@localhost")
+EMAIL_BACKEND = env_str("STATEKEEPER_EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = str(BASE_DIR / "var" / "mail")
+EMAIL_HOST = env_str("STATEKEEPER_SMTP_HOST", "localhost")
+EMAIL_PORT = env_int("STATEKEEPER_SMTP_PORT", 25)
 
 LOGGING = {
     "version": 1,

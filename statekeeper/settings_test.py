@@ -24,3 +24,7 @@ LOG_ROOT = CHECKPOINT_ROOT.parent / "logs"
 # Tests serve static files from the apps' folders: no collectstatic step.
 STATIC_ROOT = None  # type: ignore[assignment]
 WHITENOISE_USE_FINDERS = True
+# Alert e-mails from the processes tests start are written as files (in the test process Django keeps them in
+# mail.outbox).
+EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+EMAIL_FILE_PATH = str(CHECKPOINT_ROOT.parent / "mail")

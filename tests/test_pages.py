@@ -74,11 +74,16 @@ def test_the_job_page_pages_through_history_newest_first(viewer, make_job):
     with_history(job, 60)
     first = viewer.get("/jobs/clicks/")
     history = first.context["history"]
-    assert [c.batch_id for c in history][:3] == [59, 58, 57]
-    assert history.paginator.num_pages == 3
-    last = viewer.get("/jobs/clicks/?page=3").context["history"]
-    assert [c.batch_id for c in last][-1] == 0
-    assert viewer.get("/jobs/clicks/?page=zzz").status_code == 200, "a bad page number shows the first page"
+    assert [c.batch_id for c in history.rows][:3] == [59, 58, 57] and len(history.rows) == 25
+    assert f'href="?before={history.older}"' in first.content.decode(), "the page links to the next one"
+    seen = [c.batch_id for c in history.rows]
+    while history.older:
+        history = viewer.get(f"/jobs/clicks/?before={history.older}").context["history"]
+        seen += [c.batch_id for c in history.rows]
+    assert seen == list(range(59, -1, -1)), "every checkpoint once, newest first, across the pages"
+    assert "oldest raw checkpoint reached" in viewer.get(f"/jobs/clicks/?before={history.rows[0].id}").content.decode()
+    bad = viewer.get("/jobs/clicks/?before=zzz")
+    assert bad.status_code == 200 and bad.context["history"].rows[0].batch_id == 59, "a bad cursor shows the newest"
 
 
 def test_the_summary_has_min_avg_and_percentiles_like_flinks(viewer, make_job):

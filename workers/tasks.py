@@ -9,8 +9,10 @@ from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.actions import action_execute, actions_abandoned
+from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate, incidents_publish
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
 from dashboard.services.recovery import recoveries_supervise
+from dashboard.services.rollups import rollups_run
 from dashboard.services.runs import run_launch, runs_supervise
 from dashboard.services.savepoints import savepoints_periodic
 
@@ -59,3 +61,24 @@ def supervise_jobs() -> list[str]:
         if created:
             notes.append(f"run {run.id}: {created} checkpoints recovered from the journal")
     return notes
+
+
+@shared_task(time_limit=300)
+def rollup_checkpoints() -> dict[str, int]:
+    return rollups_run()
+
+
+@shared_task(time_limit=30)
+def evaluate_alerts() -> dict[str, int]:
+    changes = alerts_evaluate()
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+    try:
+        published = incidents_publish(client)
+    except redis.RedisError:
+        published = 0  # the markers come back with the next page load; alerts are in the database already
+    return {"changes": len(changes), "incidents": published}
+
+
+@shared_task(time_limit=60, autoretry_for=(DeliveryFailed,), retry_backoff=5, retry_backoff_max=300, max_retries=8)
+def deliver_alert(alert_id: int, event: str) -> int:
+    return len(alert_deliver(alert_id, event))

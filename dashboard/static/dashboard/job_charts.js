@@ -1,11 +1,23 @@
-// Job page charts: loaded from series.json, then extended by server-sent events, one per committed batch.
+// Job page charts: loaded from series.json, then extended by server-sent events, one per committed batch, and
+// marked with incidents (starts, stops, failures, restarts, savepoints, rescales, rollbacks, alerts) on the same axis.
 // EventSource resends the last event id on reconnect, and the server replays from there: no point is missed.
 (function () {
   const root = document.getElementById("charts");
   if (!root) return;
   const seriesUrl = root.dataset.series, liveUrl = root.dataset.live;
+  const INCIDENT_COLORS = {
+    start: "#52c41a", stop: "#8c8c8c", failure: "#f5222d", restart: "#fa541c", alert: "#cf1322", "all-clear": "#389e0d",
+    savepoint: "#1890ff", "stop-with-savepoint": "#1890ff", restore: "#722ed1", rollback: "#722ed1", rescale: "#13c2c2",
+  };
+  const color = (kind) => INCIDENT_COLORS[kind] || "#595959";
+  // every incident is a dotted vertical line on every chart: what happened lines up with what it did to the job
+  const shapes = () => incidents.map((e) => ({
+    type: "line", xref: "x", yref: "paper", x0: e.t, x1: e.t, y0: 0, y1: 1,
+    line: { color: color(e.kind), width: 1, dash: "dot" },
+  }));
   const layout = (title, y, y2) => {
     const spec = {
+      shapes: shapes(),
       title: { text: title, font: { size: 14 } }, height: 280, margin: { l: 64, r: y2 ? 64 : 20, t: 36, b: 40 },
       xaxis: { type: "date", title: { text: "committed at (UTC)" } }, yaxis: { title: { text: y }, rangemode: "tozero" },
       legend: { orientation: "h", y: -0.3 }, barmode: "stack",
@@ -19,10 +31,12 @@
     ["chart-rates", "Input against processed rate", "rows / s", null, [["input", "in_rate", "scatter", "y"], ["processed", "proc_rate", "scatter", "y"]]],
     ["chart-duration", "Batch duration by part", "ms", null, [["WAL commit", "wal", "bar", "y"], ["addBatch", "add", "bar", "y"], ["commit offsets", "commit", "bar", "y"], ["planning + latestOffset", "plan", "bar", "y"]]],
     ["chart-state", "State", "rows", "bytes in memory", [["state rows", "state_rows", "scatter", "y"], ["state memory", "state_mem", "scatter", "y2"]]],
-    ["chart-size", "Checkpoint size", "bytes", null, [["checkpointed (this batch)", "ckpt", "bar", "y"], ["full checkpoint", "full", "scatter", "y"]]],
+    ["chart-size", "Checkpointed against full checkpoint size", "bytes", null, [["checkpointed (this batch)", "ckpt", "bar", "y"], ["full checkpoint", "full", "scatter", "y"]]],
+    ["chart-ckpt-duration", "Checkpoint duration", "ms", null, [["end to end", "dur", "scatter", "y"], ["state commit", "state_commit", "scatter", "y"]]],
   ];
   const seen = new Set();
-  let points = [], trigger = 2, source = null, lastId = null;
+  let points = [], recent = [], incidents = [], trigger = 2, source = null, lastId = null, resolution = "batch";
+  const incidentKeys = new Set();
   const key = (p) => p.location + ":" + p.batch;
 
   function traces(spec, pts) {
@@ -32,16 +46,50 @@
     }));
   }
 
+  function drawIncidents() {
+    // one row per kind of incident, hover for what happened
+    const kinds = [...new Set(incidents.map((e) => e.kind))];
+    const data = kinds.map((kind) => {
+      const own = incidents.filter((e) => e.kind === kind);
+      return { name: kind, type: "scatter", mode: "markers", x: own.map((e) => e.t), y: own.map(() => kind),
+        text: own.map((e) => e.text), hoverinfo: "x+text", marker: { size: 11, symbol: "diamond", color: color(kind) } };
+    });
+    const range = points.length ? [points[0].t, points[points.length - 1].t] : undefined;
+    Plotly.react("chart-incidents", data, {
+      title: { text: "Incident timeline", font: { size: 14 } }, height: 110 + 22 * kinds.length, margin: { l: 130, r: 20, t: 36, b: 40 },
+      xaxis: { type: "date", title: { text: "UTC" }, range }, yaxis: { type: "category", automargin: true }, showlegend: false,
+      annotations: incidents.length ? [] : [{ text: "no incidents in this range", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }],
+    }, { displaylogo: false, responsive: true });
+    document.getElementById("chart-incidents").dataset.incidents = String(incidents.length);
+  }
+
   function draw() {
     for (const spec of charts) Plotly.react(spec[0], traces(spec, points), layout(spec[1], spec[2], spec[3]), { displaylogo: false, responsive: true });
+    drawIncidents();
     root.dataset.points = String(points.length);
+    document.getElementById("chart-resolution").textContent = {
+      batch: "One point per committed batch (thinned to 3,000 at most).",
+      minute: "One point per minute: averages, the largest lag and the last state size of the minute; newest batches after the last complete minute.",
+      hour: "One point per hour: averages, the largest lag and the last state size of the hour; newest batches after the last complete hour.",
+    }[resolution];
     showStatus();
+  }
+
+  function addIncident(e) {
+    if (incidentKeys.has(e.key)) return;
+    incidentKeys.add(e.key);
+    incidents.push(e);
+    incidents.sort((a, b) => (a.t < b.t ? -1 : 1));
+    for (const spec of charts) Plotly.relayout(spec[0], { shapes: shapes() });
+    drawIncidents();
   }
 
   function add(p) {
     if (seen.has(key(p))) return false;
     seen.add(key(p));
     points.push(p);
+    recent.push(p);
+    if (recent.length > 10) recent.shift();
     for (const spec of charts) {
       const update = { x: [], y: [] };
       for (const [, field] of spec[4]) { update.x.push([p.t]); update.y.push([p[field]]); }
@@ -54,7 +102,7 @@
 
   // The same rules as dashboard/live.py lag_status, over the last 10 checkpoints
   function status() {
-    const w = points.slice(-10);
+    const w = recent.slice(-10);
     if (!w.length) return ["", "no checkpoint yet"];
     const last = w[w.length - 1], quiet = (Date.now() - Date.parse(last.t)) / 1000, allowed = Math.max(60, 10 * trigger);
     if (quiet > allowed) return ["STOP", `no commit for ${quiet.toFixed(0)} s`];
@@ -81,14 +129,17 @@
     const url = liveUrl + (after ? "?after=" + encodeURIComponent(after) : "");
     source = new EventSource(url);
     source.addEventListener("checkpoint", (e) => { lastId = e.lastEventId; add(JSON.parse(e.data)); });
+    source.addEventListener("incident", (e) => { lastId = e.lastEventId; addIncident(JSON.parse(e.data)); });
     source.onopen = () => { document.getElementById("live-state").textContent = "live"; };
     source.onerror = () => { document.getElementById("live-state").textContent = "reconnecting…"; };
   }
 
   async function load(range) {
     const data = await (await fetch(seriesUrl + "?range=" + range)).json();
-    trigger = data.trigger;
+    trigger = data.trigger; resolution = data.resolution;
     points = data.points; seen.clear(); points.forEach((p) => seen.add(key(p)));
+    recent = data.recent.slice(); recent.forEach((p) => seen.add(key(p)));
+    incidents = data.incidents; incidentKeys.clear(); incidents.forEach((e) => incidentKeys.add(e.key));
     draw();
     connect(lastId || data.follow);
   }
@@ -98,7 +149,9 @@
     load(b.dataset.range);
   }));
   // For tests and operators: drop the connection and resume from the last event received
-  window.statekeeperLive = { reconnect: () => connect(lastId), disconnect: () => source && source.close(), points: () => points };
+  window.statekeeperLive = {
+    reconnect: () => connect(lastId), disconnect: () => source && source.close(), points: () => points, incidents: () => incidents,
+  };
   setInterval(showStatus, 5000); // STOP is the absence of events: re-judge even when nothing arrives
   load("15m");
 })();

@@ -1,0 +1,210 @@
+"""Alerts: conditions on a job, evaluated every few seconds; one open alert per job and kind, notified by webhook and
+e-mail when it opens and again (all clear) when the condition has been gone for ALERT_RESOLVE_AFTER_SECONDS."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from dashboard import live
+from dashboard.models import Alert, AlertKind, Checkpoint, Job, Recovery, Run, RunStatus, SavepointStatus
+
+log = logging.getLogger(__name__)
+LAG_ALERTS = {"WARN": AlertKind.LAG_WARN, "STALL": AlertKind.LAG_STALL, "STOP": AlertKind.LAG_STOP}
+FIRING, RESOLVED = "firing", "resolved"
+
+
+def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int | None]]:
+    """Each alert kind's condition on this job now: a message while it holds, None when it does not."""
+    found: dict[str, tuple[str | None, int | None]] = {kind: (None, None) for kind in AlertKind.values}
+    run = Run.objects.filter(job=job, status=RunStatus.RUNNING).order_by("-id").first()
+    if run is not None and run.started_at is not None:
+        # judge this run only: the commits of an earlier run say nothing about whether this one is stuck
+        rows = (
+            Checkpoint.objects.filter(job=job, committed_at__gte=run.started_at)
+            .order_by("-committed_at", "-id")
+            .values(*live.FIELDS)[: live.STATUS_WINDOW]
+        )
+        recent = [live.point(row) for row in reversed(rows)]
+        trigger = job.trigger_interval_seconds
+        last_commit = live.parse_time(recent[-1]["t"]) if recent else run.started_at
+        quiet = (now - last_commit).total_seconds()
+        allowed = max(30.0, settings.ALERT_CHECKPOINT_STALL_TRIGGERS * trigger)
+        if quiet > allowed:
+            since = "since the run started" if not recent else f"since batch {recent[-1]['batch']}"
+            message = (
+                f"no checkpoint for {quiet:.0f} s {since} (trigger {trigger:g} s; the limit is "
+                f"{settings.ALERT_CHECKPOINT_STALL_TRIGGERS} triggers, at least 30 s)"
+            )
+            found[AlertKind.CHECKPOINT_STALL] = (message, None)
+        if recent:
+            status = live.lag_status(recent, trigger, now)
+            if status.status in LAG_ALERTS:
+                found[LAG_ALERTS[status.status]] = (f"lag {status.status}: {status.reason}", None)
+    window = timedelta(minutes=job.failure_rate_window_minutes)
+    restarts = Recovery.objects.filter(job=job, failed_at__gte=now - window).count()
+    if restarts >= settings.ALERT_RESTART_LOOP_COUNT:
+        last = Recovery.objects.filter(job=job).order_by("-failed_at").first()
+        cause = f" Last cause: {last.cause[:300]}" if last else ""
+        found[AlertKind.RESTART_LOOP] = (
+            f"{restarts} restarts within {job.failure_rate_window_minutes} minutes.{cause}",
+            None,
+        )
+    savepoint = job.savepoints.exclude(status=SavepointStatus.IN_PROGRESS).order_by("-created_at", "-id").first()
+    if savepoint is not None and savepoint.status == SavepointStatus.FAILED:
+        found[AlertKind.SAVEPOINT_FAILED] = (
+            f"savepoint #{savepoint.id} ({savepoint.origin}) failed: {savepoint.error[:300]}",
+            savepoint.id,
+        )
+    return found
+
+
+def alerts_evaluate(
+    now: datetime | None = None, deliver: Callable[[int, str], Any] | None = None
+) -> list[tuple[Alert, str]]:
+    """Open, update and resolve every job's alerts; returns the (alert, event) pairs to notify, already handed to
+    `deliver` (by default a Celery task, once the transaction commits)."""
+    now = now or timezone.now()
+    deliver = deliver or _enqueue
+    changes: list[tuple[Alert, str]] = []
+    for job in Job.objects.all():
+        for kind, (message, subject) in job_conditions(job, now).items():
+            change = _apply(job, kind, message, subject, now)
+            if change:
+                changes.append(change)
+    for alert, event in changes:
+        transaction.on_commit(lambda a=alert.id, e=event: deliver(a, e))  # type: ignore[misc]
+    return changes
+
+
+def _apply(job: Job, kind: str, message: str | None, subject: int | None, now: datetime) -> tuple[Alert, str] | None:
+    current = Alert.objects.filter(job=job, kind=kind, resolved_at__isnull=True).first()
+    if message is not None:
+        if current is None:
+            try:
+                with transaction.atomic():
+                    alert = Alert.objects.create(
+                        job=job, kind=kind, opened_at=now, message=message, latest=message, subject_id=subject
+                    )
+            except IntegrityError:
+                return None  # another evaluator opened it a moment ago
+            return alert, FIRING
+        Alert.objects.filter(id=current.id).update(latest=message, clear_since=None)
+        return None
+    if current is None:
+        return None
+    if current.clear_since is None:
+        Alert.objects.filter(id=current.id).update(clear_since=now)
+        return None
+    if (now - current.clear_since).total_seconds() < settings.ALERT_RESOLVE_AFTER_SECONDS:
+        return None
+    resolved = Alert.objects.filter(id=current.id, resolved_at__isnull=True).update(resolved_at=now)
+    if not resolved:
+        return None
+    current.resolved_at = now
+    return current, RESOLVED
+
+
+def _enqueue(alert_id: int, event: str) -> None:
+    from workers.tasks import deliver_alert
+
+    deliver_alert.delay(alert_id, event)
+
+
+def payload(alert: Alert, event: str) -> dict[str, Any]:
+    """What a webhook receives: Alertmanager's shape, reduced to what an on-call tool needs."""
+    return {
+        "status": event,
+        "job": alert.job.name,
+        "alert": alert.kind,
+        "title": alert.get_kind_display(),
+        "message": alert.message,
+        "latest": alert.latest,
+        "opened_at": alert.opened_at.isoformat(),
+        "resolved_at": alert.resolved_at.isoformat() if alert.resolved_at else None,
+        "url": settings.CONSOLE_URL.rstrip("/") + reverse("dashboard:job_detail", args=[alert.job.name]),
+        "id": alert.id,
+    }
+
+
+class DeliveryFailed(Exception):
+    pass
+
+
+def alert_deliver(alert_id: int, event: str) -> list[dict[str, Any]]:
+    """Send one event of an alert to each channel not yet reached for it; raises DeliveryFailed (to be retried) when
+    a channel fails. Every attempt is recorded on the alert."""
+    alert = Alert.objects.select_related("job").get(id=alert_id)
+    done = {(n["channel"], n["event"]) for n in alert.notifications if n["ok"]}
+    body = payload(alert, event)
+    attempts = []
+    if settings.ALERT_WEBHOOK_URL and ("webhook", event) not in done:
+        attempts.append(_attempt("webhook", event, lambda: _post(settings.ALERT_WEBHOOK_URL, body)))
+    if settings.ALERT_EMAILS and ("email", event) not in done:
+        attempts.append(_attempt("email", event, lambda: _mail(body)))
+    with transaction.atomic():
+        alert = Alert.objects.select_for_update().get(id=alert_id)
+        alert.notifications = [*alert.notifications, *attempts]
+        alert.save(update_fields=["notifications"])
+    failed = [a for a in attempts if not a["ok"]]
+    if failed:
+        raise DeliveryFailed("; ".join(f"{a['channel']}: {a['detail']}" for a in failed))
+    return attempts
+
+
+def _attempt(channel: str, event: str, send: Callable[[], str]) -> dict[str, Any]:
+    try:
+        detail, ok = send(), True
+    except Exception as exc:  # a notification channel's failure is recorded, never raised into the evaluator
+        detail, ok = f"{type(exc).__name__}: {exc}"[:300], False
+        log.warning("alert %s delivery by %s failed: %s", event, channel, detail)
+    return {"at": timezone.now().isoformat(), "channel": channel, "event": event, "ok": ok, "detail": detail}
+
+
+def _post(url: str, body: dict[str, Any]) -> str:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310  # the operator's configured URL
+        return f"HTTP {response.status}"
+
+
+def _mail(body: dict[str, Any]) -> str:
+    word = "FIRING" if body["status"] == FIRING else "RESOLVED"
+    subject = f"[Statekeeper] {word}: {body['title']} on {body['job']}"
+    lines = [
+        f"{body['title']} on job {body['job']} is {body['status']}.",
+        "",
+        f"Opened:   {body['opened_at']}",
+        f"Resolved: {body['resolved_at'] or '-'}",
+        f"Cause:    {body['message']}",
+        f"Latest:   {body['latest']}",
+        "",
+        f"Console: {body['url']}",
+    ]
+    sent = send_mail(subject, "\n".join(lines), settings.DEFAULT_FROM_EMAIL, settings.ALERT_EMAILS)
+    return f"{sent} message to {', '.join(settings.ALERT_EMAILS)}"
+
+
+def incidents_publish(client: Any, now: datetime | None = None, window: timedelta = timedelta(minutes=10)) -> int:
+    """Push incidents of the last minutes to the browsers' live stream, each once (a Redis key per incident)."""
+    now = now or timezone.now()
+    published = 0
+    for job in Job.objects.all():
+        for incident in live.incidents(job, now - window):
+            if client.set(f"statekeeper:incident:{incident['key']}", 1, nx=True, ex=int(window.total_seconds()) * 3):
+                line = json.dumps({"job": job.id, "incident": incident})
+                client.xadd(settings.LIVE_STREAM, {"data": line}, maxlen=50_000, approximate=True)
+                published += 1
+    return published

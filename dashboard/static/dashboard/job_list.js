@@ -1,0 +1,51 @@
+// Job list: a sparkline of lag and of state in memory per job over the last hour, extended live by server-sent events
+// (one per committed batch of any job); the lag, state and last-checkpoint cells follow the same events.
+(function () {
+  const root = document.getElementById("jobs");
+  if (!root) return;
+  const trends = JSON.parse(document.getElementById("trends").textContent);
+  const HOUR = 3600 * 1000;
+  const bytes = (v) => {
+    let size = v, units = ["B", "KB", "MB", "GB", "TB"], i = 0;
+    while (Math.abs(size) >= 1024 && i < units.length - 1) { size /= 1024; i += 1; }
+    return i ? size.toFixed(1) + " " + units[i] : size.toFixed(0) + " B";
+  };
+
+  function spark(el, xs, ys, unit) {
+    const colour = el.dataset.spark === "lag" ? "#fa8c16" : "#1890ff";
+    Plotly.react(el, [{ x: xs, y: ys, type: "scatter", mode: "lines", line: { width: 1.5, color: colour },
+      fill: "tozeroy", hovertemplate: "%{y} " + unit + "<br>%{x}<extra></extra>" }],
+    { margin: { l: 0, r: 0, t: 2, b: 2 }, height: 34, width: 150, xaxis: { visible: false, type: "date" },
+      yaxis: { visible: false, rangemode: "tozero" }, showlegend: false },
+    { displayModeBar: false, staticPlot: false });
+    el.dataset.points = String(xs.length);
+  }
+
+  for (const row of root.querySelectorAll("tr[data-job]")) {
+    const trend = trends[row.dataset.job] || { t: [], lag: [], state: [] };
+    for (const el of row.querySelectorAll("[data-spark]")) spark(el, trend.t, trend[el.dataset.spark], el.dataset.unit);
+  }
+
+  function onCheckpoint(p) {
+    const row = root.querySelector(`tr[data-job="${p.job}"]`);
+    if (!row) return;
+    const cutoff = new Date(Date.parse(p.t) - HOUR).toISOString();
+    for (const el of row.querySelectorAll("[data-spark]")) {
+      const value = el.dataset.spark === "lag" ? p.lag : p.state_mem;
+      Plotly.extendTraces(el, { x: [[p.t]], y: [[value]] }, [0]);
+      const data = el.data[0]; // keep an hour: drop what scrolled out
+      let drop = 0;
+      while (drop < data.x.length && data.x[drop] < cutoff) drop += 1;
+      if (drop) Plotly.restyle(el, { x: [data.x.slice(drop)], y: [data.y.slice(drop)] }, [0]);
+      el.dataset.points = String(el.data[0].x.length);
+    }
+    row.querySelector('[data-cell="last"]').textContent = "#" + p.batch + " · just now";
+    row.querySelector('[data-cell="lag"]').textContent = p.lag === null ? "–" : String(p.lag);
+    row.querySelector('[data-cell="rows"]').textContent = String(p.state_rows);
+    row.querySelector('[data-cell="size"]').textContent = bytes(p.state_mem) + " · " + bytes(p.full) + " on disk";
+  }
+
+  let lastId = root.dataset.follow;
+  const source = new EventSource(root.dataset.live + (lastId ? "?after=" + encodeURIComponent(lastId) : ""));
+  source.addEventListener("checkpoint", (e) => { lastId = e.lastEventId; onCheckpoint(JSON.parse(e.data)); });
+})();

@@ -1,0 +1,201 @@
+"""Alerts as the on-call engineer receives them: opened once when a condition starts, delivered to a real webhook
+and as an e-mail, an all-clear when it has been gone for a while, and shown in the console as open and past."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from django.conf import settings as django_settings
+from django.core import mail
+from django.utils import timezone
+
+from dashboard.models import Alert, AlertKind, Checkpoint, Recovery, Run, RunStatus, Savepoint, SavepointStatus
+from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate, incidents_publish
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Webhook:
+    """A real HTTP endpoint on 127.0.0.1 that records what it is sent; `fail` makes it answer 500."""
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        self.fail = False
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if owner.fail:
+                    self.send_response(500)
+                else:
+                    owner.received.append(json.loads(body))
+                    self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def webhook(settings) -> Iterator[Webhook]:
+    hook = Webhook()
+    settings.ALERT_WEBHOOK_URL = hook.url
+    settings.ALERT_EMAILS = ["oncall@example.com"]
+    settings.ALERT_RESOLVE_AFTER_SECONDS = 20
+    yield hook
+    hook.server.shutdown()
+
+
+def mails() -> list[str]:
+    """E-mail leaves the machine: in tests Django keeps what it would hand to the SMTP server in mail.outbox."""
+    return [f"{m.subject}\n{m.body}" for m in mail.outbox]
+
+
+def running(job, started_seconds_ago: float = 600) -> Run:
+    started = timezone.now() - timedelta(seconds=started_seconds_ago)
+    return Run.objects.create(job=job, status=RunStatus.RUNNING, started_at=started, requested_at=started)
+
+
+def commits(job, lags: list[int], ends: list[int] | None = None, age: float = 1.0, first: int = 0) -> None:
+    now = timezone.now()
+    ends = ends or [100 * (i + 1 + first) for i in range(len(lags))]
+    for i, (lag, end) in enumerate(zip(lags, ends, strict=True)):
+        Checkpoint.objects.create(
+            job=job, batch_id=first + i, committed_at=now - timedelta(seconds=age + len(lags) - i),
+            duration_ms=100, lag_records=lag, input_rate=50, processed_rate=40, end_offset={"id": "x", "n": end},
+        )  # fmt: skip
+
+
+def evaluate(at=None):
+    sent = []
+    changes = alerts_evaluate(at, deliver=lambda alert_id, event: sent.append(alert_deliver(alert_id, event)))
+    return [(a.kind, e) for a, e in changes], sent
+
+
+def test_a_growing_lag_fires_once_and_sends_an_all_clear_when_it_has_drained(make_job, webhook):
+    job = make_job(name="orders", trigger_interval_seconds=1)
+    running(job)
+    commits(job, [100, 200, 350, 600])
+
+    assert evaluate()[0] == [(AlertKind.LAG_WARN, "firing")]
+    assert evaluate()[0] == [], "the same condition does not fire twice"
+    alert = Alert.objects.get(job=job)
+    assert alert.is_open and "lag never falls" in alert.message
+    assert [(h["status"], h["job"], h["alert"]) for h in webhook.received] == [("firing", "orders", "lag-warn")]
+    assert webhook.received[0]["url"].endswith("/jobs/orders/")
+    assert len(mails()) == 1 and "FIRING: Lag growing (WARN) on orders" in mails()[0]
+
+    commits(job, [300, 100, 0], first=10)  # the job catches up
+    assert evaluate()[0] == [], "not resolved on the first clear evaluation: a flapping lag would page twice"
+    later = timezone.now() + timedelta(seconds=25)
+    assert evaluate(later)[0] == [(AlertKind.LAG_WARN, "resolved")]
+    alert.refresh_from_db()
+    assert alert.resolved_at == later
+    assert [h["status"] for h in webhook.received] == ["firing", "resolved"]
+    assert "RESOLVED" in mails()[-1]
+    assert {(n["channel"], n["event"]) for n in alert.notifications if n["ok"]} == {
+        ("webhook", "firing"), ("email", "firing"), ("webhook", "resolved"), ("email", "resolved"),
+    }  # fmt: skip
+
+
+def test_a_condition_back_before_the_all_clear_keeps_the_alert_open(make_job, webhook):
+    job = make_job(trigger_interval_seconds=1)
+    running(job)
+    commits(job, [100, 200, 350, 600])
+    evaluate()
+    commits(job, [300, 100, 0], first=10)
+    evaluate()
+    # growing again over a whole window of batches committed after the drain
+    commits(job, [100 * k for k in range(1, 11)], first=20, age=-12)
+    evaluate(timezone.now() + timedelta(seconds=12))
+    assert evaluate(timezone.now() + timedelta(seconds=25))[0] == []
+    assert Alert.objects.get(job=job).is_open and Alert.objects.get(job=job).clear_since is None
+
+
+def test_stalled_offsets_and_a_checkpoint_stall(make_job, webhook, settings):
+    settings.ALERT_CHECKPOINT_STALL_TRIGGERS = 10
+    stalled = make_job(name="stalled", trigger_interval_seconds=1)
+    running(stalled)
+    commits(stalled, [40, 40, 40], ends=[500, 500, 500])
+    silent = make_job(name="silent", trigger_interval_seconds=2)
+    running(silent, started_seconds_ago=45)  # no batch in 45 s, the limit is max(30, 10 x 2 s)
+    stopped = make_job(name="stopped", trigger_interval_seconds=1)
+    Run.objects.create(job=stopped, status=RunStatus.STOPPED)  # a stopped job is not stuck
+
+    fired = sorted(evaluate()[0])
+    assert fired == [(AlertKind.CHECKPOINT_STALL, "firing"), (AlertKind.LAG_STALL, "firing")]
+    assert Alert.objects.get(kind=AlertKind.CHECKPOINT_STALL).job == silent
+    assert "no checkpoint for 45 s since the run started" in Alert.objects.get(job=silent).message
+
+
+def test_a_restart_loop_and_a_failed_savepoint(make_job, webhook, settings):
+    settings.ALERT_RESTART_LOOP_COUNT = 3
+    job = make_job(name="flaky", failure_rate_window_minutes=10)
+    for i in range(3):
+        run = Run.objects.create(job=job, status=RunStatus.FAILED)
+        Recovery.objects.create(
+            job=job, failed_run=run, cause="Py4JError: boom", failed_at=timezone.now() - timedelta(minutes=i)
+        )
+    Savepoint.objects.create(job=job, status=SavepointStatus.FAILED, error="disk full", origin="periodic")
+    assert sorted(evaluate()[0]) == [(AlertKind.RESTART_LOOP, "firing"), (AlertKind.SAVEPOINT_FAILED, "firing")]
+    assert "3 restarts within 10 minutes" in Alert.objects.get(kind=AlertKind.RESTART_LOOP).message
+    assert "disk full" in Alert.objects.get(kind=AlertKind.SAVEPOINT_FAILED).message
+
+    Savepoint.objects.create(job=job, status=SavepointStatus.VERIFIED, origin="user")  # the next one succeeds
+    evaluate()
+    changes = evaluate(timezone.now() + timedelta(seconds=25))[0]
+    assert (AlertKind.SAVEPOINT_FAILED, "resolved") in changes
+    assert (AlertKind.RESTART_LOOP, "resolved") not in changes, "the restarts are still inside the window"
+
+
+def test_a_webhook_that_fails_is_recorded_and_retried_without_resending_the_mail(make_job, webhook):
+    job = make_job(trigger_interval_seconds=1)
+    running(job)
+    commits(job, [100, 200, 350, 600])
+    webhook.fail = True
+    with pytest.raises(DeliveryFailed, match="webhook: HTTPError"):
+        evaluate()
+    alert = Alert.objects.get(job=job)
+    assert [(n["channel"], n["ok"]) for n in alert.notifications] == [("webhook", False), ("email", True)]
+
+    webhook.fail = False
+    alert_deliver(alert.id, "firing")  # what the Celery retry does
+    alert.refresh_from_db()
+    assert [(n["channel"], n["ok"]) for n in alert.notifications][-1] == ("webhook", True)
+    assert len(webhook.received) == 1 and len(mails()) == 1, "the e-mail already sent is not sent again"
+
+
+def test_the_console_lists_open_and_past_alerts(client, django_user_model, make_job):
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    job, other = make_job(name="orders"), make_job(name="clicks")
+    Alert.objects.create(job=job, kind=AlertKind.LAG_WARN, message="lag never falls (1 → 9 records)")
+    Alert.objects.create(
+        job=other, kind=AlertKind.CHECKPOINT_STALL, message="no checkpoint for 99 s", resolved_at=timezone.now()
+    )
+    page = client.get("/alerts/").content.decode()
+    assert "lag never falls" in page and "no checkpoint for 99 s" in page and "(1 open)" in page
+    only_open = client.get("/alerts/?state=open").content.decode()
+    assert "lag never falls" in only_open and "no checkpoint for 99 s" not in only_open
+    assert "no checkpoint for 99 s" not in client.get("/alerts/?job=orders").content.decode()
+    assert "Lag growing (WARN)" in client.get("/jobs/orders/").content.decode(), "an open alert heads the job page"
+    assert "1 open" in client.get("/").content.decode(), "the job list counts open alerts"
+
+
+def test_incidents_reach_the_live_stream_once(make_job, redis):
+    job = make_job()
+    run = running(job, started_seconds_ago=5)
+    Alert.objects.create(job=job, kind=AlertKind.LAG_WARN, message="lag never falls")
+    assert incidents_publish(redis) == 2
+    assert incidents_publish(redis) == 0, "each incident is pushed once"
+    pushed = [json.loads(f[b"data"]) for _, f in redis.xrange(django_settings.LIVE_STREAM)]
+    assert [p["incident"]["key"] for p in pushed] == [f"run-{run.id}-start", f"alert-{job.alerts.get().id}-open"]
