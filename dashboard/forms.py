@@ -48,6 +48,17 @@ class JobForm(forms.ModelForm):
                     )
         return data
 
+    def save(self, commit: bool = True) -> Job:
+        """An edit writes only the fields on the form: the lease, the fork and the latest checkpoint belong to the
+        driver and the actions, and a stale copy of them must never be written back over a running job."""
+        job: Job = super().save(commit=False)
+        if commit:
+            if job.pk:
+                job.save(update_fields=[*self._meta.fields, "updated_at"])  # type: ignore[misc]
+            else:
+                job.save()
+        return job
+
 
 class RescaleForm(forms.Form):
     parallelism = forms.IntegerField(min_value=1, max_value=64, help_text="cores: a restart, state untouched")

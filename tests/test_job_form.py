@@ -109,3 +109,18 @@ def test_pages_need_a_login(db):
     response = Client().get("/jobs/new")
     assert response.status_code == 302
     assert "/login/" in response["Location"]
+
+
+def test_an_edit_never_writes_back_the_lease_or_fork_it_read(client):
+    """The form reads the job, a driver takes the lease and a restore switches the fork, then the form saves: the
+    driver keeps its lease (a stale token written back would fence it) and the job stays on the new fork."""
+    from dashboard.forms import JobForm
+
+    post_new(client)
+    job = Job.objects.get(name="clicks")
+    form = JobForm({**VALID, "max_records_per_batch": "900"}, instance=job)
+    assert form.is_valid()
+    Job.objects.filter(id=job.id).update(lease_token=7, checkpoint_dir="checkpoint-restore-3")
+    form.save()
+    job.refresh_from_db()
+    assert (job.lease_token, job.checkpoint_dir, job.max_records_per_batch) == (7, "checkpoint-restore-3", 900)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.models import Checkpoint
+from dashboard.models import AlertKind, Checkpoint, Job, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop
 from tests.conftest import send_events, wait_for
 
@@ -22,6 +22,10 @@ def page(asgi_server: str, browser_login: Any) -> Any:
 
 def shown(tab: Any) -> int:
     return int(tab.locator("#charts").get_attribute("data-points") or 0)
+
+
+def incident_kinds(tab: Any) -> list[str]:
+    return tab.evaluate("window.statekeeperLive.incidents().map(e => e.kind)")
 
 
 def status(tab: Any) -> str:
@@ -55,14 +59,21 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     producer.start()
     wait_for(lambda: status(page) == "WARN", 60, 0.5, "the lag status to turn WARN")
     page.screenshot(path=str(tmp_path / "warn.png"), full_page=True)
+    # the alert evaluator (Celery beat, every 5 s) opens a lag alert, and its marker reaches the open page
+    wait_for(lambda: job.alerts.filter(kind=AlertKind.LAG_WARN).exists(), 30, 0.5, "a lag alert")
+    wait_for(lambda: "alert" in incident_kinds(page), 30, 0.5, "the alert's marker on the timeline")
     halt.set()
     producer.join()
-    job.max_records_per_batch = 5000
-    job.save()  # takes effect at the next start: restart so the job can catch up
+    # takes effect at the next start: restart so the job can catch up (update(), not save(): the driver holds the
+    # lease token in the row, and a stale copy written back fences it)
+    Job.objects.filter(id=job.id).update(max_records_per_batch=5000)
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 60, 1, "the stop")
     job_request_start(job=job)
     wait_for(lambda: status(page) == "OK", 120, 0.5, "the lag status back to OK once the job catches up")
+    assert job.runs.order_by("id").first().status == RunStatus.STOPPED, "a clean stop, not a fenced driver"
+    wait_for(lambda: {"stop", "start"} <= set(incident_kinds(page)[-4:]), 30, 0.5, "the restart on the timeline")
+
 
     # a dropped connection: batches commit meanwhile, and the reconnect replays exactly those
     page.evaluate("window.statekeeperLive.disconnect()")
@@ -79,4 +90,14 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     batches = page.evaluate("window.statekeeperLive.points().map(p => p.location + ':' + p.batch)")
     assert len(batches) == len(set(batches)), "no point twice"
     assert sorted(int(b.split(":")[1]) for b in batches) == list(range(len(batches))), "no point missing"
+
+    # the job list's sparklines and cells follow the same commits
+    jobs = page
+    jobs.goto(f"{asgi_server}/")
+    lag_line = jobs.locator('tr[data-job] [data-spark="lag"]').first
+    wait_for(lambda: lag_line.get_attribute("data-points"), 10, 0.2, "the sparkline")
+    drawn = int(lag_line.get_attribute("data-points") or 0)
+    send_events(redis, stream_name, "url-counts", 10, seed=77)
+    wait_for(lambda: int(lag_line.get_attribute("data-points") or 0) > drawn, 30, 0.5, "a sparkline point, no reload")
+    jobs.screenshot(path=str(tmp_path / "job-list.png"), full_page=True)
     job_request_stop(job=job)

@@ -81,7 +81,7 @@ def test_the_job_page_pages_through_history_newest_first(viewer, make_job):
         history = viewer.get(f"/jobs/clicks/?before={history.older}").context["history"]
         seen += [c.batch_id for c in history.rows]
     assert seen == list(range(59, -1, -1)), "every checkpoint once, newest first, across the pages"
-    assert "oldest raw checkpoint reached" in viewer.get(f"/jobs/clicks/?before={history.rows[0].id}").content.decode()
+    assert "oldest raw checkpoint kept" in viewer.get(f"/jobs/clicks/?before={history.rows[0].id}").content.decode()
     bad = viewer.get("/jobs/clicks/?before=zzz")
     assert bad.status_code == 200 and bad.context["history"].rows[0].batch_id == 59, "a bad cursor shows the newest"
 

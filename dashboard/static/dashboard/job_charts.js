@@ -96,6 +96,7 @@
       Plotly.extendTraces(spec[0], update, spec[4].map((_, i) => i));
     }
     root.dataset.points = String(points.length);
+    Plotly.relayout("chart-incidents", { "xaxis.range": [points[0].t, p.t] }); // the timeline spans what the charts span
     showStatus();
     return true;
   }

@@ -15,7 +15,7 @@
     const colour = el.dataset.spark === "lag" ? "#fa8c16" : "#1890ff";
     Plotly.react(el, [{ x: xs, y: ys, type: "scatter", mode: "lines", line: { width: 1.5, color: colour },
       fill: "tozeroy", hovertemplate: "%{y} " + unit + "<br>%{x}<extra></extra>" }],
-    { margin: { l: 0, r: 0, t: 2, b: 2 }, height: 34, width: 150, xaxis: { visible: false, type: "date" },
+    { margin: { l: 0, r: 0, t: 2, b: 2 }, height: 34, width: 110, xaxis: { visible: false, type: "date" },
       yaxis: { visible: false, rangemode: "tozero" }, showlegend: false },
     { displayModeBar: false, staticPlot: false });
     el.dataset.points = String(xs.length);
@@ -42,7 +42,8 @@
     row.querySelector('[data-cell="last"]').textContent = "#" + p.batch + " · just now";
     row.querySelector('[data-cell="lag"]').textContent = p.lag === null ? "–" : String(p.lag);
     row.querySelector('[data-cell="rows"]').textContent = String(p.state_rows);
-    row.querySelector('[data-cell="size"]').textContent = bytes(p.state_mem) + " · " + bytes(p.full) + " on disk";
+    const size = row.querySelector('[data-cell="size"]');
+    size.replaceChildren(bytes(p.state_mem), document.createElement("br"), Object.assign(document.createElement("span"), { className: "muted", textContent: bytes(p.full) + " on disk" }));
   }
 
   let lastId = root.dataset.follow;
