@@ -240,3 +240,77 @@ def _drain_seconds(last: dict[str, Any]) -> float | None:
     if lag == 0:
         return 0.0
     return round(lag / gain, 1) if gain > 0 else None
+
+
+PARTITION_WINDOW = 20  # batches a partition's commit time is judged over
+
+
+@dataclass
+class PartitionRow:
+    op: int
+    part: int
+    bytes: int
+    added_avg: float
+    commit_p50: float | None
+    commit_max: int | None
+    straggler: bool
+
+
+@dataclass
+class PartitionView:
+    rows: list[PartitionRow]
+    batches: int  # how many checkpoints the commit times are taken from
+    threshold_ms: float | None  # slower than this is a straggler: max(p95, 1.5 x median) of the partitions' medians
+    bytes_skew: float | None  # largest partition against the median partition, by bytes on disk
+    stragglers: int
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def partition_view(job: Job) -> PartitionView:
+    """Per state partition: bytes on disk, bytes added per batch, and commit time (when the partition's state version
+    file was written, after the batch started) over the last batches; stragglers are partitions whose median commit
+    time is above max(p95, 1.5 x median) of all partitions' medians."""
+    recent = list(
+        Checkpoint.objects.filter(job=job, location=job.checkpoint_dir)
+        .exclude(partitions=[])
+        .order_by("-committed_at", "-id")
+        .values_list("partitions", flat=True)[:PARTITION_WINDOW]
+    )
+    if not recent:
+        return PartitionView([], 0, None, None, 0)
+    commits: dict[tuple[int, int], list[int]] = {}
+    added: dict[tuple[int, int], list[int]] = {}
+    for partitions in recent:
+        for p in partitions:
+            key = (p["op"], p["part"])
+            added.setdefault(key, []).append(p.get("added") or 0)
+            if p.get("commit_ms") is not None:
+                commits.setdefault(key, []).append(p["commit_ms"])
+    latest = {(p["op"], p["part"]): p for p in recent[0]}
+    medians = {key: _quantile([float(v) for v in values], 0.5) for key, values in commits.items()}
+    threshold = None
+    if len(medians) >= 2:
+        values = list(medians.values())
+        threshold = max(_quantile(values, 0.95), 1.5 * _quantile(values, 0.5))
+    rows = [
+        PartitionRow(
+            op=key[0],
+            part=key[1],
+            bytes=int(p.get("bytes") or 0),
+            added_avg=sum(added.get(key, [0])) / max(1, len(added.get(key, []))),
+            commit_p50=medians.get(key),
+            commit_max=max(commits[key]) if key in commits else None,
+            straggler=threshold is not None and key in medians and medians[key] > threshold,
+        )
+        for key, p in sorted(latest.items())
+    ]
+    sizes = [float(r.bytes) for r in rows if r.bytes]
+    skew = round(max(sizes) / _quantile(sizes, 0.5), 2) if sizes and _quantile(sizes, 0.5) > 0 else None
+    return PartitionView(rows, len(recent), threshold, skew, sum(r.straggler for r in rows))

@@ -207,6 +207,9 @@ class Checkpoint(models.Model):
     latest_offset = models.JSONField(null=True, blank=True)
     lag_records = models.BigIntegerField(null=True, blank=True)
     state_operators = models.JSONField(default=list)
+    partitions = models.JSONField(
+        default=list, blank=True, help_text="per state partition: op, part, bytes, added, commit_ms"
+    )
     recorded_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -56,6 +56,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "recoveries": job.recoveries.select_related("failed_run", "restart_run")[:10],
         "old_checkpoints": old_checkpoints(job),
         "retention_hours": settings.CHECKPOINT_RAW_RETENTION_HOURS,
+        "partitions": live.partition_view(job),
     }
     return render(request, "dashboard/job_detail.html", context)
 

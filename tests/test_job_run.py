@@ -90,6 +90,16 @@ def test_checkpointed_bytes_equal_the_bytes_that_appeared_on_disk(make_job, star
         assert after.full_size_bytes == before.full_size_bytes + after.checkpointed_bytes
         assert after.checkpointed_bytes > 0
 
+    # per state partition: every partition of the aggregation, its bytes those of its directory, and a commit time
+    # within the batch
+    last = checkpoints[-1]
+    assert [(p["op"], p["part"]) for p in last.partitions] == [(0, n) for n in range(job.state_partitions)]
+    for p in last.partitions:
+        assert p["bytes"] == du_bytes(job.checkpoint_location / "state" / "0" / str(p["part"]))
+    committed = [p["commit_ms"] for p in last.partitions if p["commit_ms"] is not None]
+    assert len(committed) == job.state_partitions, "each partition wrote this batch's state version"
+    assert all(0 <= ms <= last.duration_ms + 1000 for ms in committed)
+
 
 def test_rocksdb_incremental_job_records_full_and_incremental_checkpoints(make_job, start_driver, redis, stream_name):
     job = make_job(pipeline="order-state-machine", state_backend="rocksdb-incremental", max_records_per_batch=300)

@@ -119,3 +119,30 @@ def test_under_wsgi_the_live_stream_refuses_instead_of_holding_a_thread(client, 
     client.force_login(django_user_model.objects.create_user("viewer", password="x"))
     response = client.get(f"/jobs/{make_job().name}/live")
     assert response.status_code == 503 and b"ASGI" in response.content
+
+
+def test_a_partition_slower_than_max_p95_and_one_and_a_half_medians_is_a_straggler(make_job):
+    from dashboard.live import partition_view
+
+    job = make_job()
+    for batch in range(5):
+        parts = [{"op": 0, "part": n, "bytes": 1000, "added": 10, "commit_ms": 100 + batch} for n in range(7)]
+        parts.append({"op": 0, "part": 7, "bytes": 4000, "added": 40, "commit_ms": 400 + batch})
+        Checkpoint.objects.create(
+            job=job, batch_id=batch, committed_at=NOW + timedelta(seconds=batch), duration_ms=500, partitions=parts
+        )
+    view = partition_view(job)
+    assert view.batches == 5 and len(view.rows) == 8
+    assert [r.part for r in view.rows if r.straggler] == [7]
+    assert view.threshold_ms == pytest.approx(max(102 + 0.65 * 300, 1.5 * 102))
+    assert view.bytes_skew == 4.0
+    assert view.rows[0].commit_p50 == 102 and view.rows[7].commit_max == 404
+
+
+def test_evenly_loaded_partitions_have_no_straggler(make_job):
+    from dashboard.live import partition_view
+
+    job = make_job()
+    parts = [{"op": 0, "part": n, "bytes": 1000, "added": 10, "commit_ms": 100 + n} for n in range(8)]
+    Checkpoint.objects.create(job=job, batch_id=0, committed_at=NOW, duration_ms=500, partitions=parts)
+    assert partition_view(job).stragglers == 0

@@ -74,7 +74,6 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     assert job.runs.order_by("id").first().status == RunStatus.STOPPED, "a clean stop, not a fenced driver"
     wait_for(lambda: {"stop", "start"} <= set(incident_kinds(page)[-4:]), 30, 0.5, "the restart on the timeline")
 
-
     # a dropped connection: batches commit meanwhile, and the reconnect replays exactly those
     page.evaluate("window.statekeeperLive.disconnect()")
     away_from = Checkpoint.objects.filter(job=job).count()

@@ -65,6 +65,7 @@ def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, 
         "latest_offset": latest,
         "lag_records": lag,
         "state_operators": operators,
+        "partitions": disk.partitions,
     }
 
 
@@ -97,7 +98,10 @@ class ProgressRecorder:
     def on_progress(self, progress: dict[str, Any]) -> dict[str, Any] | None:
         if not is_commit(progress):
             return None
-        record = checkpoint_record(progress, self.disk.measure(progress["batchId"])) | {"location": self.location}
+        started_ms = parse_time(progress["timestamp"]).timestamp() * 1000
+        record = checkpoint_record(progress, self.disk.measure(progress["batchId"], started_ms)) | {
+            "location": self.location
+        }
         line = json.dumps({"job": self.job_id, "run": self.run_id, "record": record}, separators=(",", ":"))
         with open(self.journal, "a") as out:
             out.write(line + "\n")

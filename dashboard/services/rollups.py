@@ -114,23 +114,39 @@ def _from_rollups(rows: list[CheckpointRollup]) -> dict[str, Any]:
     }
 
 
+VALUE_FIELDS = [
+    f.name for f in CheckpointRollup._meta.concrete_fields if f.name not in ("id", "job", "resolution", "bucket")
+]
+
+
 def _store(job: Job, resolution: int, buckets: dict[datetime, dict[str, Any]]) -> None:
-    for bucket, values in buckets.items():
-        CheckpointRollup.objects.update_or_create(job=job, resolution=resolution, bucket=bucket, defaults=values)
+    """Insert or replace the buckets, in one statement per thousand."""
+    CheckpointRollup.objects.bulk_create(
+        [CheckpointRollup(job=job, resolution=resolution, bucket=b, **values) for b, values in buckets.items()],
+        batch_size=1000,
+        update_conflicts=True,
+        unique_fields=["job", "resolution", "bucket"],
+        update_fields=VALUE_FIELDS,
+    )
 
 
 def _minutes(job: Job, touched: Iterable[datetime]) -> dict[datetime, dict[str, Any]]:
+    """Recompute the touched minutes whole, reading their checkpoints in runs of adjacent minutes."""
     result = {}
-    for minute in sorted(set(touched)):
-        rows = list(
-            Checkpoint.objects.filter(
-                job=job, committed_at__gte=minute, committed_at__lt=minute + timedelta(seconds=60)
-            )
-            .order_by("committed_at", "id")
-            .values(*RAW_FIELDS)
-        )
-        if rows:
-            result[minute] = _from_checkpoints(rows)
+    wanted = sorted(set(touched))
+    step = timedelta(seconds=CheckpointRollup.MINUTE)
+    runs: list[list[datetime]] = []
+    for minute in wanted:
+        if runs and minute - runs[-1][-1] == step and len(runs[-1]) < 1440:
+            runs[-1].append(minute)
+        else:
+            runs.append([minute])
+    for run in runs:
+        grouped: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
+        rows = Checkpoint.objects.filter(job=job, committed_at__gte=run[0], committed_at__lt=run[-1] + step)
+        for row in rows.order_by("committed_at", "id").values(*RAW_FIELDS):
+            grouped[bucket_of(row["committed_at"], CheckpointRollup.MINUTE)].append(row)
+        result.update({minute: _from_checkpoints(grouped[minute]) for minute in run if grouped[minute]})
     return result
 
 
@@ -152,16 +168,18 @@ def job_rollup(job: Job, now: datetime | None = None, chunk: int = 50_000) -> in
         minutes = {bucket_of(committed, CheckpointRollup.MINUTE) for _, committed in fresh}
         with transaction.atomic():
             _store(job, CheckpointRollup.MINUTE, _minutes(job, minutes))
+            touched = {bucket_of(m, CheckpointRollup.HOUR) for m in minutes}
             hours: dict[datetime, list[CheckpointRollup]] = defaultdict(list)
-            for hour in {bucket_of(m, CheckpointRollup.HOUR) for m in minutes}:
-                hours[hour] = list(
-                    CheckpointRollup.objects.filter(
-                        job=job,
-                        resolution=CheckpointRollup.MINUTE,
-                        bucket__gte=hour,
-                        bucket__lt=hour + timedelta(seconds=3600),
-                    ).order_by("bucket")
-                )
+            in_range = CheckpointRollup.objects.filter(
+                job=job,
+                resolution=CheckpointRollup.MINUTE,
+                bucket__gte=min(touched),
+                bucket__lt=max(touched) + timedelta(seconds=CheckpointRollup.HOUR),
+            ).order_by("bucket")
+            for minute_rollup in in_range.iterator(chunk_size=5000):
+                hour = bucket_of(minute_rollup.bucket, CheckpointRollup.HOUR)
+                if hour in touched:
+                    hours[hour].append(minute_rollup)
             _store(job, CheckpointRollup.HOUR, {h: _from_rollups(rows) for h, rows in hours.items() if rows})
             since = fresh[-1][0]
             Job.objects.filter(id=job.id).update(rolled_up_to=since)

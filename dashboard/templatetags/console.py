@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django import template
 from django.utils import timezone
@@ -75,3 +76,9 @@ def get_item(mapping: dict[object, object], key: object) -> object:
 @register.filter
 def make_list_words(value: str) -> list[str]:
     return value.split()
+
+
+@register.filter
+def partition_json(rows: list[Any]) -> list[dict[str, Any]]:
+    """The partition rows as plain data for the chart."""
+    return [dict(vars(r)) for r in rows]

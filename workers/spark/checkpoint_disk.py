@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _LOG_FILE = re.compile(r"^(?:offsets|commits)/\.?(\d+)(?:\.crc)?$")
@@ -40,11 +40,17 @@ def scan(root: Path) -> dict[str, int]:
     return sizes
 
 
+_PARTITION = re.compile(r"^state/(\d+)/(\d+)/")
+
+
 @dataclass
 class Measurement:
     added_bytes: int
     full_bytes: int
     snapshot: bool
+    # per state partition: operator, partition, bytes on disk, bytes this batch added, and when its state version
+    # file was written, in ms after the batch started (the partition's commit time, as the file system saw it)
+    partitions: list[dict[str, int | None]] = field(default_factory=list)
 
 
 class CheckpointDisk:
@@ -52,9 +58,10 @@ class CheckpointDisk:
         self.root = root
         self.seen: dict[str, int] = scan(root)
 
-    def measure(self, batch_id: int) -> Measurement:
+    def measure(self, batch_id: int, started_ms: float | None = None) -> Measurement:
         now = scan(self.root)
         added, snapshot = 0, False
+        grew: dict[str, int] = {}
         for path, size in now.items():
             before = self.seen.get(path, 0)
             if size <= before:
@@ -63,10 +70,30 @@ class CheckpointDisk:
             if owner is not None and owner > batch_id:
                 continue
             added += size - before
+            grew[path] = size - before
             snapshot = snapshot or (is_snapshot and owner == batch_id)
             self.seen[path] = size
         for path in list(self.seen):
             if path not in now:
                 del self.seen[path]
         # the full size is what belongs to batches up to this one: a later batch's files are not its part yet
-        return Measurement(added, sum(self.seen.values()), snapshot)
+        return Measurement(added, sum(self.seen.values()), snapshot, self._partitions(batch_id, grew, started_ms))
+
+    def _partitions(self, batch_id: int, grew: dict[str, int], started_ms: float | None) -> list[dict[str, int | None]]:
+        found: dict[tuple[int, int], dict[str, int | None]] = {}
+        for path, size in self.seen.items():
+            if not (m := _PARTITION.match(path)):
+                continue
+            key = (int(m.group(1)), int(m.group(2)))
+            entry = found.setdefault(key, {"op": key[0], "part": key[1], "bytes": 0, "added": 0, "commit_ms": None})
+            entry["bytes"] = int(entry["bytes"] or 0) + size
+            entry["added"] = int(entry["added"] or 0) + grew.get(path, 0)
+            owner, _ = file_batch(path)
+            if owner == batch_id and started_ms is not None and not os.path.basename(path).startswith("."):
+                try:
+                    written_ms = os.stat(self.root / path).st_mtime_ns / 1e6
+                except FileNotFoundError:
+                    continue
+                commit = max(0, round(written_ms - started_ms))
+                entry["commit_ms"] = max(commit, int(entry["commit_ms"] or 0))
+        return [found[key] for key in sorted(found)]

@@ -36,7 +36,7 @@
   ];
   const seen = new Set();
   let points = [], recent = [], incidents = [], trigger = 2, source = null, lastId = null, resolution = "batch";
-  const incidentKeys = new Set();
+  const incidentKeys = new Set(), latencies = [];
   const key = (p) => p.location + ":" + p.batch;
 
   function traces(spec, pts) {
@@ -129,7 +129,12 @@
     if (source) source.close();
     const url = liveUrl + (after ? "?after=" + encodeURIComponent(after) : "");
     source = new EventSource(url);
-    source.addEventListener("checkpoint", (e) => { lastId = e.lastEventId; add(JSON.parse(e.data)); });
+    source.addEventListener("checkpoint", (e) => {
+      lastId = e.lastEventId;
+      const p = JSON.parse(e.data);
+      // commit to browser: the batch committed at its trigger time plus its duration
+      if (add(p)) latencies.push(Date.now() - (Date.parse(p.t) + p.dur));
+    });
     source.addEventListener("incident", (e) => { lastId = e.lastEventId; addIncident(JSON.parse(e.data)); });
     source.onopen = () => { document.getElementById("live-state").textContent = "live"; };
     source.onerror = () => { document.getElementById("live-state").textContent = "reconnecting…"; };
@@ -152,7 +157,23 @@
   // For tests and operators: drop the connection and resume from the last event received
   window.statekeeperLive = {
     reconnect: () => connect(lastId), disconnect: () => source && source.close(), points: () => points, incidents: () => incidents,
+    latencies: () => latencies,
   };
+  // State partitions: commit time per partition (stragglers in red) and bytes on disk
+  const partitionData = document.getElementById("partition-data");
+  if (partitionData) {
+    const rows = JSON.parse(partitionData.textContent);
+    const label = rows.map((r) => `op ${r.op} · p${r.part}`);
+    Plotly.react("chart-partitions", [
+      { name: "commit p50 (ms)", type: "bar", x: label, y: rows.map((r) => r.commit_p50),
+        marker: { color: rows.map((r) => (r.straggler ? "#f5222d" : "#1890ff")) } },
+      { name: "bytes on disk", type: "scatter", mode: "markers", x: label, y: rows.map((r) => r.bytes), yaxis: "y2", marker: { color: "#fa8c16", size: 8 } },
+    ], {
+      title: { text: "Commit time and size per state partition", font: { size: 14 } }, height: 300, margin: { l: 64, r: 64, t: 36, b: 70 },
+      xaxis: { type: "category", title: { text: "state partition" } }, yaxis: { title: { text: "commit p50 (ms after batch start)" }, rangemode: "tozero" },
+      yaxis2: { title: { text: "bytes on disk" }, overlaying: "y", side: "right", rangemode: "tozero" }, legend: { orientation: "h", y: -0.35 },
+    }, { displaylogo: false, responsive: true });
+  }
   setInterval(showStatus, 5000); // STOP is the absence of events: re-judge even when nothing arrives
   load("15m");
 })();
