@@ -8,7 +8,18 @@ from typing import Any
 
 from django.utils import timezone
 
-from dashboard.models import Action, ActionStatus, Alert, Checkpoint, CheckpointRollup, Job, Recovery, Run, RunStatus
+from dashboard.models import (
+    Action,
+    ActionKind,
+    ActionStatus,
+    Alert,
+    Checkpoint,
+    CheckpointRollup,
+    Job,
+    Recovery,
+    Run,
+    RunStatus,
+)
 from workers.progress import parse_time
 
 RANGES = {
@@ -254,6 +265,7 @@ class PartitionRow:
     commit_p50: float | None
     commit_max: int | None
     straggler: bool
+    rows: int | None = None  # state rows, when counted on request (Spark reports rows per operator only)
 
 
 @dataclass
@@ -263,6 +275,8 @@ class PartitionView:
     threshold_ms: float | None  # slower than this is a straggler: max(p95, 1.5 x median) of the partitions' medians
     bytes_skew: float | None  # largest partition against the median partition, by bytes on disk
     stragglers: int
+    counted: Action | None = None  # the row count shown, if any
+    rows_skew: float | None = None
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -311,6 +325,27 @@ def partition_view(job: Job) -> PartitionView:
         )
         for key, p in sorted(latest.items())
     ]
-    sizes = [float(r.bytes) for r in rows if r.bytes]
-    skew = round(max(sizes) / _quantile(sizes, 0.5), 2) if sizes and _quantile(sizes, 0.5) > 0 else None
-    return PartitionView(rows, len(recent), threshold, skew, sum(r.straggler for r in rows))
+    counted = (
+        Action.objects.filter(
+            job=job,
+            kind=ActionKind.COUNT_PARTITION_ROWS,
+            status=ActionStatus.SUCCEEDED,
+            params__location=job.checkpoint_dir,
+        )
+        .order_by("-finished_at")
+        .first()
+    )
+    if counted:
+        for r in rows:
+            r.rows = counted.params.get("rows", {}).get(f"{r.op}:{r.part}")
+    view = PartitionView(rows, len(recent), threshold, _skew([r.bytes for r in rows]), sum(r.straggler for r in rows))
+    view.counted = counted
+    view.rows_skew = _skew([r.rows for r in rows if r.rows is not None])
+    return view
+
+
+def _skew(values: list[int]) -> float | None:
+    """The largest against the median; None when there is nothing to compare."""
+    sizes = [float(v) for v in values if v]
+    median = _quantile(sizes, 0.5) if sizes else 0
+    return round(max(sizes) / median, 2) if median > 0 else None

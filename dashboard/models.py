@@ -252,6 +252,7 @@ class ActionKind(models.TextChoices):
     RESCALE = "rescale", "Rescale"
     DISPOSE_SAVEPOINT = "dispose-savepoint", "Dispose savepoint"
     DISCARD_CHECKPOINT = "discard-checkpoint", "Discard old checkpoint directory"
+    COUNT_PARTITION_ROWS = "count-partition-rows", "Count state rows per partition"
 
 
 class ActionStatus(models.TextChoices):

@@ -137,6 +137,12 @@ def job_stop_with_savepoint(request: HttpRequest, name: str) -> HttpResponse:
     return _request(request, get_object_or_404(Job, name=name), ActionKind.STOP_WITH_SAVEPOINT)
 
 
+@require_POST
+@login_required
+def job_count_rows(request: HttpRequest, name: str) -> HttpResponse:
+    return _request(request, get_object_or_404(Job, name=name), ActionKind.COUNT_PARTITION_ROWS)
+
+
 @login_required
 def job_restore(request: HttpRequest, name: str, savepoint_id: int) -> HttpResponse:
     job = get_object_or_404(Job, name=name)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboard.live import partition_view
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.forks import rollback_preview, savepoint_preview
@@ -128,6 +129,13 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     assert sink_total(job) == first + second
     latest = job.checkpoints.filter(location=job.checkpoint_dir).order_by("-batch_id").first()
     assert latest.state_operators[0]["numShufflePartitions"] == 3
+
+    # the per-partition view after the rescale: three partitions, and their rows counted by Spark's state reader
+    counted = execute(job, ActionKind.COUNT_PARTITION_ROWS)
+    assert sorted(counted.params["rows"]) == ["0:0", "0:1", "0:2"]
+    assert sum(counted.params["rows"].values()) == latest.state_rows_total == 8
+    view = partition_view(job)
+    assert [(r.part, r.rows) for r in view.rows] == [(n, counted.params["rows"][f"0:{n}"]) for n in range(3)]
 
 
 def test_a_second_action_is_refused_while_one_is_in_flight(make_job):

@@ -2,6 +2,7 @@
 
     python -m workers.state_tool verify PATH BATCH      -> JSON: operators, partitions, rows per state variable
     python -m workers.state_tool repartition PATH N     -> JSON: the batch the repartitioned state was written as
+    python -m workers.state_tool partition-rows PATH BATCH -> JSON: state rows per operator and partition
 
 Workers call it as a subprocess, so no Celery worker ever hosts a JVM. Exit 0 with JSON on the last line of stdout,
 or exit 2 with {"error": ...}.
@@ -37,6 +38,29 @@ def state_counts(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
     return operators
 
 
+def partition_rows(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
+    """State rows per partition of each operator at a committed batch (all state variables of an operator summed)."""
+    operators = []
+    for row in spark.read.format("state-metadata").load(path).collect():
+        props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
+        names = [var["stateName"] for var in props.get("stateVariables", [])] or [None]
+        rows: dict[int, int] = dict.fromkeys(range(row["numPartitions"]), 0)
+        for name in names:
+            reader = (
+                spark.read.format("statestore")
+                .option("batchId", str(batch))
+                .option("operatorId", str(row["operatorId"]))
+            )
+            if name is not None:
+                reader = reader.option("stateVarName", name)
+            for counted in reader.load(path).groupBy("partition_id").count().collect():
+                rows[counted["partition_id"]] = rows.get(counted["partition_id"], 0) + counted["count"]
+        operators.append({"id": row["operatorId"], "name": row["operatorName"], "rows": rows})
+    if not operators:
+        raise ValueError("no stateful operator in the checkpoint's metadata")
+    return operators
+
+
 def describe(exc: Exception) -> str:
     """The message an operator can act on: for a JVM error, the Java exception, not Py4J's wrapper."""
     java = getattr(exc, "java_exception", None)
@@ -57,6 +81,8 @@ def main(argv: list[str]) -> int:
     try:
         if command == "verify":
             result: dict[str, Any] = {"operators": state_counts(spark, path, number)}
+        elif command == "partition-rows":
+            result = {"batch": number, "operators": partition_rows(spark, path, number)}
         elif command == "repartition":
             spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
             result = {"repartitioned": number}

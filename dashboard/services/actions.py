@@ -61,7 +61,7 @@ def action_progress(action: Action, text: str) -> None:
 
 def action_execute(*, action_id: int) -> Action:
     """Run a pending action to its end. A second call (a redelivered task) finds it no longer pending and returns."""
-    from dashboard.services import forks, rescale, savepoints
+    from dashboard.services import forks, partitions, rescale, savepoints
 
     claimed = Action.objects.filter(id=action_id, status=ActionStatus.PENDING).update(
         status=ActionStatus.RUNNING, started_at=timezone.now()
@@ -77,6 +77,7 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.DISCARD_CHECKPOINT: forks.discard_action,
         ActionKind.ROLLBACK: forks.rollback_action,
         ActionKind.RESCALE: rescale.rescale_action,
+        ActionKind.COUNT_PARTITION_ROWS: partitions.count_rows_action,
     }
     try:
         outcome = handlers[action.kind](action)
