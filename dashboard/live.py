@@ -66,6 +66,8 @@ def point(record: dict[str, Any]) -> dict[str, Any]:
         "state_mem": record.get("state_memory_bytes", 0),
         "ckpt": record.get("checkpointed_bytes", 0),
         "full": record.get("full_size_bytes", 0),
+        # per stateful operator: [rows, bytes in memory]
+        "ops": [[op.get("numRowsTotal", 0), op.get("memoryUsedBytes", 0)] for op in record.get("state_operators") or []],
     }
 
 
@@ -89,6 +91,7 @@ FIELDS = (
     "state_memory_bytes",
     "checkpointed_bytes",
     "full_size_bytes",
+    "state_operators",
 )
 
 

@@ -85,8 +85,8 @@ def read_events(client, url: str, count: int, headers: dict | None = None) -> li
                 fields = dict(
                     line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":")
                 )
-                if fields.get("event") == "checkpoint":
-                    events.append((fields["id"], json.loads(fields["data"])))
+                if fields.get("event") in ("checkpoint", "incident"):
+                    events.append((fields["id"], json.loads(fields["data"]) | {"event": fields["event"]}))
             if len(events) >= count:
                 break
         return events
@@ -146,3 +146,44 @@ def test_evenly_loaded_partitions_have_no_straggler(make_job):
     parts = [{"op": 0, "part": n, "bytes": 1000, "added": 10, "commit_ms": 100 + n} for n in range(8)]
     Checkpoint.objects.create(job=job, batch_id=0, committed_at=NOW, duration_ms=500, partitions=parts)
     assert partition_view(job).stragglers == 0
+
+
+def test_the_job_list_stream_carries_every_jobs_checkpoints_and_incidents(make_job, redis, django_user_model):
+    job, other = make_job(), make_job()
+    redis.xadd(settings.LIVE_STREAM, {"data": json.dumps({"job": job.id, "record": record(0)})})
+    redis.xadd(settings.LIVE_STREAM, {"data": "not json"})  # a malformed entry is skipped, not fatal
+    redis.xadd(settings.LIVE_STREAM, {"data": json.dumps({"job": other.id, "record": record(7)})})
+    incident = {"t": NOW.isoformat(), "kind": "savepoint", "text": "Savepoint #3 succeeded", "key": "action-3"}
+    redis.xadd(settings.LIVE_STREAM, {"data": json.dumps({"job": job.id, "incident": incident})})
+    client = AsyncClient()
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+
+    everything = read_events(client, "/live?after=0-0", 3)
+    assert [(e["event"], e["job"]) for _, e in everything] == [
+        ("checkpoint", job.id), ("checkpoint", other.id), ("incident", job.id),
+    ]  # fmt: skip
+    mine = read_events(client, f"/jobs/{job.name}/live?after=0-0", 2)
+    assert [e["event"] for _, e in mine] == ["checkpoint", "incident"] and mine[1][1]["text"] == incident["text"]
+
+
+def test_the_chart_data_carries_the_incidents_on_the_same_axis(client, make_job, django_user_model):
+    from django.utils import timezone
+
+    from dashboard.models import Action, Recovery, Run
+
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    job = make_job(name="orders")
+    now = timezone.now()
+    failed = Run.objects.create(
+        job=job, status="lost", started_at=now - timedelta(minutes=9), ended_at=now - timedelta(minutes=8)
+    )
+    Recovery.objects.create(job=job, failed_run=failed, cause="driver killed", failed_at=now - timedelta(minutes=8))
+    Run.objects.create(job=job, status="running", started_at=now - timedelta(minutes=7))
+    Action.objects.create(
+        job=job, kind="rescale", status="succeeded", finished_at=now - timedelta(minutes=5), requested_at=now
+    )
+    Action.objects.create(job=job, kind="savepoint", status="running", requested_at=now)  # not finished: no marker
+    data = client.get("/jobs/orders/series.json?range=15m").json()
+    assert [e["kind"] for e in data["incidents"]] == ["start", "failure", "restart", "start", "rescale"]
+    assert data["resolution"] == "batch"
+    assert client.get("/jobs/orders/series.json?range=4w").json()["resolution"] == "hour"

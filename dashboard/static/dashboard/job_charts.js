@@ -30,7 +30,7 @@
     ["chart-lag", "Consumer lag", "records", "seconds", [["lag (records)", "lag", "scatter", "y"], ["lag (seconds)", "lag_s", "scatter", "y2"]]],
     ["chart-rates", "Input against processed rate", "rows / s", null, [["input", "in_rate", "scatter", "y"], ["processed", "proc_rate", "scatter", "y"]]],
     ["chart-duration", "Batch duration by part", "ms", null, [["WAL commit", "wal", "bar", "y"], ["addBatch", "add", "bar", "y"], ["commit offsets", "commit", "bar", "y"], ["planning + latestOffset", "plan", "bar", "y"]]],
-    ["chart-state", "State", "rows", "bytes in memory", [["state rows", "state_rows", "scatter", "y"], ["state memory", "state_mem", "scatter", "y2"]]],
+    ["chart-state", "State per operator", "rows", "bytes in memory", [["state rows", "state_rows", "scatter", "y"], ["state memory", "state_mem", "scatter", "y2"]]],
     ["chart-size", "Checkpointed against full checkpoint size", "bytes", null, [["checkpointed (this batch)", "ckpt", "bar", "y"], ["full checkpoint", "full", "scatter", "y"]]],
     ["chart-ckpt-duration", "Checkpoint duration", "ms", null, [["end to end", "dur", "scatter", "y"], ["state commit", "state_commit", "scatter", "y"]]],
   ];
@@ -39,9 +39,22 @@
   const incidentKeys = new Set(), latencies = [];
   const key = (p) => p.location + ":" + p.batch;
 
+  const value = (p, field) => (typeof field === "function" ? field(p) : p[field]);
+  // one pair of traces per stateful operator when the job has several (roll-ups keep the totals only)
+  function stateTraces() {
+    const n = Math.max(0, ...points.map((p) => (p.ops || []).length));
+    if (n < 2) return [["state rows", "state_rows", "scatter", "y"], ["state memory", "state_mem", "scatter", "y2"]];
+    const out = [];
+    for (let i = 0; i < n; i += 1) {
+      out.push([`op ${i} rows`, (p) => (p.ops && p.ops[i] ? p.ops[i][0] : null), "scatter", "y"]);
+      out.push([`op ${i} memory`, (p) => (p.ops && p.ops[i] ? p.ops[i][1] : null), "scatter", "y2"]);
+    }
+    return out;
+  }
+
   function traces(spec, pts) {
     return spec[4].map(([name, field, type, axis]) => ({
-      name, type, yaxis: axis, x: pts.map((p) => p.t), y: pts.map((p) => p[field]),
+      name, type, yaxis: axis, x: pts.map((p) => p.t), y: pts.map((p) => value(p, field)),
       mode: type === "scatter" ? "lines+markers" : undefined, marker: { size: 4 },
     }));
   }
@@ -64,6 +77,7 @@
   }
 
   function draw() {
+    charts.find((c) => c[0] === "chart-state")[4] = stateTraces();
     for (const spec of charts) Plotly.react(spec[0], traces(spec, points), layout(spec[1], spec[2], spec[3]), { displaylogo: false, responsive: true });
     drawIncidents();
     root.dataset.points = String(points.length);
@@ -92,7 +106,7 @@
     if (recent.length > 10) recent.shift();
     for (const spec of charts) {
       const update = { x: [], y: [] };
-      for (const [, field] of spec[4]) { update.x.push([p.t]); update.y.push([p[field]]); }
+      for (const [, field] of spec[4]) { update.x.push([p.t]); update.y.push([value(p, field)]); }
       Plotly.extendTraces(spec[0], update, spec[4].map((_, i) => i));
     }
     root.dataset.points = String(points.length);
