@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.contrib.auth.forms import AuthenticationForm
 
 from dashboard.models import Job, StateBackend
 from workers.pipelines import CATALOG
@@ -81,3 +82,24 @@ class RescaleForm(forms.Form):
 
             self.add_error("state_partitions", MEMORY_REPARTITION)
         return data
+
+
+class ThrottledLoginForm(AuthenticationForm):
+    """Django's login form, refusing a user name or address that failed too often lately."""
+
+    def clean(self) -> dict[str, Any]:
+        from dashboard.access import login_lockout
+        from dashboard.services.audit import audit_record, client_address
+
+        username = str(self.data.get("username", ""))[:150]
+        wait = login_lockout(username, client_address(self.request))
+        if wait:
+            audit_record(
+                self.request, verb="login", username=username, target=username, outcome="throttled", origin="anonymous"
+            )
+            raise forms.ValidationError(
+                f"Too many failed logins for this user or from this address: try again in {(wait + 59) // 60} "
+                "minute(s).",
+                code="throttled",
+            )
+        return super().clean()

@@ -67,7 +67,9 @@ def point(record: dict[str, Any]) -> dict[str, Any]:
         "ckpt": record.get("checkpointed_bytes", 0),
         "full": record.get("full_size_bytes", 0),
         # per stateful operator: [rows, bytes in memory]
-        "ops": [[op.get("numRowsTotal", 0), op.get("memoryUsedBytes", 0)] for op in record.get("state_operators") or []],
+        "ops": [
+            [op.get("numRowsTotal", 0), op.get("memoryUsedBytes", 0)] for op in record.get("state_operators") or []
+        ],
     }
 
 

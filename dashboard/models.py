@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -435,3 +436,37 @@ class Alert(models.Model):
     @property
     def is_open(self) -> bool:
         return self.resolved_at is None
+
+
+class AppendOnly(Exception):
+    pass
+
+
+class AuditEntry(models.Model):
+    """One line of the audit trail. No foreign keys: deleting a job or a user must not touch its history."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    user_id = models.IntegerField(null=True, blank=True)
+    username = models.CharField(max_length=150, blank=True, db_index=True)
+    address = models.CharField(max_length=64, blank=True, help_text="the client's address (REMOTE_ADDR)")
+    origin = models.CharField(max_length=24, default="user", help_text="user, api, system, anonymous")
+    verb = models.CharField(max_length=64, help_text="what was done: start, savepoint, job-edit, login, …")
+    job = models.CharField(max_length=63, blank=True, db_index=True)
+    target = models.CharField(max_length=500, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    outcome = models.CharField(max_length=24, blank=True, help_text="requested, refused, denied, succeeded, failed")
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or self.origin} {self.verb} {self.job}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AppendOnly("audit entries are never changed")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise AppendOnly("audit entries are never deleted")

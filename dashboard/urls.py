@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.job_list, name="job_list"),
     path("live", views.jobs_live, name="jobs_live"),
     path("alerts/", views.alert_list, name="alert_list"),
+    path("audit/", views.audit_list, name="audit_list"),
     path("jobs/new", views.job_create, name="job_create"),
     path("jobs/<str:name>/", views.job_detail, name="job_detail"),
     path("jobs/<str:name>/edit", views.job_edit, name="job_edit"),

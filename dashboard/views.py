@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime
+from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -14,9 +16,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from dashboard import live, selectors
+from dashboard.access import ADMIN, OPERATOR, requires
 from dashboard.forms import JobForm, RescaleForm
-from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, Job, SavepointStatus
+from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, Job, SavepointStatus
 from dashboard.services.actions import action_request
+from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
@@ -61,12 +65,19 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "dashboard/job_detail.html", context)
 
 
-@login_required
+def _plain(values: dict) -> dict:
+    """JSON-safe copies of form values (decimals, dates) for the audit trail."""
+    return json.loads(json.dumps(values, default=str))
+
+
+@requires(ADMIN)
 def job_create(request: HttpRequest) -> HttpResponse:
     form = JobForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         job = form.save()
         messages.success(request, f"Created {job.name}. Its checkpoint will live in {job.checkpoint_location}.")
+        settings_given = {name: form.cleaned_data[name] for name in form.fields}
+        audit_record(request, verb="job-create", job=job.name, params=_plain(settings_given), outcome="succeeded")
         return redirect("dashboard:job_detail", name=job.name)
     return render(
         request,
@@ -76,12 +87,15 @@ def job_create(request: HttpRequest) -> HttpResponse:
     )
 
 
-@login_required
+@requires(ADMIN)
 def job_edit(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
+    before = {field: getattr(job, field) for field in JobForm.Meta.fields}
     form = JobForm(request.POST or None, instance=job)
     if request.method == "POST" and form.is_valid():
         job = form.save()
+        changes = {f: [before[f], form.cleaned_data[f]] for f in form.changed_data}
+        audit_record(request, verb="job-edit", job=job.name, params=_plain(changes), outcome="succeeded")
         messages.success(request, f"Saved {job.name}. Changes take effect at its next start.")
         return redirect("dashboard:job_detail", name=job.name)
     context = {"form": form, "job": job, "catalog": CATALOG.values()}
@@ -89,7 +103,7 @@ def job_edit(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @require_POST
-@login_required
+@requires(OPERATOR)
 def job_start(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     try:
@@ -97,13 +111,15 @@ def job_start(request: HttpRequest, name: str) -> HttpResponse:
             raise ActionRefused(f"{job.name} has {busy.get_kind_display().lower()} #{busy.id} in flight: wait for it.")
         run = job_request_start(job=job, requested_by=request.user)
         messages.success(request, f"Start of {job.name} requested (run #{run.id}).")
+        audit_record(request, verb="start", job=job.name, target=f"run #{run.id}", outcome="requested")
     except ActionRefused as exc:
         messages.error(request, str(exc))
+        audit_record(request, verb="start", job=job.name, outcome="refused", message=str(exc))
     return redirect("dashboard:job_detail", name=job.name)
 
 
 @require_POST
-@login_required
+@requires(OPERATOR)
 def job_stop(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     try:
@@ -111,8 +127,10 @@ def job_stop(request: HttpRequest, name: str) -> HttpResponse:
         messages.success(
             request, f"Stop of {job.name} requested: run #{run.id} stops once its batch in flight commits."
         )
+        audit_record(request, verb="stop", job=job.name, target=f"run #{run.id}", outcome="requested")
     except ActionRefused as exc:
         messages.error(request, str(exc))
+        audit_record(request, verb="stop", job=job.name, outcome="refused", message=str(exc))
     return redirect("dashboard:job_detail", name=job.name)
 
 
@@ -120,30 +138,34 @@ def _request(request: HttpRequest, job: Job, kind: str, params: dict | None = No
     try:
         action = action_request(job=job, kind=kind, params=params, requested_by=request.user)
         messages.success(request, f"{action.get_kind_display()} #{action.id} requested.")
+        audit_record(
+            request, verb=kind, job=job.name, target=f"action #{action.id}", params=params, outcome="requested"
+        )
     except ActionRefused as exc:
         messages.error(request, str(exc))
+        audit_record(request, verb=kind, job=job.name, params=params, outcome="refused", message=str(exc))
     return redirect("dashboard:job_detail", name=job.name)
 
 
 @require_POST
-@login_required
+@requires(OPERATOR)
 def job_savepoint(request: HttpRequest, name: str) -> HttpResponse:
     return _request(request, get_object_or_404(Job, name=name), ActionKind.SAVEPOINT)
 
 
 @require_POST
-@login_required
+@requires(OPERATOR)
 def job_stop_with_savepoint(request: HttpRequest, name: str) -> HttpResponse:
     return _request(request, get_object_or_404(Job, name=name), ActionKind.STOP_WITH_SAVEPOINT)
 
 
 @require_POST
-@login_required
+@requires(OPERATOR)
 def job_count_rows(request: HttpRequest, name: str) -> HttpResponse:
     return _request(request, get_object_or_404(Job, name=name), ActionKind.COUNT_PARTITION_ROWS)
 
 
-@login_required
+@requires(OPERATOR)
 def job_restore(request: HttpRequest, name: str, savepoint_id: int) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     savepoint = get_object_or_404(job.savepoints, id=savepoint_id)
@@ -154,7 +176,7 @@ def job_restore(request: HttpRequest, name: str, savepoint_id: int) -> HttpRespo
     return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
 
 
-@login_required
+@requires(OPERATOR)
 def job_rollback(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     try:
@@ -169,7 +191,7 @@ def job_rollback(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
 
 
-@login_required
+@requires(OPERATOR)
 def job_rescale(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     form = RescaleForm(request.POST or None, job=job)
@@ -179,7 +201,7 @@ def job_rescale(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "dashboard/rescale.html", context, status=400 if form.errors else 200)
 
 
-@login_required
+@requires(OPERATOR)
 def savepoint_dispose(request: HttpRequest, name: str, savepoint_id: int) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     savepoint = get_object_or_404(job.savepoints, id=savepoint_id)
@@ -189,7 +211,7 @@ def savepoint_dispose(request: HttpRequest, name: str, savepoint_id: int) -> Htt
     return render(request, "dashboard/action_preview.html", context)
 
 
-@login_required
+@requires(OPERATOR)
 def checkpoint_discard(request: HttpRequest, name: str, directory: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     old = next((o for o in old_checkpoints(job) if o.name == directory), None)
@@ -328,3 +350,46 @@ def alert_list(request: HttpRequest) -> HttpResponse:
         "open_count": Alert.objects.filter(resolved_at__isnull=True).count(),
     }
     return render(request, "dashboard/alert_list.html", context)
+
+
+def _moment(text: str) -> datetime | None:
+    """A datetime-local field's value, in the server's time zone; None when empty or not a time."""
+    from django.utils.dateparse import parse_datetime
+
+    try:
+        moment = parse_datetime(text) if text else None
+    except ValueError:
+        return None
+    if moment is not None and timezone.is_naive(moment):
+        moment = timezone.make_aware(moment)
+    return moment
+
+
+@login_required
+def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """The audit trail, filterable by job, user and time; ?format=csv exports what the filter selects."""
+    job_name, username = request.GET.get("job", ""), request.GET.get("user", "")
+    since, until = _moment(request.GET.get("since", "")), _moment(request.GET.get("until", ""))
+    bad = [name for name in ("since", "until") if request.GET.get(name) and _moment(request.GET[name]) is None]
+    entries = audit_filter(job=job_name, user=username, since=since, until=until)
+    if request.GET.get("format") == "csv" and not bad:
+        response = StreamingHttpResponse(audit_csv(entries), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="statekeeper-audit-{timezone.now():%Y%m%d-%H%M%S}.csv"'
+        return response
+    context = {
+        "entries": Paginator(entries, 100).get_page(request.GET.get("page")),
+        "jobs": Job.objects.order_by("name").values_list("name", flat=True),
+        "users": AuditEntry.objects.exclude(username="")
+        .order_by("username")
+        .values_list("username", flat=True)
+        .distinct(),
+        "filters": {
+            "job": job_name,
+            "user": username,
+            "since": request.GET.get("since", ""),
+            "until": request.GET.get("until", ""),
+        },
+        "bad": bad,
+        "query": urlencode({k: v for k, v in request.GET.items() if k in ("job", "user", "since", "until") and v}),
+    }
+    return render(request, "dashboard/audit_list.html", context, status=400 if bad else 200)

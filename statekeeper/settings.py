@@ -95,6 +95,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.access.context",
             ]
         },
     }
@@ -139,6 +140,13 @@ STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)
 PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
 # Every committed batch is also pushed here for the browsers; its entry ids are the server-sent events' ids.
 LIVE_STREAM = env_str("STATEKEEPER_LIVE_STREAM", "statekeeper:live")
+# Every action off, whatever the role (a console for watching only, or a freeze during an incident review).
+READ_ONLY = env_str("STATEKEEPER_READ_ONLY", "") in ("1", "true", "yes")
+# Failed logins: after LOGIN_FAILURES_ALLOWED failures for a user name or from an address within LOGIN_LOCKOUT_SECONDS,
+# further attempts are refused until that window has passed.
+LOGIN_FAILURES_ALLOWED = env_int("STATEKEEPER_LOGIN_FAILURES", 5)
+LOGIN_LOCKOUT_SECONDS = env_int("STATEKEEPER_LOGIN_LOCKOUT", 900)
+
 # Raw checkpoint records are kept this long; beyond it only the per-minute and per-hour roll-ups remain.
 CHECKPOINT_RAW_RETENTION_HOURS = env_int("STATEKEEPER_RAW_RETENTION_HOURS", 72)
 

@@ -312,6 +312,14 @@ def asgi_server(checkpoint_root: Path, tmp_path: Path) -> Iterator[str]:
     stop_process_group(server, 10)
 
 
+def grant(user: Any, role: str) -> Any:
+    """Give a user one of the console's roles (viewer, operator, admin): a Django group of that name."""
+    from django.contrib.auth.models import Group
+
+    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return user
+
+
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -330,8 +338,8 @@ def browser_login(django_user_model: Any, monkeypatch: Any) -> Iterator[Callable
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
 
-        def login(base_url: str, username: str) -> Any:
-            django_user_model.objects.create_user(username, password="pw-for-tests")
+        def login(base_url: str, username: str, role: str = "operator") -> Any:
+            grant(django_user_model.objects.create_user(username, password="pw-for-tests"), role)
             tab = browser.new_page(viewport={"width": 1400, "height": 1200})
             tab.goto(f"{base_url}/login/?next=/")
             tab.fill("#id_username", username)

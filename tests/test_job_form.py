@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dashboard.models import Checkpoint, Job
+from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +24,7 @@ VALID = {
 
 @pytest.fixture
 def client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("operator", password="x"))
+    client.force_login(grant(django_user_model.objects.create_user("operator", password="x"), "admin"))
     return client
 
 

@@ -12,6 +12,7 @@ from dashboard.models import Job, Run, RunStatus
 from dashboard.services import runs as run_services
 from dashboard.services.lease import lease_acquire, lease_renew
 from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop, run_launch
+from tests.conftest import grant
 from workers.sink import Fenced, write_results
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +33,7 @@ def spawned(monkeypatch):
 
 @pytest.fixture
 def operator_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("operator", password="x"))
+    client.force_login(grant(django_user_model.objects.create_user("operator", password="x"), "operator"))
     return client
 
 

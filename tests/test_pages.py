@@ -9,6 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from dashboard.models import Checkpoint, Run, RunStatus
+from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
 
@@ -104,7 +105,9 @@ def test_the_job_page_shows_results_and_the_start_button(viewer, make_job):
     job.results.create(kind="url", key="/api/a", value={"requests": 42}, batch_id=0)
     page = viewer.get("/jobs/clicks/").content.decode()
     assert "Top URLs" in page and "/api/a" in page and ">42<" in page
-    assert 'action="/jobs/clicks/start"' in page
+    assert 'action="/jobs/clicks/start"' not in page, "a viewer is not offered actions"
+    grant(viewer.get("/").wsgi_request.user, "operator")
+    assert 'action="/jobs/clicks/start"' in viewer.get("/jobs/clicks/").content.decode()
 
 
 def test_an_unknown_job_is_a_404(viewer):

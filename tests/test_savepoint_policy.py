@@ -11,6 +11,7 @@ from dashboard.models import Action, ActionKind, ActionStatus, Run, RunStatus, S
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.forks import old_checkpoints, savepoint_preview
 from dashboard.services.savepoints import savepoints_periodic, savepoints_retain
+from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
 
@@ -120,7 +121,7 @@ def test_restore_previews_refuse_a_running_job_and_an_unverified_savepoint(make_
 def test_the_restore_page_shows_the_preview_and_refuses_to_confirm_while_running(
     client, django_user_model, make_job, redis
 ):
-    client.force_login(django_user_model.objects.create_user("oncall", password="x"))
+    client.force_login(grant(django_user_model.objects.create_user("oncall", password="x"), "operator"))
     job = make_job(name="clicks")
     good = savepoint(job)
     Run.objects.create(job=job, status=RunStatus.RUNNING)

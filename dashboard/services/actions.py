@@ -90,6 +90,19 @@ def action_execute(*, action_id: int) -> Action:
         status=status, outcome=outcome[:5000], error=error, finished_at=timezone.now(), progress=""
     )
     action.refresh_from_db()
+    from dashboard.services.audit import audit_record
+
+    audit_record(
+        None,
+        verb=action.kind,
+        job=action.job.name,
+        target=f"action #{action.id}",
+        params=action.params,
+        outcome=action.status,
+        message=outcome,
+        user=action.requested_by,
+        origin="worker" if action.requested_by else action.origin,
+    )
     return action
 
 

@@ -1,0 +1,163 @@
+"""Who may act, enforced on the server; a read-only switch; throttled logins; an append-only, exportable audit trail."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from dashboard.models import AppendOnly, AuditEntry, Job, Run
+from tests.conftest import grant
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def as_role(client, django_user_model):
+    def login(role: str, name: str | None = None):
+        user = django_user_model.objects.create_user(name or role, password="pw-for-tests")
+        if role != "viewer":
+            grant(user, role)
+        client.force_login(user)
+        return client
+
+    return login
+
+
+def test_a_viewer_is_refused_every_action_on_the_server(as_role, make_job):
+    job = make_job(name="orders")
+    viewer = as_role("viewer")
+    for path in ("start", "stop", "savepoint", "stop-with-savepoint", "count-partition-rows", "rescale", "edit"):
+        response = viewer.post(f"/jobs/orders/{path}")
+        assert response.status_code == 403, path
+    assert "needs the operator role; viewer is viewer" in viewer.post("/jobs/orders/start").content.decode()
+    assert not Run.objects.filter(job=job).exists() and not job.actions.exists(), "nothing happened"
+    assert viewer.post("/jobs/new", {"name": "x"}).status_code == 403
+    denied = AuditEntry.objects.filter(verb="denied", username="viewer")
+    assert denied.filter(target="/jobs/orders/start").exists()
+
+
+def test_an_operator_acts_but_only_an_admin_edits_jobs(as_role, make_job):
+    make_job(name="orders")
+    operator = as_role("operator")
+    assert operator.post("/jobs/orders/start").status_code == 302
+    assert Run.objects.filter(job__name="orders").count() == 1
+    assert operator.get("/jobs/orders/edit").status_code == 403
+    assert operator.get("/jobs/new").status_code == 403
+    admin = as_role("admin")
+    assert admin.get("/jobs/orders/edit").status_code == 200
+
+
+def test_read_only_turns_every_action_off(as_role, make_job, settings):
+    settings.READ_ONLY = True
+    make_job(name="orders")
+    admin = as_role("admin")
+    response = admin.post("/jobs/orders/start")
+    assert response.status_code == 403 and "read-only" in response.content.decode()
+    page = admin.get("/jobs/orders/").content.decode()
+    assert "Read-only." in page and 'action="/jobs/orders/start"' not in page
+
+
+def _paths(resolver=None, prefix: str = "") -> list[str]:
+    found = []
+    for entry in (resolver or get_resolver()).url_patterns:
+        route = prefix + str(entry.pattern)
+        if isinstance(entry, URLResolver):
+            if not route.startswith("admin/"):
+                found += _paths(entry, route)
+        elif isinstance(entry, URLPattern):
+            found.append(route)
+    return found
+
+
+def test_every_console_page_and_endpoint_needs_a_login(client, make_job):
+    make_job(name="orders")
+    samples = {"<str:name>": "orders", "<int:savepoint_id>": "1", "<str:directory>": "checkpoint-old"}
+    checked = 0
+    for route in _paths():
+        if route in ("login/", "logout/"):
+            continue
+        path = "/" + route
+        for pattern, value in samples.items():
+            path = path.replace(pattern, value)
+        posted = client.post(path)
+        assert posted.status_code == 302 and posted["Location"].startswith("/login/"), (path, posted)
+        got = client.get(path)  # a POST-only endpoint answers a GET with 405 before anything else
+        assert got.status_code == 405 or got["Location"].startswith("/login/"), (path, got)
+        checked += 1
+    assert checked >= 19, "every route of the console was tried"
+
+
+def test_logins_are_throttled_per_user_name(client, django_user_model, settings):
+    settings.LOGIN_FAILURES_ALLOWED = 3
+    settings.LOGIN_LOCKOUT_SECONDS = 2
+    django_user_model.objects.create_user("oncall", password="right-password")
+    for _ in range(3):
+        assert (
+            "Please enter a correct username"
+            in client.post("/login/", {"username": "oncall", "password": "guess"}).content.decode()
+        )
+    refused = client.post("/login/", {"username": "oncall", "password": "right-password"})
+    assert refused.status_code == 200 and "Too many failed logins" in refused.content.decode()
+    assert AuditEntry.objects.filter(verb="login", outcome="failed", username="oncall").count() == 3
+    assert AuditEntry.objects.filter(verb="login", outcome="throttled").count() == 1
+    time.sleep(2.1)
+    assert client.post("/login/", {"username": "oncall", "password": "right-password"}).status_code == 302
+
+
+def test_actions_and_changes_are_in_the_audit_trail_with_who_where_and_what(as_role, make_job):
+    make_job(name="orders")
+    operator = as_role("operator", "alice")
+    operator.post("/jobs/orders/start", REMOTE_ADDR="10.1.2.3")
+    operator.post("/jobs/orders/start", REMOTE_ADDR="10.1.2.3")  # a second click: refused, and recorded as such
+    admin = as_role("admin", "bob")
+    job = Job.objects.get(name="orders")
+    form = {
+        f: getattr(job, f)
+        for f in ("name", "pipeline", "source_stream", "state_backend", "trigger_interval_seconds",
+                  "state_partitions", "parallelism", "batches_retained", "max_records_per_batch",
+                  "savepoint_interval_minutes", "savepoints_max_count", "savepoints_max_age_hours",
+                  "restart_strategy", "restart_delay_seconds", "restart_max_delay_seconds", "failure_rate_max",
+                  "failure_rate_window_minutes")
+    }  # fmt: skip
+    assert admin.post("/jobs/orders/edit", {**form, "max_records_per_batch": 777}).status_code == 302
+
+    started, refused = AuditEntry.objects.filter(verb="start").order_by("id")
+    assert (started.username, started.address, started.job, started.outcome) == (
+        "alice",
+        "10.1.2.3",
+        "orders",
+        "requested",
+    )
+    assert refused.outcome == "refused" and "already has run" in refused.message
+    edit = AuditEntry.objects.get(verb="job-edit")
+    assert edit.username == "bob" and edit.params == {"max_records_per_batch": [job.max_records_per_batch, 777]}
+
+    exported = admin.get("/audit/?user=alice&format=csv")
+    rows = list(csv.DictReader(io.StringIO(b"".join(exported.streaming_content).decode())))
+    assert exported["Content-Type"].startswith("text/csv")
+    assert [(r["username"], r["verb"], r["outcome"]) for r in rows] == [
+        ("alice", "start", "refused"), ("alice", "start", "requested"), ("alice", "login", "succeeded"),
+    ]  # fmt: skip
+    page = admin.get("/audit/?job=orders").content.decode()
+    assert "job-edit" in page and "10.1.2.3" in page
+    assert admin.get("/audit/?since=yesterday").status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_audit_trail_is_append_only(make_job):
+    entry = AuditEntry.objects.create(verb="savepoint", job="orders", outcome="requested")
+    with pytest.raises(AppendOnly):
+        entry.save()
+    with pytest.raises(AppendOnly):
+        entry.delete()
+    if connection.vendor == "postgresql":  # and not even past the model
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            AuditEntry.objects.filter(id=entry.id).update(outcome="succeeded")
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            AuditEntry.objects.filter(id=entry.id).delete()
+    assert AuditEntry.objects.get(id=entry.id).outcome == "requested"
