@@ -470,3 +470,41 @@ class AuditEntry(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise AppendOnly("audit entries are never deleted")
+
+
+class ApiToken(models.Model):
+    """A bearer token for automation (the JSON API, Prometheus): it acts as its user, with the user's role. Only a
+    hash is stored; the key is shown once, when created."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="the key's first characters, to recognise it")
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…, {self.user})"
+
+
+class IdempotentRequest(models.Model):
+    """An API request that acted, by its Idempotency-Key: a retry with the same key gets the first answer back."""
+
+    key = models.CharField(max_length=200)
+    user_id = models.IntegerField()
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=500)
+    body_hash = models.CharField(max_length=64)
+    status = models.PositiveSmallIntegerField()
+    response = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user_id", "key"], name="one_answer_per_idempotency_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.method} {self.path} → {self.status}"

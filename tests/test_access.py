@@ -76,20 +76,29 @@ def _paths(resolver=None, prefix: str = "") -> list[str]:
 
 def test_every_console_page_and_endpoint_needs_a_login(client, make_job):
     make_job(name="orders")
-    samples = {"<str:name>": "orders", "<int:savepoint_id>": "1", "<str:directory>": "checkpoint-old"}
+    samples = {
+        "<str:name>": "orders",
+        "<int:savepoint_id>": "1",
+        "<str:directory>": "checkpoint-old",
+        "<int:action_id>": "1",
+    }
     checked = 0
     for route in _paths():
-        if route in ("login/", "logout/"):
+        if route in ("login/", "logout/", "api/openapi.json"):  # the API's description is public, like /login/
             continue
         path = "/" + route
         for pattern, value in samples.items():
             path = path.replace(pattern, value)
         posted = client.post(path)
+        if path.startswith(("/api/", "/metrics")):  # automation gets a 401 and the way to authenticate
+            assert client.get(path).status_code in (401, 405) and posted.status_code in (401, 405), path
+            checked += 1
+            continue
         assert posted.status_code == 302 and posted["Location"].startswith("/login/"), (path, posted)
         got = client.get(path)  # a POST-only endpoint answers a GET with 405 before anything else
         assert got.status_code == 405 or got["Location"].startswith("/login/"), (path, got)
         checked += 1
-    assert checked >= 19, "every route of the console was tried"
+    assert checked >= 34, "every route of the console and the API was tried"
 
 
 def test_logins_are_throttled_per_user_name(client, django_user_model, settings):
@@ -161,3 +170,17 @@ def test_the_audit_trail_is_append_only(make_job):
         with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
             AuditEntry.objects.filter(id=entry.id).delete()
     assert AuditEntry.objects.get(id=entry.id).outcome == "requested"
+
+
+def test_names_and_paths_from_users_stay_inside_the_checkpoint_root(as_role, make_job, checkpoint_root):
+    job = make_job(name="orders")
+    admin = as_role("admin")
+    outside = checkpoint_root.parent / "precious"
+    outside.mkdir()
+    for name in ("..%2Fprecious", "checkpoint%2F..%2F..%2Fprecious", "..", "checkpoint"):
+        response = admin.post(f"/jobs/orders/old-checkpoints/{name}/discard", follow=True)
+        assert response.status_code in (200, 404)
+    assert outside.is_dir() and not job.actions.exists(), "no discard was even requested"
+    created = admin.post("/jobs/new", {"name": "../precious", "pipeline": "url-counts", "source_stream": "s"})
+    assert created.status_code == 400 and "lower-case letters" in created.content.decode()
+    assert not Job.objects.filter(name__contains="/").exists()

@@ -1,0 +1,206 @@
+"""The API's OpenAPI 3.0 schema, served at /api/openapi.json (public: it describes, it discloses no data)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+
+from dashboard.api.views import BODIES
+
+NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z0-9-]{1,63}$"}}
+LIMIT = {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+STAMP = {"type": "string", "format": "date-time", "nullable": True}
+
+CHECKPOINT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "batch_id": {"type": "integer"},
+        "location": {"type": "string"},
+        "committed_at": STAMP,
+        "kind": {"type": "string", "enum": ["full", "incremental"]},
+        "duration_ms": {"type": "integer"},
+        "state_commit_ms": {"type": "integer"},
+        "input_rows": {"type": "integer"},
+        "input_rate": {"type": "number"},
+        "processed_rate": {"type": "number"},
+        "state_rows_total": {"type": "integer"},
+        "state_memory_bytes": {"type": "integer"},
+        "checkpointed_bytes": {"type": "integer"},
+        "full_size_bytes": {"type": "integer"},
+        "lag_records": {"type": "integer", "nullable": True},
+        "end_offset": {"nullable": True},
+    },
+}
+JOB = {
+    "type": "object",
+    "required": ["name", "status"],
+    "properties": {
+        "name": {"type": "string"},
+        "pipeline": {"type": "string"},
+        "source_stream": {"type": "string"},
+        "state_backend": {"type": "string"},
+        "trigger_interval_seconds": {"type": "number"},
+        "parallelism": {"type": "integer"},
+        "state_partitions": {"type": "integer"},
+        "status": {"type": "string"},
+        "checkpoint_dir": {"type": "string"},
+        "latest_checkpoint": {"allOf": [{"$ref": "#/components/schemas/Checkpoint"}], "nullable": True},
+        "open_alerts": {"type": "integer"},
+    },
+}
+RUN = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "status": {"type": "string"},
+        "requested_at": STAMP,
+        "started_at": STAMP,
+        "ended_at": STAMP,
+        "message": {"type": "string"},
+    },
+}
+SAVEPOINT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "status": {"type": "string"},
+        "origin": {"type": "string"},
+        "batch_id": {"type": "integer", "nullable": True},
+        "size_bytes": {"type": "integer"},
+        "duration_ms": {"type": "integer"},
+        "created_at": STAMP,
+        "verified_at": STAMP,
+        "error": {"type": "string"},
+    },
+}
+ACTION = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "job": {"type": "string"},
+        "kind": {"type": "string"},
+        "status": {"type": "string"},
+        "origin": {"type": "string"},
+        "params": {"type": "object"},
+        "requested_at": STAMP,
+        "finished_at": STAMP,
+        "progress": {"type": "string"},
+        "outcome": {"type": "string"},
+    },
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+ERRORS = {
+    "401": _json(ERROR, "no or an unknown token"),
+    "403": _json(ERROR, "the token's user lacks the role, or the console is read-only"),
+    "404": _json(ERROR, "no such job"),
+}
+
+
+def _read(summary: str, body: dict[str, Any], params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "parameters": params or [],
+            "responses": {"200": _json(body, "OK"), **ERRORS, "400": _json(ERROR, "a bad query parameter")},
+        }
+    }
+
+
+def _write(verb: str, summary: str, result: str) -> dict[str, Any]:
+    fields = BODIES[verb]
+    body = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            name: {"type": "integer", "minimum": lo, "maximum": hi} for name, (_, lo, hi, _) in fields.items()
+        },
+        "required": [name for name, (_, _, _, required) in fields.items() if required],
+    }
+    if verb == "rescale":
+        body["minProperties"] = 1
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": [
+                NAME,
+                {
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "schema": {"type": "string", "maxLength": 200},
+                    "description": "a retried request with the same key returns the first answer and acts once",
+                },
+            ],
+            "requestBody": {"required": bool(body["required"]), "content": {"application/json": {"schema": body}}},
+            "responses": {
+                "202": _json({"type": "object", "properties": {result: _ref(result.title())}}, "accepted"),
+                "400": _json(ERROR, "a bad body"),
+                "409": _json(ERROR, "refused: already running, an action in flight, or a preview's refusal"),
+                "422": _json(ERROR, "the Idempotency-Key was used for a different request"),
+                **ERRORS,
+            },
+        }
+    }
+
+
+def schema() -> dict[str, Any]:
+    def list_of(key: str, item: str) -> dict[str, Any]:
+        return {"type": "object", "properties": {key: {"type": "array", "items": _ref(item)}}}
+
+    checkpoints = list_of("checkpoints", "Checkpoint")
+    checkpoints["properties"] = {**checkpoints["properties"], "next_before": {"type": "integer", "nullable": True}}
+    before = {"name": "before", "in": "query", "schema": {"type": "integer", "minimum": 1}}
+    action_id = {"name": "action_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
+    paths = {
+        "/api/v1/jobs": _read("All jobs with their status and latest checkpoint", list_of("jobs", "Job")),
+        "/api/v1/jobs/{name}": _read("One job, with its checkpoint summary", _ref("Job"), [NAME]),
+        "/api/v1/jobs/{name}/runs": _read("The job's runs, newest first", list_of("runs", "Run"), [NAME, LIMIT]),
+        "/api/v1/jobs/{name}/checkpoints": _read(
+            "Checkpoints, newest commit first; pass next_before as before for the next page",
+            checkpoints,
+            [NAME, LIMIT, before],
+        ),
+        "/api/v1/jobs/{name}/savepoints": _read("The job's savepoints", list_of("savepoints", "Savepoint"), [NAME]),
+        "/api/v1/jobs/{name}/actions": _read("The job's actions", list_of("actions", "Action"), [NAME, LIMIT]),
+        "/api/v1/actions/{action_id}": _read(
+            "One action: poll it until it succeeds or fails", _ref("Action"), [action_id]
+        ),
+        "/api/v1/jobs/{name}/start": _write("start", "Start the job", "run"),
+        "/api/v1/jobs/{name}/stop": _write("stop", "Stop the job after its batch in flight", "run"),
+        "/api/v1/jobs/{name}/savepoint": _write("savepoint", "Take a savepoint", "action"),
+        "/api/v1/jobs/{name}/stop-with-savepoint": _write("stop-with-savepoint", "Stop with a savepoint", "action"),
+        "/api/v1/jobs/{name}/restore": _write("restore", "Restore a verified savepoint (job stopped)", "action"),
+        "/api/v1/jobs/{name}/rollback": _write("rollback", "Roll back to a retained batch (job stopped)", "action"),
+        "/api/v1/jobs/{name}/rescale": _write("rescale", "Change cores and/or state partitions", "action"),
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Statekeeper API",
+            "version": "1",
+            "description": "Jobs, runs, checkpoints, savepoints and operator actions of Spark Structured Streaming "
+            "jobs. Authenticate with `Authorization: Bearer <token>` (`manage.py create_token USER NAME`); the "
+            "token acts with its user's role (viewer reads, operator acts).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": {"Checkpoint": CHECKPOINT, "Job": JOB, "Run": RUN, "Savepoint": SAVEPOINT, "Action": ACTION},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def schema_view(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(schema())

@@ -1,0 +1,22 @@
+from django.urls import path
+
+from dashboard.api import openapi, views
+
+app_name = "api"
+urlpatterns = [
+    path("openapi.json", openapi.schema_view, name="openapi"),
+    path("v1/jobs", views.jobs, name="jobs"),
+    path("v1/jobs/<str:name>", views.job, name="job"),
+    path("v1/jobs/<str:name>/runs", views.runs, name="runs"),
+    path("v1/jobs/<str:name>/checkpoints", views.checkpoints, name="checkpoints"),
+    path("v1/jobs/<str:name>/savepoints", views.savepoints, name="savepoints"),
+    path("v1/jobs/<str:name>/actions", views.actions, name="actions"),
+    path("v1/actions/<int:action_id>", views.action, name="action"),
+    path("v1/jobs/<str:name>/start", views.start, name="start"),
+    path("v1/jobs/<str:name>/stop", views.stop, name="stop"),
+    path("v1/jobs/<str:name>/savepoint", views.savepoint, name="savepoint"),
+    path("v1/jobs/<str:name>/stop-with-savepoint", views.stop_with_savepoint, name="stop_with_savepoint"),
+    path("v1/jobs/<str:name>/restore", views.restore, name="restore"),
+    path("v1/jobs/<str:name>/rollback", views.rollback, name="rollback"),
+    path("v1/jobs/<str:name>/rescale", views.rescale, name="rescale"),
+]

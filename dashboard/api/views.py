@@ -1,0 +1,347 @@
+"""The JSON API, v1. Reads accept a bearer token or a logged-in session; writes accept a bearer token only (so a
+browser session can never be ridden without CSRF). Roles are the console's; every write is in the audit trail.
+Errors are JSON, {"error": "..."}, with the status that says what went wrong; never a trace."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.csrf import csrf_exempt
+
+from dashboard import selectors
+from dashboard.access import OPERATOR, VIEWER, refusal
+from dashboard.api.tokens import token_user
+from dashboard.models import Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
+from dashboard.services.actions import action_request
+from dashboard.services.audit import audit_record
+from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
+
+log = logging.getLogger(__name__)
+MAX_LIMIT = 500
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str) -> JsonResponse:
+    return JsonResponse({"error": message}, status=status)
+
+
+def endpoint(methods: tuple[str, ...], role: str) -> Callable[[Callable[..., Any]], Callable[..., JsonResponse]]:
+    """Method check, authentication, role, and JSON errors for one API view."""
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., JsonResponse]:
+        @csrf_exempt
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+            if request.method not in methods:
+                response = _error(405, f"{request.method} is not allowed here; use {', '.join(methods)}.")
+                response["Allow"] = ", ".join(methods)
+                return response
+            user = token_user(request)
+            if user is None and request.method == "GET" and request.user.is_authenticated:
+                user = request.user
+            if user is None:
+                response = _error(401, "Authentication needed: Authorization: Bearer <token>.")
+                response["WWW-Authenticate"] = 'Bearer realm="statekeeper"'
+                return response
+            request.user = user
+            if reason := refusal(user, role) if role != VIEWER else "":
+                audit_record(
+                    request, verb="denied", target=request.path, outcome="denied", message=reason, origin="api"
+                )
+                return _error(403, reason)
+            try:
+                result = view(request, *args, **kwargs)
+            except ApiError as exc:
+                return _error(exc.status, str(exc))
+            return result if isinstance(result, JsonResponse) else JsonResponse(result, safe=False)
+
+        return wrapped
+
+    return decorate
+
+
+def _job(name: str) -> Job:
+    job = selectors.job_list().filter(name=name).first()
+    if job is None:
+        raise ApiError(404, f"No job named {name!r}.")
+    return job
+
+
+def _int(request: HttpRequest, name: str, default: int | None, low: int = 0, high: int = 2**62) -> int | None:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an integer, not {raw[:40]!r}.") from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{name} must be between {low} and {high}.")
+    return value
+
+
+def _stamp(moment: Any) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def checkpoint_json(c: Checkpoint) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "batch_id": c.batch_id,
+        "location": c.location,
+        "committed_at": _stamp(c.committed_at),
+        "kind": c.kind,
+        "duration_ms": c.duration_ms,
+        "state_commit_ms": c.state_commit_ms,
+        "input_rows": c.input_rows,
+        "input_rate": c.input_rate,
+        "processed_rate": c.processed_rate,
+        "state_rows_total": c.state_rows_total,
+        "state_memory_bytes": c.state_memory_bytes,
+        "checkpointed_bytes": c.checkpointed_bytes,
+        "full_size_bytes": c.full_size_bytes,
+        "lag_records": c.lag_records,
+        "end_offset": c.end_offset,
+    }
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    c = job.latest_checkpoint
+    return {
+        "name": job.name,
+        "pipeline": job.pipeline,
+        "source_stream": job.source_stream,
+        "state_backend": job.state_backend,
+        "trigger_interval_seconds": job.trigger_interval_seconds,
+        "parallelism": job.parallelism,
+        "state_partitions": job.state_partitions,
+        "status": getattr(job, "run_status", None) or "never-run",
+        "checkpoint_dir": job.checkpoint_dir,
+        "latest_checkpoint": checkpoint_json(c) if c else None,
+        "open_alerts": getattr(job, "open_alerts", 0),
+    }
+
+
+def run_json(r: Run) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "status": r.status,
+        "requested_at": _stamp(r.requested_at),
+        "started_at": _stamp(r.started_at),
+        "ended_at": _stamp(r.ended_at),
+        "message": r.message,
+    }
+
+
+def savepoint_json(s: Savepoint) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "status": s.status,
+        "origin": s.origin,
+        "batch_id": s.batch_id,
+        "size_bytes": s.size_bytes,
+        "duration_ms": s.duration_ms,
+        "created_at": _stamp(s.created_at),
+        "verified_at": _stamp(s.verified_at),
+        "error": s.error,
+    }
+
+
+def action_json(a: Action) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "job": a.job.name,
+        "kind": a.kind,
+        "status": a.status,
+        "origin": a.origin,
+        "params": a.params,
+        "requested_at": _stamp(a.requested_at),
+        "finished_at": _stamp(a.finished_at),
+        "progress": a.progress,
+        "outcome": a.outcome,
+    }
+
+
+@endpoint(("GET",), VIEWER)
+def jobs(request: HttpRequest) -> Any:
+    return {"jobs": [job_json(j) for j in selectors.job_list().order_by("name")]}
+
+
+@endpoint(("GET",), VIEWER)
+def job(request: HttpRequest, name: str) -> Any:
+    found = _job(name)
+    count, summary = selectors.checkpoint_summary(job=found)
+    return job_json(found) | {
+        "summary": {"checkpoints": count, "rows": [{"measure": r.label, "unit": r.unit, **r.values} for r in summary]}
+    }
+
+
+@endpoint(("GET",), VIEWER)
+def runs(request: HttpRequest, name: str) -> Any:
+    limit = _int(request, "limit", 20, 1, MAX_LIMIT)
+    return {"runs": [run_json(r) for r in _job(name).runs.all()[:limit]]}
+
+
+@endpoint(("GET",), VIEWER)
+def checkpoints(request: HttpRequest, name: str) -> Any:
+    found = _job(name)
+    limit = _int(request, "limit", 50, 1, MAX_LIMIT) or 50
+    before = _int(request, "before", None, 1)
+    page = selectors.checkpoint_history(job=found, before=before, per_page=limit)
+    if before is not None and page.newest:
+        raise ApiError(404, f"No checkpoint {before} in {name}.")
+    return {"checkpoints": [checkpoint_json(c) for c in page.rows], "next_before": page.older}
+
+
+@endpoint(("GET",), VIEWER)
+def savepoints(request: HttpRequest, name: str) -> Any:
+    return {"savepoints": [savepoint_json(s) for s in _job(name).savepoints.all()[:MAX_LIMIT]]}
+
+
+@endpoint(("GET",), VIEWER)
+def actions(request: HttpRequest, name: str) -> Any:
+    limit = _int(request, "limit", 20, 1, MAX_LIMIT)
+    return {"actions": [action_json(a) for a in _job(name).actions.select_related("job")[:limit]]}
+
+
+@endpoint(("GET",), VIEWER)
+def action(request: HttpRequest, action_id: int) -> Any:
+    return action_json(get_object_or_404(Action.objects.select_related("job"), id=action_id))
+
+
+# what each write takes in its JSON body: name -> (type, minimum, maximum, required)
+BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
+    "start": {},
+    "stop": {},
+    ActionKind.SAVEPOINT: {},
+    ActionKind.STOP_WITH_SAVEPOINT: {},
+    ActionKind.RESTORE: {"savepoint": (int, 1, 2**62, True)},
+    ActionKind.ROLLBACK: {"batch": (int, 0, 2**62, True)},
+    ActionKind.RESCALE: {"parallelism": (int, 1, 64, False), "state_partitions": (int, 1, 1024, False)},
+}
+
+
+def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
+    if not request.body:
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(request.body)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "The body must be JSON.") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "The body must be a JSON object.")
+    spec = BODIES[verb]
+    unknown = sorted(set(data) - set(spec))
+    if unknown:
+        raise ApiError(400, f"Unknown field(s): {', '.join(map(str, unknown))[:200]}.")
+    clean = {}
+    for field, (_, low, high, required) in spec.items():
+        if field not in data:
+            if required:
+                raise ApiError(400, f"{field} is required.")
+            continue
+        value = data[field]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ApiError(400, f"{field} must be an integer from {low} to {high}.")
+        clean[field] = value
+    if verb == ActionKind.RESCALE and not clean:
+        raise ApiError(400, "Give parallelism, state_partitions or both.")
+    return clean
+
+
+def _act(request: HttpRequest, name: str, verb: str) -> JsonResponse:
+    key = request.headers.get("Idempotency-Key", "")
+    if len(key) > 200:
+        raise ApiError(400, "Idempotency-Key is at most 200 characters.")
+    found = _job(name)
+    params = _body(request, verb)
+    fingerprint = hashlib.sha256(request.body or b"").hexdigest()
+    user_id = int(request.user.pk or 0)
+    if key:
+        try:
+            with transaction.atomic():
+                IdempotentRequest.objects.create(
+                    key=key, user_id=user_id, method="POST", path=request.path, body_hash=fingerprint,
+                    status=0, response={},
+                )  # fmt: skip
+        except IntegrityError:
+            first = IdempotentRequest.objects.get(user_id=user_id, key=key)
+            if (first.path, first.body_hash) != (request.path, fingerprint):
+                raise ApiError(422, "This Idempotency-Key was used for a different request.") from None
+            if first.status == 0:
+                raise ApiError(409, "A request with this Idempotency-Key is still being handled.") from None
+            replay = JsonResponse(first.response, status=first.status)
+            replay["Idempotent-Replayed"] = "true"
+            return replay
+    status, body = _perform(request, found, verb, params)
+    if key:
+        IdempotentRequest.objects.filter(user_id=user_id, key=key).update(status=status, response=body)
+    return JsonResponse(body, status=status)
+
+
+def _perform(request: HttpRequest, job: Job, verb: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    try:
+        if verb == "start":
+            if busy := job.actions.filter(status__in=["pending", "running"]).first():
+                raise ActionRefused(f"{job.name} has {busy.get_kind_display().lower()} #{busy.id} in flight.")
+            run = job_request_start(job=job, requested_by=request.user)
+            body, target = {"run": run_json(run)}, f"run #{run.id}"
+        elif verb == "stop":
+            run = job_request_stop(job=job)
+            body, target = {"run": run_json(run)}, f"run #{run.id}"
+        else:
+            _check_preview(job, verb, params)
+            done = action_request(job=job, kind=verb, params=params, requested_by=request.user, origin="api")
+            done.job = job
+            body, target = {"action": action_json(done)}, f"action #{done.id}"
+    except ActionRefused as exc:
+        audit_record(request, verb=verb, job=job.name, params=params, outcome="refused", message=str(exc), origin="api")
+        return 409, {"error": str(exc)}
+    audit_record(request, verb=verb, job=job.name, target=target, params=params, outcome="requested", origin="api")
+    return 202, body
+
+
+def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
+    """Restore and rollback are refused up front, with the preview's reason, as in the console."""
+    from dashboard.services.forks import rollback_preview, savepoint_preview
+
+    if verb == ActionKind.RESTORE:
+        chosen = job.savepoints.filter(id=params["savepoint"]).first()
+        if chosen is None:
+            raise ApiError(404, f"No savepoint {params['savepoint']} of {job.name}.")
+        if refused := savepoint_preview(job, chosen).refusal:
+            raise ActionRefused(refused)
+    elif verb == ActionKind.ROLLBACK and (refused := rollback_preview(job, params["batch"]).refusal):
+        raise ActionRefused(refused)
+
+
+def _writer(verb: str) -> Callable[..., JsonResponse]:
+    @endpoint(("POST",), OPERATOR)
+    def view(request: HttpRequest, name: str) -> JsonResponse:
+        return _act(request, name, verb)
+
+    view.__name__ = f"api_{verb.replace('-', '_')}"
+    return view
+
+
+start = _writer("start")
+stop = _writer("stop")
+savepoint = _writer(ActionKind.SAVEPOINT)
+stop_with_savepoint = _writer(ActionKind.STOP_WITH_SAVEPOINT)
+restore = _writer(ActionKind.RESTORE)
+rollback = _writer(ActionKind.ROLLBACK)
+rescale = _writer(ActionKind.RESCALE)

@@ -1,0 +1,84 @@
+"""/metrics in Prometheus' text format: per job lag, state, checkpoint size and duration, restarts, open alerts.
+Read from the database the console already keeps (one query per metric family, whatever the number of jobs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+
+from dashboard import selectors
+from dashboard.api.tokens import token_user
+from dashboard.models import Alert, Recovery, RunStatus
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _family(name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, Any], float | int | None]]) -> str:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        if value is None:
+            continue
+        text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        lines.append(f"{name}{{{text}}} {float(value):g}" if text else f"{name} {float(value):g}")
+    return "\n".join(lines)
+
+
+def render_metrics() -> str:
+    jobs = list(selectors.job_list())
+    restarts = dict(Recovery.objects.values("job_id").annotate(n=Count("id")).values_list("job_id", "n"))
+    alerts = list(Alert.objects.filter(resolved_at__isnull=True).values("job__name", "kind").annotate(n=Count("id")))
+    dead = selectors.dead_letter_counts(jobs)
+
+    def per_job(get: Any) -> list[tuple[dict[str, Any], Any]]:
+        return [({"job": j.name}, get(j, j.latest_checkpoint)) for j in jobs]
+
+    def seconds(ms: int | None) -> float | None:
+        return ms / 1000 if ms is not None else None
+
+    families = [
+        ("statekeeper_job_running", "gauge", "1 while a driver runs the job",
+         per_job(lambda j, c: 1 if j.run_status == RunStatus.RUNNING else 0)),
+        ("statekeeper_job_lag_records", "gauge", "records in the source not yet processed, at the last checkpoint",
+         per_job(lambda j, c: c.lag_records if c else None)),
+        ("statekeeper_job_lag_seconds", "gauge", "lag in records over the processing rate, at the last checkpoint",
+         per_job(lambda j, c: c.lag_records / c.processed_rate if c and c.lag_records is not None and c.processed_rate else None)),
+        ("statekeeper_job_state_rows", "gauge", "state rows of all stateful operators",
+         per_job(lambda j, c: c.state_rows_total if c else None)),
+        ("statekeeper_job_state_memory_bytes", "gauge", "state bytes in memory of all stateful operators",
+         per_job(lambda j, c: c.state_memory_bytes if c else None)),
+        ("statekeeper_checkpoint_size_bytes", "gauge", "full checkpoint directory size after the last batch",
+         per_job(lambda j, c: c.full_size_bytes if c else None)),
+        ("statekeeper_checkpoint_checkpointed_bytes", "gauge", "bytes the last batch added to the checkpoint",
+         per_job(lambda j, c: c.checkpointed_bytes if c else None)),
+        ("statekeeper_checkpoint_duration_seconds", "gauge", "end-to-end duration of the last batch",
+         per_job(lambda j, c: seconds(c.duration_ms) if c else None)),
+        ("statekeeper_checkpoint_state_commit_seconds", "gauge", "state commit time of the last batch",
+         per_job(lambda j, c: seconds(c.state_commit_ms) if c else None)),
+        ("statekeeper_checkpoint_last_batch_id", "gauge", "id of the last committed batch",
+         per_job(lambda j, c: c.batch_id if c else None)),
+        ("statekeeper_checkpoint_last_commit_timestamp_seconds", "gauge", "when the last batch was triggered",
+         per_job(lambda j, c: c.committed_at.timestamp() if c else None)),
+        ("statekeeper_job_restarts_total", "counter", "automatic restarts after a failure",
+         per_job(lambda j, c: restarts.get(j.id, 0))),
+        ("statekeeper_job_dead_letters", "gauge", "entries in the job's dead-letter stream",
+         per_job(lambda j, c: dead.get(j.id))),
+        ("statekeeper_alerts_open", "gauge", "open alerts",
+         [({"job": a["job__name"], "alert": a["kind"]}, a["n"]) for a in alerts]),
+    ]  # fmt: skip
+    return "\n".join(_family(*f) for f in families) + "\n"
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """For Prometheus: a bearer token (`manage.py create_token USER NAME`) or a logged-in session."""
+    if not request.user.is_authenticated and token_user(request) is None:
+        response = HttpResponse("Authentication needed: Authorization: Bearer <token>.\n", status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="statekeeper"'
+        return response
+    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE)
