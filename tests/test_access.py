@@ -184,3 +184,30 @@ def test_names_and_paths_from_users_stay_inside_the_checkpoint_root(as_role, mak
     created = admin.post("/jobs/new", {"name": "../precious", "pipeline": "url-counts", "source_stream": "s"})
     assert created.status_code == 400 and "lower-case letters" in created.content.decode()
     assert not Job.objects.filter(name__contains="/").exists()
+
+
+def test_forms_need_their_csrf_token(make_job, django_user_model):
+    from django.test import Client
+
+    make_job(name="orders")
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(grant(django_user_model.objects.create_user("op", password="x"), "operator"))
+    assert browser.post("/jobs/orders/start").status_code == 403
+    assert not Run.objects.exists()
+
+
+def test_a_server_error_shows_no_stack_trace(make_job, django_user_model, monkeypatch):
+    from django.test import Client
+
+    from dashboard import views
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(views.selectors, "job_list", broken)
+    browser = Client(raise_request_exception=False)
+    browser.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    response = browser.get("/")
+    body = response.content.decode()
+    assert response.status_code == 500 and "Something went wrong" in body
+    assert "Traceback" not in body and "secret internals" not in body
