@@ -104,12 +104,14 @@ def timed(client: Client, url: str, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def history_scale(rows: int, repeat: int) -> list[tuple[str, float, float]]:
+def history_scale(rows: int, repeat: int, keep: bool) -> list[tuple[str, float, float]]:
     setup_test_environment()
-    Job.objects.filter(name__startswith="bench-").delete()
-    small = Job.objects.create(name="bench-small", pipeline="url-counts", source_stream="bench:small")
-    big = Job.objects.create(name="bench-big", pipeline="url-counts", source_stream="bench:big")
-    try:
+    big = Job.objects.filter(name="bench-big").first()
+    reuse = keep and big is not None and Checkpoint.objects.filter(job=big).count() == rows
+    if not reuse:
+        Job.objects.filter(name__startswith="bench-").delete()
+        small = Job.objects.create(name="bench-small", pipeline="url-counts", source_stream="bench:small")
+        big = Job.objects.create(name="bench-big", pipeline="url-counts", source_stream="bench:big")
         print(f"filling {rows:,} rows …", flush=True)
         fill(small, 1000)
         took = fill(big, rows)
@@ -119,6 +121,11 @@ def history_scale(rows: int, repeat: int) -> list[tuple[str, float, float]]:
         job_rollup(small, later)
         job_rollup(big, later)
         print(f"  rolled up in {time.perf_counter() - started:.0f} s", flush=True)
+    else:
+        print("reusing the bench-* jobs kept by --keep", flush=True)
+    small = Job.objects.get(name="bench-small")
+    assert big is not None
+    try:
         user, _ = get_user_model().objects.get_or_create(username="bench-viewer")
         client = Client()
         client.force_login(user)
@@ -137,7 +144,8 @@ def history_scale(rows: int, repeat: int) -> list[tuple[str, float, float]]:
             results.append((label, times[0], times[1]))
         return results
     finally:
-        Job.objects.filter(name__startswith="bench-").delete()
+        if not keep:
+            Job.objects.filter(name__startswith="bench-").delete()
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen:
@@ -218,10 +226,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--latency-seconds", type=int, default=60)
     parser.add_argument("--only", choices=["scale", "latency"], help="run one of the two parts")
+    parser.add_argument("--keep", action="store_true", help="keep the bench-* jobs and their rows for the next run")
     args = parser.parse_args()
     try:
         if args.only != "latency":
-            scale = history_scale(args.rows, args.repeat)
+            scale = history_scale(args.rows, args.repeat, args.keep)
             print()
             print(f"| measure (median of {args.repeat}) | 1,000 rows | {args.rows:,} rows | ratio | target |")
             print("|---|---:|---:|---:|---|")

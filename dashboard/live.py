@@ -296,12 +296,14 @@ def partition_view(job: Job) -> PartitionView:
     """Per state partition: bytes on disk, bytes added per batch, and commit time (when the partition's state version
     file was written, after the batch started) over the last batches; stragglers are partitions whose median commit
     time is above max(p95, 1.5 x median) of all partitions' medians."""
-    recent = list(
-        Checkpoint.objects.filter(job=job, location=job.checkpoint_dir)
-        .exclude(partitions=[])
-        .order_by("-committed_at", "-id")
-        .values_list("partitions", flat=True)[:PARTITION_WINDOW]
-    )
+    # the newest checkpoints by the (job, committed_at) index, then those of this fork that measured partitions:
+    # filtering in SQL first would scan the whole history of a job whose pipeline has no state
+    newest = Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")
+    recent = [
+        parts
+        for location, parts in newest.values_list("location", "partitions")[: PARTITION_WINDOW * 2]
+        if parts and location == job.checkpoint_dir
+    ][:PARTITION_WINDOW]
     if not recent:
         return PartitionView([], 0, None, None, 0)
     commits: dict[tuple[int, int], list[int]] = {}

@@ -103,8 +103,9 @@ def checkpoint_history(*, job: Job, before: int | str | None, per_page: int = 25
         with contextlib.suppress(ValueError, TypeError):
             anchor = Checkpoint.objects.filter(job=job, id=int(before)).values("committed_at", "id").first()
     if anchor:
-        queryset = queryset.filter(
-            Q(committed_at__lt=anchor["committed_at"]) | Q(committed_at=anchor["committed_at"], id__lt=anchor["id"])
+        # (committed_at, id) < anchor, written so the (job, committed_at, id) index bounds the scan
+        queryset = queryset.filter(committed_at__lte=anchor["committed_at"]).filter(
+            Q(committed_at__lt=anchor["committed_at"]) | Q(id__lt=anchor["id"])
         )
     rows = list(queryset[: per_page + 1])
     older = rows[per_page - 1].id if len(rows) > per_page else None
