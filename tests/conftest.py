@@ -151,12 +151,14 @@ class DriverThread:
 
 
 def read_through(job: Any, redis: Any, count: int) -> bool:
-    """True once the job's checkpoints have read the first ``count`` stream entries (ingesting what is buffered)."""
-    from dashboard.models import Checkpoint
+    """True once the job's checkpoints, in the directory it runs on now, have read the first ``count`` stream entries
+    (ingesting what is buffered). Only that directory: after a restore, the old one's batches read as far already."""
+    from dashboard.models import Checkpoint, Job
     from dashboard.services.checkpoints import progress_stream_ingest
 
     progress_stream_ingest(client=redis)
-    latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
+    fork = Job.objects.values_list("checkpoint_dir", flat=True).get(id=job.id)
+    latest = Checkpoint.objects.filter(job=job, location=fork).order_by("-batch_id").first()
     return latest is not None and latest.end_offset["n"] >= count
 
 
