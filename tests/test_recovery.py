@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dashboard.models import Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
+from dashboard.models import AuditEntry, Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
 from dashboard.services.recovery import recoveries_supervise, restart_delay
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +32,8 @@ def test_a_lost_driver_is_restarted_after_the_delay_and_its_downtime_recorded(ma
     recoveries_supervise()
     recovery.refresh_from_db()
     assert recovery.restart_run.status == RunStatus.PENDING
+    audited = AuditEntry.objects.get(verb="restart")
+    assert (audited.origin, audited.job, audited.target) == ("supervisor", job.name, f"run #{recovery.restart_run_id}")
 
     committed = recovery.failed_at + timedelta(seconds=12)
     Checkpoint.objects.create(job=job, run=recovery.restart_run, batch_id=7, committed_at=committed, duration_ms=5)

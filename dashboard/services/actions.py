@@ -49,6 +49,13 @@ def action_request(
                 )
             action = Action.objects.create(job=job, kind=kind, params=params or {}, requested_by=user, origin=origin)
             transaction.on_commit(lambda: run_action.delay(action.id))
+            if origin not in ("user", "api"):  # requests from people are audited where they arrive, with the address
+                from dashboard.services.audit import audit_record
+
+                audit_record(
+                    None, verb=kind, job=job.name, target=f"action #{action.id}", params=params, outcome="requested",
+                    origin=origin,
+                )  # fmt: skip
     except IntegrityError:
         raise ActionRefused(f"{job.name} already has an action in flight: one action at a time per job.") from None
     return action

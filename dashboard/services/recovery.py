@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.models import Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
+from dashboard.services.audit import audit_record
 from dashboard.services.runs import ActionRefused, job_request_start
 from workers.spark.checkpoint_files import committed_batches
 
@@ -104,6 +105,15 @@ def recoveries_supervise() -> list[str]:
             notes.append(f"{job.name}: {exc}")
         Recovery.objects.filter(id=recovery.id).update(restart_run=restart)
         notes.append(f"{job.name}: restarted as run {restart and restart.id}")
+        audit_record(
+            None,
+            verb="restart",
+            job=job.name,
+            target=f"run #{restart and restart.id}",
+            params={"attempt": recovery.attempt, "cause": recovery.cause[:300]},
+            outcome="requested",
+            origin="supervisor",
+        )
     for recovery in Recovery.objects.filter(recovered_at=None, restart_run__isnull=False):
         first = Checkpoint.objects.filter(run=recovery.restart_run).order_by("batch_id").first()
         if first is not None:

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Job, StateBackend
+from dashboard.services.audit import audit_record
 from dashboard.services.runs import job_request_start
 
 DEMO_JOBS = [
@@ -42,3 +43,6 @@ class Command(BaseCommand):
             if not opts["no_start"] and not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
                 run = job_request_start(job=job)
                 self.stdout.write(f"  start requested: run #{run.id}")
+                audit_record(
+                    None, verb="start", job=job.name, target=f"run #{run.id}", outcome="requested", origin="demo"
+                )
