@@ -47,16 +47,9 @@ from django.utils import timezone  # noqa: E402
 from dashboard.models import Checkpoint, Job  # noqa: E402
 from dashboard.services.rollups import job_rollup  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
+from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH  # noqa: E402
 from workers.pipelines import get as get_pipeline  # noqa: E402
 from workers.polling import wait_for  # noqa: E402
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def fill(job: Job, rows: int) -> float:
@@ -196,7 +189,7 @@ def latency(seconds: int) -> list[float]:
         job_request_start(job=job)
         wait_for(lambda: job.checkpoints.exists(), 180, 0.5, "the first batch")
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            browser = p.chromium.launch(executable_path=CHROMIUM_PATH, args=CHROMIUM_ARGS)
             page = browser.new_page()
             base = f"http://127.0.0.1:{port}"
             page.goto(f"{base}/login/?next=/jobs/bench-live/")

@@ -20,6 +20,7 @@ import redis as redis_lib
 from django.conf import settings
 from django.db import connection
 
+from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH
 from workers.pipelines import get as get_pipeline
 from workers.polling import wait_for
 
@@ -322,15 +323,6 @@ def grant(user: Any, role: str) -> Any:
     return user
 
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
 @pytest.fixture
 def browser_login(django_user_model: Any, monkeypatch: Any) -> Iterator[Callable[[str, str], Any]]:
     """Debian's chromium, logged in to the console at a base URL as a new user; call it once per test."""
@@ -338,7 +330,7 @@ def browser_login(django_user_model: Any, monkeypatch: Any) -> Iterator[Callable
     # Playwright's sync API runs an event loop on this thread; the test's own ORM calls are still synchronous.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM_PATH, args=CHROMIUM_ARGS)
 
         def login(base_url: str, username: str, role: str = "operator") -> Any:
             grant(django_user_model.objects.create_user(username, password="pw-for-tests"), role)

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 
-def state_counts(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
-    operators = []
+def _readers(spark: Any, path: str, batch: int) -> Iterator[tuple[Any, str, Any]]:
+    """For each stateful operator in the checkpoint's metadata and each of its state variables: the operator's
+    metadata row, the state's name, and Spark's state reader on it at the batch."""
     for row in spark.read.format("state-metadata").load(path).collect():
         props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        names = [var["stateName"] for var in props.get("stateVariables", [])] or [None]
-        counts = {}
-        for name in names:
+        for name in [var["stateName"] for var in props.get("stateVariables", [])] or [None]:
             reader = (
                 spark.read.format("statestore")
                 .option("batchId", str(batch))
@@ -29,36 +29,39 @@ def state_counts(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
             )
             if name is not None:
                 reader = reader.option("stateVarName", name)
-            counts[name or row["stateStoreName"]] = reader.load(path).count()
-        operators.append(
-            {"id": row["operatorId"], "name": row["operatorName"], "partitions": row["numPartitions"], "rows": counts}
+            yield row, name or row["stateStoreName"], reader.load(path)
+
+
+def state_counts(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
+    operators: dict[int, dict[str, Any]] = {}
+    for row, name, state in _readers(spark, path, batch):
+        entry = operators.setdefault(
+            row["operatorId"],
+            {"id": row["operatorId"], "name": row["operatorName"], "partitions": row["numPartitions"], "rows": {}},
         )
+        entry["rows"][name] = state.count()
     if not operators:
         raise ValueError("no stateful operator in the checkpoint's metadata")
-    return operators
+    return list(operators.values())
 
 
 def partition_rows(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
     """State rows per partition of each operator at a committed batch (all state variables of an operator summed)."""
-    operators = []
-    for row in spark.read.format("state-metadata").load(path).collect():
-        props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        names = [var["stateName"] for var in props.get("stateVariables", [])] or [None]
-        rows: dict[int, int] = dict.fromkeys(range(row["numPartitions"]), 0)
-        for name in names:
-            reader = (
-                spark.read.format("statestore")
-                .option("batchId", str(batch))
-                .option("operatorId", str(row["operatorId"]))
-            )
-            if name is not None:
-                reader = reader.option("stateVarName", name)
-            for counted in reader.load(path).groupBy("partition_id").count().collect():
-                rows[counted["partition_id"]] = rows.get(counted["partition_id"], 0) + counted["count"]
-        operators.append({"id": row["operatorId"], "name": row["operatorName"], "rows": rows})
+    operators: dict[int, dict[str, Any]] = {}
+    for row, _, state in _readers(spark, path, batch):
+        entry = operators.setdefault(
+            row["operatorId"],
+            {
+                "id": row["operatorId"],
+                "name": row["operatorName"],
+                "rows": dict.fromkeys(range(row["numPartitions"]), 0),
+            },
+        )
+        for counted in state.groupBy("partition_id").count().collect():
+            entry["rows"][counted["partition_id"]] = entry["rows"].get(counted["partition_id"], 0) + counted["count"]
     if not operators:
         raise ValueError("no stateful operator in the checkpoint's metadata")
-    return operators
+    return list(operators.values())
 
 
 def describe(exc: Exception) -> str:

@@ -15,30 +15,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from dashboard import live
 from dashboard.models import Checkpoint, CheckpointRollup, Job
 
 SETTLE_SECONDS = 5
-RAW_FIELDS = (
-    "batch_id",
-    "committed_at",
-    "location",
-    "input_rows",
-    "duration_ms",
-    "wal_commit_ms",
-    "add_batch_ms",
-    "commit_offsets_ms",
-    "query_planning_ms",
-    "latest_offset_ms",
-    "state_commit_ms",
-    "input_rate",
-    "processed_rate",
-    "lag_records",
-    "end_offset",
-    "state_rows_total",
-    "state_memory_bytes",
-    "checkpointed_bytes",
-    "full_size_bytes",
-)
+RAW_FIELDS = tuple(f for f in live.FIELDS if f != "state_operators")  # what a chart point is made of
 AVERAGED = (
     "duration_ms_avg",
     "wal_commit_ms_avg",
