@@ -49,6 +49,7 @@ def test_reads_list_jobs_runs_and_checkpoints_page_by_page(client, token, make_j
     while True:
         page = call(client, "GET", f"/api/v1/jobs/orders/checkpoints?limit=3{before}", viewer).json()
         seen += [c["batch_id"] for c in page["checkpoints"]]
+        assert ("summary" in page) == (not before), "the first page carries the summary"
         if not page["next_before"]:
             break
         before = f"&before={page['next_before']}"

@@ -159,7 +159,12 @@ def schema() -> dict[str, Any]:
         return {"type": "object", "properties": {key: {"type": "array", "items": _ref(item)}}}
 
     checkpoints = list_of("checkpoints", "Checkpoint")
-    checkpoints["properties"] = {**checkpoints["properties"], "next_before": {"type": "integer", "nullable": True}}
+    summary = {"type": "object", "properties": {"checkpoints": {"type": "integer"}, "rows": {"type": "array"}}}
+    checkpoints["properties"] = {
+        **checkpoints["properties"],
+        "next_before": {"type": "integer", "nullable": True},
+        "summary": summary,
+    }
     before = {"name": "before", "in": "query", "schema": {"type": "integer", "minimum": 1}}
     action_id = {"name": "action_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
     paths = {

@@ -183,10 +183,13 @@ def jobs(request: HttpRequest) -> Any:
 @endpoint(("GET",), VIEWER)
 def job(request: HttpRequest, name: str) -> Any:
     found = _job(name)
-    count, summary = selectors.checkpoint_summary(job=found)
-    return job_json(found) | {
-        "summary": {"checkpoints": count, "rows": [{"measure": r.label, "unit": r.unit, **r.values} for r in summary]}
-    }
+    return job_json(found) | {"summary": _summary(found)}
+
+
+def _summary(job: Job) -> dict[str, Any]:
+    """Min, avg, p50, p90, p99 and max of each checkpoint measure over the last checkpoints."""
+    count, rows = selectors.checkpoint_summary(job=job)
+    return {"checkpoints": count, "rows": [{"measure": r.label, "unit": r.unit, **r.values} for r in rows]}
 
 
 @endpoint(("GET",), VIEWER)
@@ -203,7 +206,10 @@ def checkpoints(request: HttpRequest, name: str) -> Any:
     page = selectors.checkpoint_history(job=found, before=before, per_page=limit)
     if before is not None and page.newest:
         raise ApiError(404, f"No checkpoint {before} in {name}.")
-    return {"checkpoints": [checkpoint_json(c) for c in page.rows], "next_before": page.older}
+    body: dict[str, Any] = {"checkpoints": [checkpoint_json(c) for c in page.rows], "next_before": page.older}
+    if before is None:  # the first page carries the summary of the last checkpoints, as the console's page does
+        body["summary"] = _summary(found)
+    return body
 
 
 @endpoint(("GET",), VIEWER)
