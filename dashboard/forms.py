@@ -28,6 +28,11 @@ class JobForm(forms.ModelForm):
             "parallelism",
             "batches_retained",
             "max_records_per_batch",
+            "memory_budget_mb",
+            "disk_budget_gb",
+            "autoscale_mode",
+            "autoscale_max_per_day",
+            "autoscale_window_minutes",
         ]
         labels = {"trigger_interval_seconds": "Trigger interval (seconds)"}
 

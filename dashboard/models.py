@@ -22,6 +22,12 @@ class StateBackend(models.TextChoices):
     ROCKSDB_INCREMENTAL = "rocksdb-incremental", "RocksDB, incremental (changelog checkpointing)"
 
 
+class AutoscaleMode(models.TextChoices):
+    OFF = "off", "Off"
+    RECOMMEND = "recommend", "Recommend (show only)"
+    APPLY = "apply", "Apply (rescale automatically)"
+
+
 class RestartStrategy(models.TextChoices):
     NONE = "none", "No automatic restart"
     FIXED = "fixed-delay", "Fixed delay"
@@ -85,6 +91,21 @@ class Job(models.Model):
     failed_reason = models.TextField(blank=True, help_text="set when the restart strategy gave up; cleared by a start")
     rolled_up_to = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="checkpoints recorded up to here are in the roll-ups"
+    )
+    memory_budget_mb = models.PositiveIntegerField(
+        default=1024, validators=[MinValueValidator(1)], help_text="state memory the executors can give this job"
+    )
+    disk_budget_gb = models.PositiveIntegerField(
+        default=50, validators=[MinValueValidator(1)], help_text="disk for this job's checkpoint and savepoints"
+    )
+    autoscale_mode = models.CharField(max_length=12, choices=AutoscaleMode.choices, default=AutoscaleMode.RECOMMEND)
+    autoscale_max_per_day = models.PositiveIntegerField(
+        default=2, validators=[MaxValueValidator(24)], help_text="automatic rescales allowed in 24 hours"
+    )
+    autoscale_window_minutes = models.PositiveIntegerField(
+        default=15,
+        validators=[MinValueValidator(5), MaxValueValidator(24 * 60)],
+        help_text="a recommendation must hold this long (and no rescale happened in it) before it is applied",
     )
 
     class Meta:
@@ -324,6 +345,9 @@ class Savepoint(models.Model):
     disposed_at = models.DateTimeField(null=True, blank=True)
     manifest = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
+    drilled_at = models.DateTimeField(null=True, blank=True, help_text="the last restore drill")
+    drill_ok = models.BooleanField(null=True, blank=True)
+    drill_message = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-id"]

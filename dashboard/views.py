@@ -18,9 +18,10 @@ from django.views.decorators.http import require_POST
 from dashboard import live, selectors
 from dashboard.access import ADMIN, OPERATOR, requires
 from dashboard.forms import JobForm, RescaleForm
-from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, Job, SavepointStatus
+from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, AutoscaleMode, Job, SavepointStatus
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
+from dashboard.services.autoscale import window_advice
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
@@ -61,6 +62,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "old_checkpoints": old_checkpoints(job),
         "retention_hours": settings.CHECKPOINT_RAW_RETENTION_HOURS,
         "partitions": live.partition_view(job),
+        "autoscale": window_advice(job) if job.autoscale_mode != AutoscaleMode.OFF else None,
     }
     return render(request, "dashboard/job_detail.html", context)
 
@@ -393,3 +395,34 @@ def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         "query": urlencode({k: v for k, v in request.GET.items() if k in ("job", "user", "since", "until") and v}),
     }
     return render(request, "dashboard/audit_list.html", context, status=400 if bad else 200)
+
+
+@login_required
+def capacity(request: HttpRequest) -> HttpResponse:
+    """The weekly capacity review: ?end=YYYY-MM-DD (the week before that day; default the last 7 days),
+    ?format=csv for the table, ?print=1 for the printable view."""
+    import csv
+    import io
+
+    from django.utils.dateparse import parse_date
+
+    from dashboard.services.capacity import csv_rows, week_review
+
+    end_text = request.GET.get("end", "")
+    end = None
+    if end_text:
+        day = parse_date(end_text) if len(end_text) == 10 else None
+        if day is None:
+            messages.error(request, f"Not a date: {end_text[:40]!r}. Use YYYY-MM-DD; showing the last 7 days.")
+        else:
+            end = timezone.make_aware(datetime(day.year, day.month, day.day))
+    review = week_review(end)
+    if request.GET.get("format") == "csv":
+        out = io.StringIO()
+        csv.writer(out).writerows(csv_rows(review))
+        response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="capacity-{review.end:%Y-%m-%d}.csv"'
+        return response
+    charts = {r.job.name: r.series | {"trigger_ms": r.job.trigger_interval_seconds * 1000} for r in review.jobs}
+    context = {"review": review, "charts": charts, "printable": request.GET.get("print") == "1", "end": end_text}
+    return render(request, "dashboard/capacity.html", context)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -126,6 +127,9 @@ CELERY_BEAT_SCHEDULE = {
     "periodic-savepoints": {"task": "workers.tasks.periodic_savepoints", "schedule": 60.0},
     "rollup-checkpoints": {"task": "workers.tasks.rollup_checkpoints", "schedule": 30.0},
     "evaluate-alerts": {"task": "workers.tasks.evaluate_alerts", "schedule": 5.0},
+    "autoscale": {"task": "workers.tasks.autoscale", "schedule": 60.0},
+    "capacity-report": {"task": "workers.tasks.capacity_report", "schedule": crontab(hour=7, minute=0, day_of_week=1)},
+    "restore-drills": {"task": "workers.tasks.restore_drills", "schedule": crontab(hour=3, minute=30)},
 }
 
 # Where every job's checkpoint lives: <root>/<job name>/checkpoint. Users name jobs, never paths.
@@ -156,6 +160,7 @@ ALERT_EMAILS = [a for a in env_str("STATEKEEPER_ALERT_EMAILS", "").split(",") if
 ALERT_CHECKPOINT_STALL_TRIGGERS = env_int("STATEKEEPER_ALERT_STALL_TRIGGERS", 10)  # no commit for N x trigger
 ALERT_RESTART_LOOP_COUNT = env_int("STATEKEEPER_ALERT_RESTARTS", 3)  # restarts within the job's failure window
 ALERT_RESOLVE_AFTER_SECONDS = env_int("STATEKEEPER_ALERT_RESOLVE_AFTER", 20)  # clear this long before all-clear
+CAPACITY_EMAILS = [a for a in env_str("STATEKEEPER_CAPACITY_EMAILS", "").split(",") if a]  # weekly review
 CONSOLE_URL = env_str("STATEKEEPER_CONSOLE_URL", "http://127.0.0.1:8000")
 DEFAULT_FROM_EMAIL = env_str("STATEKEEPER_FROM_EMAIL", "statekeeper@localhost")
 EMAIL_BACKEND = env_str("STATEKEEPER_EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")

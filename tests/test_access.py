@@ -131,7 +131,8 @@ def test_actions_and_changes_are_in_the_audit_trail_with_who_where_and_what(as_r
                   "state_partitions", "parallelism", "batches_retained", "max_records_per_batch",
                   "savepoint_interval_minutes", "savepoints_max_count", "savepoints_max_age_hours",
                   "restart_strategy", "restart_delay_seconds", "restart_max_delay_seconds", "failure_rate_max",
-                  "failure_rate_window_minutes")
+                  "failure_rate_window_minutes", "memory_budget_mb", "disk_budget_gb", "autoscale_mode",
+                  "autoscale_max_per_day", "autoscale_window_minutes")
     }  # fmt: skip
     assert admin.post("/jobs/orders/edit", {**form, "max_records_per_batch": 777}).status_code == 302
 

@@ -19,6 +19,11 @@ VALID = {
     "parallelism": "2",
     "batches_retained": "100",
     "max_records_per_batch": "5000",
+    "memory_budget_mb": "1024",
+    "disk_budget_gb": "50",
+    "autoscale_mode": "recommend",
+    "autoscale_max_per_day": "2",
+    "autoscale_window_minutes": "15",
 }
 
 

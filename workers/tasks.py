@@ -10,7 +10,9 @@ from django.db import OperationalError
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.actions import action_execute, actions_abandoned
 from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate, incidents_publish
+from dashboard.services.autoscale import autoscale_run
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
+from dashboard.services.drills import drills_run
 from dashboard.services.recovery import recoveries_supervise
 from dashboard.services.rollups import rollups_run
 from dashboard.services.runs import run_launch, runs_supervise
@@ -82,3 +84,30 @@ def evaluate_alerts() -> dict[str, int]:
 @shared_task(time_limit=60, autoretry_for=(DeliveryFailed,), retry_backoff=5, retry_backoff_max=300, max_retries=8)
 def deliver_alert(alert_id: int, event: str) -> int:
     return len(alert_deliver(alert_id, event))
+
+
+@shared_task(time_limit=120)
+def autoscale() -> list[str]:
+    return autoscale_run()
+
+
+@shared_task(time_limit=600)
+def capacity_report() -> str:
+    """The weekly review, e-mailed to STATEKEEPER_CAPACITY_EMAILS (or the alert addresses)."""
+    from django.core.mail import send_mail
+
+    from dashboard.services.capacity import summary_text, week_review
+
+    recipients = settings.CAPACITY_EMAILS or settings.ALERT_EMAILS
+    if not recipients:
+        return "no recipients configured"
+    review = week_review()
+    url = settings.CONSOLE_URL.rstrip("/") + f"/capacity/?end={review.end:%Y-%m-%d}"
+    subject = f"[Statekeeper] Capacity review, week to {review.end:%Y-%m-%d}: {review.totals['recommendations']} recommendations"
+    send_mail(subject, summary_text(review, url), settings.DEFAULT_FROM_EMAIL, recipients)
+    return f"sent to {', '.join(recipients)}"
+
+
+@shared_task(time_limit=3600)
+def restore_drills() -> list[str]:
+    return drills_run()

@@ -82,3 +82,16 @@ def make_list_words(value: str) -> list[str]:
 def partition_json(rows: list[Any]) -> list[dict[str, Any]]:
     """The partition rows as plain data for the chart."""
     return [dict(vars(r)) for r in rows]
+
+
+@register.filter
+def duration_h(seconds: float | int | None) -> str:
+    """Seconds as 0s, 42s, 3m 20s, 2h 5m."""
+    if seconds is None:
+        return "–"
+    total = int(seconds)
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m {total % 60}s"
+    return f"{total // 3600}h {total % 3600 // 60}m"
