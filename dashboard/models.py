@@ -275,6 +275,7 @@ class ActionKind(models.TextChoices):
     DISPOSE_SAVEPOINT = "dispose-savepoint", "Dispose savepoint"
     DISCARD_CHECKPOINT = "discard-checkpoint", "Discard old checkpoint directory"
     COUNT_PARTITION_ROWS = "count-partition-rows", "Count state rows per partition"
+    CLEAN_ORPHANS = "clean-orphans", "Remove orphaned files"
 
 
 class ActionStatus(models.TextChoices):

@@ -426,3 +426,32 @@ def capacity(request: HttpRequest) -> HttpResponse:
     charts = {r.job.name: r.series | {"trigger_ms": r.job.trigger_interval_seconds * 1000} for r in review.jobs}
     context = {"review": review, "charts": charts, "printable": request.GET.get("print") == "1", "end": end_text}
     return render(request, "dashboard/capacity.html", context)
+
+
+@login_required
+def job_storage(request: HttpRequest, name: str) -> HttpResponse:
+    """Bytes on disk by category (adding up to du), what retention settings would reclaim, and orphans to clean up:
+    the clean-up is a POST of the orphans the operator ticked, run as an action."""
+    from dashboard.access import refusal
+    from dashboard.services.storage import job_storage as storage_of
+
+    job = get_object_or_404(Job, name=name)
+    storage = storage_of(job)
+    if request.method == "POST":
+        if reason := refusal(request.user, OPERATOR):
+            from dashboard.access import forbidden
+
+            return forbidden(request, reason)
+        chosen = [n for n in request.POST.getlist("orphan") if n in {e.name for e in storage.orphans}]
+        if not chosen:
+            messages.error(request, "Tick the orphans to remove; nothing was deleted.")
+            return redirect("dashboard:job_storage", name=job.name)
+        return _request(request, job, ActionKind.CLEAN_ORPHANS, {"orphans": chosen})
+    retention = [
+        (n, storage.retention_reclaims(n)) for n in sorted({job.batches_retained, 50, 20, 10, 5}, reverse=True)
+    ]
+    savepoint_keep = [
+        (n, storage.savepoint_reclaims(n)) for n in sorted({job.savepoints_max_count, 5, 3, 1}, reverse=True)
+    ]
+    context = {"job": job, "storage": storage, "retention": retention, "savepoint_keep": savepoint_keep}
+    return render(request, "dashboard/storage.html", context)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from dashboard.services.actions import action_execute, action_request
 from dashboard.services.drills import drills_run
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import ActionRefused
+from dashboard.services.storage import job_storage
 from tests.conftest import run_through, send_events, wait_for
 from workers.spark.checkpoint_files import committed_batches, verify_files
 
@@ -62,6 +64,21 @@ def test_a_savepoint_of_a_running_job_is_verified_and_self_contained(make_job, s
     drills_run()
     savepoint.refresh_from_db()
     assert savepoint.drill_ok is False and "differ from the manifest" in savepoint.drill_message
+
+    # storage accounting: every byte in one category, adding up to du; orphans removed only when confirmed
+    (job.directory / "stray.tmp").write_bytes(b"x" * 1234)
+    (job.savepoint_root / "sp-999-batch-0").mkdir()
+    (job.savepoint_root / "sp-999-batch-0" / "part").write_bytes(b"y" * 4321)
+    storage = job_storage(job)
+    du = int(subprocess.run(["du", "-sb", str(job.directory)], capture_output=True, text=True).stdout.split()[0])
+    folders = sum(p.stat().st_size for p in [job.directory, *job.directory.rglob("*")] if p.is_dir())
+    assert storage.total == du - folders, "du -sb also counts each directory's own entry; the files add up exactly"
+    assert [(e.name, e.size) for e in storage.orphans] == [("savepoints/sp-999-batch-0", 4321), ("stray.tmp", 1234)]
+    assert [e.name for e in storage.savepoints] == [f"savepoints/{Path(savepoint.path).name}"]
+    assert storage.retention_reclaims(1) == storage.retained_bytes > 0
+    cleaned = execute(job, ActionKind.CLEAN_ORPHANS, orphans=["stray.tmp", f"savepoints/{Path(savepoint.path).name}"])
+    assert "Removed 1 orphan(s), 1234 bytes" in cleaned.outcome and "Left alone" in cleaned.outcome
+    assert Path(savepoint.path).is_dir() and (job.savepoint_root / "sp-999-batch-0").is_dir()
 
 
 def test_restore_from_a_savepoint_replays_to_exactly_the_events_sent(make_job, start_driver, redis, stream_name):

@@ -68,7 +68,7 @@ def action_progress(action: Action, text: str) -> None:
 
 def action_execute(*, action_id: int) -> Action:
     """Run a pending action to its end. A second call (a redelivered task) finds it no longer pending and returns."""
-    from dashboard.services import forks, partitions, rescale, savepoints
+    from dashboard.services import forks, partitions, rescale, savepoints, storage
 
     claimed = Action.objects.filter(id=action_id, status=ActionStatus.PENDING).update(
         status=ActionStatus.RUNNING, started_at=timezone.now()
@@ -85,6 +85,7 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.ROLLBACK: forks.rollback_action,
         ActionKind.RESCALE: rescale.rescale_action,
         ActionKind.COUNT_PARTITION_ROWS: partitions.count_rows_action,
+        ActionKind.CLEAN_ORPHANS: storage.clean_orphans_action,
     }
     try:
         outcome = handlers[action.kind](action)
