@@ -212,3 +212,18 @@ def test_a_server_error_shows_no_stack_trace(make_job, django_user_model, monkey
     body = response.content.decode()
     assert response.status_code == 500 and "Something went wrong" in body
     assert "Traceback" not in body and "secret internals" not in body
+
+
+def test_the_storage_page_lists_orphans_and_only_an_operator_removes_them(as_role, make_job):
+    job = make_job(name="orders")
+    job.directory.mkdir(parents=True)
+    (job.directory / "stray.tmp").write_bytes(b"x" * 10)
+    viewer = as_role("viewer")
+    page = viewer.get("/jobs/orders/storage").content.decode()
+    assert "stray.tmp" in page and 'id="storage-total">10<' in page
+    assert viewer.post("/jobs/orders/storage", {"orphan": "stray.tmp"}).status_code == 403
+    operator = as_role("operator")
+    assert operator.post("/jobs/orders/storage", {"orphan": "../../etc"}).status_code == 302
+    assert not job.actions.exists(), "a name that is not a listed orphan is not even requested"
+    operator.post("/jobs/orders/storage", {"orphan": "stray.tmp"})
+    assert job.actions.get().params == {"orphans": ["stray.tmp"]}
