@@ -108,3 +108,45 @@ class ThrottledLoginForm(AuthenticationForm):
                 code="throttled",
             )
         return super().clean()
+
+
+class InspectForm(forms.Form):
+    """What to inspect: where (a retained batch or a verified savepoint), and what."""
+
+    MODES = [
+        ("variables", "Operators, state variables and partitions"),
+        ("keys", "Page through keys"),
+        ("lookup", "Keys whose JSON contains a text"),
+        ("diff", "What changed between two batches"),
+        ("raw", "Raw RocksDB statistics (rocksdict)"),
+    ]
+    mode = forms.ChoiceField(choices=MODES)
+    savepoint = forms.TypedChoiceField(coerce=int, required=False, empty_value=None, label="Verified savepoint")
+    batch = forms.IntegerField(required=False, min_value=0, help_text="a retained batch; empty: the newest")
+    from_batch = forms.IntegerField(required=False, min_value=0, help_text="for a diff: the earlier batch")
+    operator = forms.IntegerField(required=False, min_value=0, initial=0)
+    variable = forms.CharField(required=False, max_length=100, help_text="a transformWithState variable name")
+    text = forms.CharField(required=False, max_length=200, help_text="for a lookup, e.g. o1042")
+    offset = forms.IntegerField(required=False, min_value=0, initial=0)
+    limit = forms.IntegerField(required=False, min_value=1, max_value=500, initial=50)
+
+    def __init__(self, data: Any = None, *, job: Job) -> None:
+        super().__init__(data)
+        self.job = job
+        verified = job.savepoints.filter(status="verified").order_by("-id")
+        self.fields["savepoint"].choices = [  # type: ignore[attr-defined]  # a TypedChoiceField("", "— the live checkpoint (a scratch copy) —")] + [
+            (sp.id, f"#{sp.id} at batch {sp.batch_id}, {sp.created_at:%Y-%m-%d %H:%M}") for sp in verified
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("mode") == "diff" and data.get("from_batch") is None:
+            self.add_error("from_batch", "A diff needs the earlier batch.")
+        if data.get("mode") == "lookup" and not data.get("text"):
+            self.add_error("text", "Give the text to look for in the keys.")
+        if data.get("batch") is not None and data.get("from_batch") is not None and data["from_batch"] >= data["batch"]:
+            self.add_error("from_batch", "The earlier batch must be before the batch.")
+        return data
+
+    def spec(self) -> dict[str, Any]:
+        return {k: v for k, v in self.cleaned_data.items() if v not in (None, "")}

@@ -276,6 +276,7 @@ class ActionKind(models.TextChoices):
     DISCARD_CHECKPOINT = "discard-checkpoint", "Discard old checkpoint directory"
     COUNT_PARTITION_ROWS = "count-partition-rows", "Count state rows per partition"
     CLEAN_ORPHANS = "clean-orphans", "Remove orphaned files"
+    INSPECT_STATE = "inspect-state", "Inspect state"
 
 
 class ActionStatus(models.TextChoices):

@@ -21,6 +21,7 @@ urlpatterns = [
     path("jobs/<str:name>/rollback", views.job_rollback, name="job_rollback"),
     path("jobs/<str:name>/rescale", views.job_rescale, name="job_rescale"),
     path("jobs/<str:name>/storage", views.job_storage, name="job_storage"),
+    path("jobs/<str:name>/inspect", views.job_inspect, name="job_inspect"),
     path("jobs/<str:name>/count-partition-rows", views.job_count_rows, name="job_count_rows"),
     path("jobs/<str:name>/series.json", views.job_series, name="job_series"),
     path("jobs/<str:name>/live", views.job_live, name="job_live"),

@@ -137,6 +137,10 @@ def job_stop(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _request(request: HttpRequest, job: Job, kind: str, params: dict | None = None) -> HttpResponse:
+    return _request_to(request, job, kind, params, "dashboard:job_detail")
+
+
+def _request_to(request: HttpRequest, job: Job, kind: str, params: dict | None, back: str) -> HttpResponse:
     try:
         action = action_request(job=job, kind=kind, params=params, requested_by=request.user)
         messages.success(request, f"{action.get_kind_display()} #{action.id} requested.")
@@ -146,7 +150,7 @@ def _request(request: HttpRequest, job: Job, kind: str, params: dict | None = No
     except ActionRefused as exc:
         messages.error(request, str(exc))
         audit_record(request, verb=kind, job=job.name, params=params, outcome="refused", message=str(exc))
-    return redirect("dashboard:job_detail", name=job.name)
+    return redirect(back, name=job.name)
 
 
 @require_POST
@@ -455,3 +459,34 @@ def job_storage(request: HttpRequest, name: str) -> HttpResponse:
     ]
     context = {"job": job, "storage": storage, "retention": retention, "savepoint_keep": savepoint_keep}
     return render(request, "dashboard/storage.html", context)
+
+
+@login_required
+def job_inspect(request: HttpRequest, name: str) -> HttpResponse:
+    """The state inspector: a form that requests an inspection (an action, operator role), and the answers of the
+    recent ones; ?action=<id> shows one."""
+    from dashboard.access import forbidden, refusal
+    from dashboard.forms import InspectForm
+    from workers.spark.checkpoint_files import committed_batches
+
+    job = get_object_or_404(Job, name=name)
+    form = InspectForm(request.POST or None, job=job)
+    if request.method == "POST":
+        if reason := refusal(request.user, OPERATOR):
+            return forbidden(request, reason)
+        if form.is_valid():
+            return _request_to(request, job, ActionKind.INSPECT_STATE, form.spec(), "dashboard:job_inspect")
+    inspections = job.actions.filter(kind=ActionKind.INSPECT_STATE).order_by("-id")
+    chosen = (
+        inspections.filter(id=request.GET.get("action") or 0).first()
+        if request.GET.get("action", "").isdigit()
+        else None
+    )
+    context = {
+        "job": job,
+        "form": form,
+        "recent": inspections[:10],
+        "shown": chosen or inspections.filter(status="succeeded").first(),
+        "batches": committed_batches(job.checkpoint_location),
+    }
+    return render(request, "dashboard/inspect.html", context, status=400 if form.errors else 200)

@@ -227,3 +227,15 @@ def test_the_storage_page_lists_orphans_and_only_an_operator_removes_them(as_rol
     assert not job.actions.exists(), "a name that is not a listed orphan is not even requested"
     operator.post("/jobs/orders/storage", {"orphan": "stray.tmp"})
     assert job.actions.get().params == {"orphans": ["stray.tmp"]}
+
+
+def test_the_state_inspector_form_checks_its_input_and_needs_an_operator(as_role, make_job):
+    job = make_job(name="orders")
+    viewer = as_role("viewer")
+    assert "needs the operator role" in viewer.get("/jobs/orders/inspect").content.decode()
+    assert viewer.post("/jobs/orders/inspect", {"mode": "keys"}).status_code == 403
+    operator = as_role("operator")
+    bad = operator.post("/jobs/orders/inspect", {"mode": "diff", "batch": "5"})
+    assert bad.status_code == 400 and "A diff needs the earlier batch" in bad.content.decode()
+    assert operator.post("/jobs/orders/inspect", {"mode": "lookup", "text": "o10", "limit": "20"}).status_code == 302
+    assert job.actions.get().params == {"mode": "lookup", "text": "o10", "limit": 20}

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from dashboard.live import partition_view
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
@@ -163,6 +164,16 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     assert sum(counted.params["rows"].values()) == latest.state_rows_total == 8
     view = partition_view(job)
     assert [(r.part, r.rows) for r in view.rows] == [(n, counted.params["rows"][f"0:{n}"]) for n in range(3)]
+
+    # the state inspector, on a scratch copy: a page of keys, a diff between two batches, rocksdict's raw statistics
+    keys = execute(job, ActionKind.INSPECT_STATE, mode="keys", limit=5).params["result"]
+    assert keys["total"] == 8 and len(keys["rows"]) == 5 and '"url"' in keys["rows"][0]["key"]
+    newest = max(committed_batches(job.checkpoint_location))
+    diff = execute(job, ActionKind.INSPECT_STATE, mode="diff", batch=newest, from_batch=newest - 1).params["result"]
+    assert diff["total"] == sum(diff["counts"].values()) > 0 and set(diff["counts"]) <= {"added", "changed", "removed"}
+    raw = execute(job, ActionKind.INSPECT_STATE, mode="raw").params["result"]
+    assert sum(f["keys"] for p in raw["partitions"] for f in p["families"].values()) == 8
+    assert not list((settings.CHECKPOINT_ROOT / ".scratch").iterdir()), "scratch copies are removed"
 
 
 def test_a_second_action_is_refused_while_one_is_in_flight(make_job):

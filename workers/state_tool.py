@@ -3,6 +3,7 @@
     python -m workers.state_tool verify PATH BATCH      -> JSON: operators, partitions, rows per state variable
     python -m workers.state_tool repartition PATH N     -> JSON: the batch the repartitioned state was written as
     python -m workers.state_tool partition-rows PATH BATCH -> JSON: state rows per operator and partition
+    python -m workers.state_tool inspect PATH BATCH SPEC  -> JSON: variables, a page of keys, a lookup, or a diff
 
 Workers call it as a subprocess, so no Celery worker ever hosts a JVM. Exit 0 with JSON on the last line of stdout,
 or exit 2 with {"error": ...}.
@@ -64,6 +65,74 @@ def partition_rows(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
     return list(operators.values())
 
 
+def _reader(spark: Any, path: str, batch: int, operator: int, variable: str | None) -> Any:
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("statestore").option("batchId", str(batch)).option("operatorId", str(operator))
+    if variable:
+        reader = reader.option("stateVarName", variable)
+    frame = reader.load(path)
+    return frame.select(
+        F.to_json("key").alias("key"),
+        F.to_json(F.struct(*[c for c in frame.columns if c not in ("key", "partition_id")])).alias("value"),
+        "partition_id",
+    )
+
+
+def inspect(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """What the state inspector asks: the operators and state variables; a page of keys; the keys whose JSON contains
+    a text; or the keys that were added, removed or changed between two batches."""
+    from pyspark.sql import functions as F
+
+    mode = spec.get("mode", "variables")
+    operators = []
+    for row in spark.read.format("state-metadata").load(path).collect():
+        props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
+        variables = [var["stateName"] for var in props.get("stateVariables", [])]
+        operators.append(
+            {"id": row["operatorId"], "name": row["operatorName"], "partitions": row["numPartitions"],
+             "variables": variables, "min_batch": row["minBatchId"], "max_batch": row["maxBatchId"]}
+        )  # fmt: skip
+    if mode == "variables":
+        return {"operators": operators}
+    operator = int(spec.get("operator", 0))
+    variable = spec.get("variable") or None
+    limit, offset = min(int(spec.get("limit", 50)), 500), max(0, int(spec.get("offset", 0)))
+    frame = _reader(spark, path, batch, operator, variable)
+    if mode in ("keys", "lookup"):
+        if mode == "lookup":
+            frame = frame.filter(F.col("key").contains(str(spec.get("text", ""))))
+        total = frame.count()
+        rows = frame.orderBy("key").offset(offset).limit(limit).collect()
+        return {
+            "operators": operators,
+            "total": total,
+            "offset": offset,
+            "rows": [{"key": r["key"], "value": r["value"], "partition": r["partition_id"]} for r in rows],
+        }
+    if mode == "diff":
+        before = _reader(spark, path, int(spec["from_batch"]), operator, variable)
+        joined = before.alias("a").join(frame.alias("b"), on="key", how="full_outer")
+        change = (
+            F.when(F.col("a.value").isNull(), F.lit("added"))
+            .when(F.col("b.value").isNull(), F.lit("removed"))
+            .when(F.col("a.value") != F.col("b.value"), F.lit("changed"))
+        )
+        changes = joined.select(
+            "key", change.alias("change"), F.col("a.value").alias("before"), F.col("b.value").alias("after")
+        ).filter(F.col("change").isNotNull())
+        counts = {r["change"]: r["count"] for r in changes.groupBy("change").count().collect()}
+        rows = changes.orderBy("change", "key").offset(offset).limit(limit).collect()
+        return {
+            "operators": operators,
+            "counts": counts,
+            "total": sum(counts.values()),
+            "offset": offset,
+            "rows": [r.asDict() for r in rows],
+        }
+    raise ValueError(f"unknown inspection {mode!r}")
+
+
 def describe(exc: Exception) -> str:
     """The message an operator can act on: for a JVM error, the Java exception, not Py4J's wrapper."""
     java = getattr(exc, "java_exception", None)
@@ -80,12 +149,15 @@ def main(argv: list[str]) -> int:
     from workers.spark.session import build_session
 
     command, path, number = argv[1], argv[2], int(argv[3])
+    spec = json.loads(argv[4]) if len(argv) > 4 else {}
     spark = build_session("statekeeper-state-tool", "local[1]", backend="rocksdb")
     try:
         if command == "verify":
             result: dict[str, Any] = {"operators": state_counts(spark, path, number)}
         elif command == "partition-rows":
             result = {"batch": number, "operators": partition_rows(spark, path, number)}
+        elif command == "inspect":
+            result = {"batch": number, **inspect(spark, path, number, spec)}
         elif command == "repartition":
             spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
             result = {"repartitioned": number}

@@ -68,7 +68,7 @@ def action_progress(action: Action, text: str) -> None:
 
 def action_execute(*, action_id: int) -> Action:
     """Run a pending action to its end. A second call (a redelivered task) finds it no longer pending and returns."""
-    from dashboard.services import forks, partitions, rescale, savepoints, storage
+    from dashboard.services import forks, inspector, partitions, rescale, savepoints, storage
 
     claimed = Action.objects.filter(id=action_id, status=ActionStatus.PENDING).update(
         status=ActionStatus.RUNNING, started_at=timezone.now()
@@ -86,6 +86,7 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.RESCALE: rescale.rescale_action,
         ActionKind.COUNT_PARTITION_ROWS: partitions.count_rows_action,
         ActionKind.CLEAN_ORPHANS: storage.clean_orphans_action,
+        ActionKind.INSPECT_STATE: inspector.inspect_action,
     }
     try:
         outcome = handlers[action.kind](action)
@@ -124,11 +125,14 @@ def actions_abandoned(*, older_than_seconds: int) -> int:
     )
 
 
-def run_state_tool(command: str, path: Path, number: int, timeout: int = 900) -> dict[str, Any]:
+def run_state_tool(
+    command: str, path: Path, number: int, timeout: int = 900, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Spark's reading of a checkpoint copy, in a process of its own (see workers/state_tool.py)."""
+    extra = [json.dumps(spec)] if spec is not None else []
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "workers.state_tool", command, str(path), str(number)],
+            [sys.executable, "-m", "workers.state_tool", command, str(path), str(number), *extra],
             cwd=settings.BASE_DIR,
             capture_output=True,
             text=True,

@@ -1,0 +1,126 @@
+"""The state inspector: what is in a job's state at a retained batch or in a verified savepoint.
+
+Spark's state reader (`state-metadata`, `statestore`) answers the variables and partitions, a page of keys, the keys
+matching a text, and a diff between two batches; `rocksdict` answers raw statistics of RocksDB snapshots (keys and
+bytes per partition and column family). A retained batch is read from a scratch copy, never from the running job's
+files; a savepoint is read in place (nothing writes to it). Each inspection is an action: it shows progress while it
+runs and keeps its answer, one page at a time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from dashboard.models import Action, Job, SavepointStatus
+from dashboard.services.actions import ActionFailed, action_progress, run_state_tool
+from workers.spark.checkpoint_files import CheckpointError, committed_batches, copy_checkpoint
+
+MODES = ("variables", "keys", "lookup", "diff", "raw")
+
+
+def _source(action: Action, scratch: Path) -> tuple[Path, int, str]:
+    """The directory to read, the batch, and how it was found."""
+    job: Job = action.job
+    params = action.params
+    if params.get("savepoint"):
+        savepoint = job.savepoints.filter(id=params["savepoint"], status=SavepointStatus.VERIFIED).first()
+        if savepoint is None or savepoint.batch_id is None:
+            raise ActionFailed(f"Savepoint {params['savepoint']} is not a verified savepoint of {job.name}.")
+        return Path(savepoint.path) / "checkpoint", savepoint.batch_id, f"savepoint #{savepoint.id}"
+    batches = committed_batches(job.checkpoint_location)
+    if not batches:
+        raise ActionFailed(f"{job.name} has no committed batch to inspect.")
+    batch = int(params.get("batch", batches[-1]))
+    if batch not in batches:
+        raise ActionFailed(f"Batch {batch} is not retained ({batches[0]}–{batches[-1]} are).")
+    action_progress(action, f"copying the checkpoint as of batch {batch} to a scratch directory")
+    try:
+        copy_checkpoint(job.checkpoint_location, scratch, batch)
+    except CheckpointError as exc:
+        raise ActionFailed(str(exc)) from None
+    return scratch, batch, f"batch {batch} of {job.checkpoint_dir}"
+
+
+def inspect_action(action: Action) -> str:
+    mode = action.params.get("mode", "variables")
+    if mode not in MODES:
+        raise ActionFailed(f"Unknown inspection {mode!r}; choose one of {', '.join(MODES)}.")
+    area = settings.CHECKPOINT_ROOT / ".scratch"
+    area.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"inspect-{action.id}-", dir=area))
+    try:
+        path, batch, origin = _source(action, work / "checkpoint")
+        if mode == "raw":
+            action_progress(action, f"unpacking RocksDB snapshots of {origin} into a scratch directory")
+            result: dict[str, Any] = {"batch": batch, "partitions": rocksdb_stats(path, batch, work / "raw")}
+        else:
+            action_progress(action, f"reading {origin} with Spark's state reader ({mode})")
+            spec = {
+                k: action.params[k]
+                for k in ("mode", "operator", "variable", "text", "offset", "limit", "from_batch")
+                if k in action.params
+            }
+            result = run_state_tool("inspect", path, batch, spec=spec)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    Action.objects.filter(id=action.id).update(params={**action.params, "result": result, "origin_read": origin})
+    shown = result.get("total", len(result.get("rows", result.get("partitions", result.get("operators", [])))))
+    return f"Inspected {origin}: {mode}, {shown} result(s)."
+
+
+def rocksdb_stats(checkpoint: Path, batch: int, scratch: Path) -> list[dict[str, Any]]:
+    """Per state partition, the newest RocksDB snapshot at or before the batch's version, opened read-only with
+    rocksdict from an unpacked copy: keys and key/value bytes per column family."""
+    from rocksdict import AccessType, Options, Rdict
+
+    version = batch + 1  # state version v is written by batch v - 1
+    found = []
+    for partition in sorted((checkpoint / "state").glob("*/*"), key=lambda p: (p.parent.name, p.name)):
+        if not partition.name.isdigit():
+            continue
+        zips = [z for z in partition.glob("*.zip") if int(z.name.split(".")[0].split("_")[0]) <= version]
+        if not zips:
+            continue
+        snapshot = max(zips, key=lambda z: int(z.name.split(".")[0].split("_")[0]))
+        target = scratch / partition.parent.name / partition.name
+        target.mkdir(parents=True)
+        with zipfile.ZipFile(snapshot) as packed:
+            packed.extractall(target)
+        lines = (target / "metadata").read_text().splitlines()
+        meta = json.loads(lines[1] if lines and lines[0].startswith("v") else lines[0])
+        for sst in meta.get("sstFiles", []):
+            shutil.copy(partition / "SSTs" / sst["dfsSstFileName"], target / sst["localFileName"])
+        families = {v: k for k, v in (meta.get("columnFamilyMapping") or {}).items()}
+        # Spark's virtual column families: a 2-byte id before each key, written in the JVM's native (little-endian) order
+        prefixed = len(families) > 1
+        stats: dict[str, dict[str, int]] = {}
+        db = Rdict(str(target), options=Options(raw_mode=True), access_type=AccessType.read_only())
+        try:
+            for raw_key, raw_value in db.items():
+                key, value = bytes(raw_key), bytes(raw_value)  # type: ignore[arg-type]  # raw mode: bytes
+                family = families.get(int.from_bytes(key[:2], "little"), "?") if prefixed else "default"
+                entry = stats.setdefault(family, {"keys": 0, "key_bytes": 0, "value_bytes": 0})
+                entry["keys"] += 1
+                entry["key_bytes"] += len(key)
+                entry["value_bytes"] += len(value)
+        finally:
+            db.close()
+        found.append(
+            {
+                "operator": int(partition.parent.name),
+                "partition": int(partition.name),
+                "snapshot_version": int(snapshot.name.split(".")[0].split("_")[0]),
+                "metadata_keys": meta.get("numKeys"),
+                "sst_bytes": sum(int(s.get("sizeBytes", 0)) for s in meta.get("sstFiles", [])),
+                "families": stats,
+            }
+        )
+    if not found:
+        raise ActionFailed("No RocksDB snapshot to read: raw statistics need a RocksDB-backed job.")
+    return found
