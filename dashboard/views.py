@@ -428,7 +428,15 @@ def capacity(request: HttpRequest) -> HttpResponse:
         response["Content-Disposition"] = f'attachment; filename="capacity-{review.end:%Y-%m-%d}.csv"'
         return response
     charts = {r.job.name: r.series | {"trigger_ms": r.job.trigger_interval_seconds * 1000} for r in review.jobs}
-    context = {"review": review, "charts": charts, "printable": request.GET.get("print") == "1", "end": end_text}
+    from dashboard.services.storage import orphan_jobs
+
+    context = {
+        "review": review,
+        "charts": charts,
+        "printable": request.GET.get("print") == "1",
+        "end": end_text,
+        "orphan_jobs": orphan_jobs(),
+    }
     return render(request, "dashboard/capacity.html", context)
 
 

@@ -89,7 +89,7 @@ def test_no_parallelism_advice_inside_the_band_or_right_after_a_rescale(make_job
     assert [r.kind for r in reviews["hot"].recommendations] == [], "rescaled an hour ago: no flapping"
 
 
-def test_the_review_page_csv_and_printable_view(client, django_user_model, make_job):
+def test_the_review_page_csv_and_printable_view(client, django_user_model, make_job, settings):
     client.force_login(django_user_model.objects.create_user("planner", password="x"))
     job = make_job(name="orders", parallelism=2, trigger_interval_seconds=2)
     week_of_history(job, duration_ms=1800, rows_per_hour=100, bytes_per_hour=1000)
@@ -101,6 +101,10 @@ def test_the_review_page_csv_and_printable_view(client, django_user_model, make_
     assert "Not a date" in client.get("/capacity/?end=last-week", follow=True).content.decode()
     old = client.get("/capacity/?end=2020-01-01").content.decode()
     assert "No checkpoints in this week" in old
+    leftover = settings.CHECKPOINT_ROOT / "deleted-job"
+    leftover.mkdir(parents=True)
+    (leftover / "f").write_bytes(b"z" * 2048)
+    assert "<code>deleted-job</code> (2.0 KB)" in client.get("/capacity/").content.decode()
 
 
 def test_the_weekly_summary_is_emailed(make_job, settings):

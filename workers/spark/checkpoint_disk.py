@@ -32,6 +32,8 @@ def scan(root: Path) -> dict[str, int]:
         return sizes
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
+            if name.endswith((".tmp", ".tmp.crc")):  # Hadoop's write-then-rename temporaries: renamed away
+                continue
             path = os.path.join(dirpath, name)
             try:
                 sizes[os.path.relpath(path, root)] = os.stat(path).st_size
