@@ -20,6 +20,7 @@ from dashboard.models import (
     Run,
     RunStatus,
 )
+from dashboard.stats import quantile
 from workers.progress import parse_time
 
 RANGES = {
@@ -284,14 +285,6 @@ class PartitionView:
     rows_skew: float | None = None
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def partition_view(job: Job) -> PartitionView:
     """Per state partition: bytes on disk, bytes added per batch, and commit time (when the partition's state version
     file was written, after the batch started) over the last batches; stragglers are partitions whose median commit
@@ -315,11 +308,11 @@ def partition_view(job: Job) -> PartitionView:
             if p.get("commit_ms") is not None:
                 commits.setdefault(key, []).append(p["commit_ms"])
     latest = {(p["op"], p["part"]): p for p in recent[0]}
-    medians = {key: _quantile([float(v) for v in values], 0.5) for key, values in commits.items()}
+    medians = {key: quantile([float(v) for v in values], 0.5) for key, values in commits.items()}
     threshold = None
     if len(medians) >= 2:
         values = list(medians.values())
-        threshold = max(_quantile(values, 0.95), 1.5 * _quantile(values, 0.5))
+        threshold = max(quantile(values, 0.95), 1.5 * quantile(values, 0.5))
     rows = [
         PartitionRow(
             op=key[0],
@@ -354,5 +347,5 @@ def partition_view(job: Job) -> PartitionView:
 def _skew(values: list[int]) -> float | None:
     """The largest against the median; None when there is nothing to compare."""
     sizes = [float(v) for v in values if v]
-    median = _quantile(sizes, 0.5) if sizes else 0
+    median = quantile(sizes, 0.5) if sizes else 0
     return round(max(sizes) / median, 2) if median > 0 else None

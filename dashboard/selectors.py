@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,6 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard.models import Alert, Checkpoint, CheckpointRollup, Job, ResultRow, Run
+from dashboard.stats import quantile
 from workers.pipelines import get as get_pipeline
 
 SUMMARY_FIELDS = (
@@ -119,13 +119,6 @@ class SummaryRow:
     values: dict[str, float | None]
 
 
-def _percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks, as PostgreSQL's percentile_cont."""
-    pos = (len(values) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
-
-
 SUMMARY_WINDOW = 1000
 
 
@@ -164,9 +157,7 @@ def checkpoint_summary(*, job: Job) -> tuple[int, list[SummaryRow]]:
         if not column:
             rows.append(SummaryRow(label, unit, dict.fromkeys(STATS)))
             continue
-        values = (
-            [column[0], sum(column) / len(column)] + [_percentile(column, q) for q in (0.5, 0.9, 0.99)] + [column[-1]]
-        )
+        values = [column[0], sum(column) / len(column)] + [quantile(column, q) for q in (0.5, 0.9, 0.99)] + [column[-1]]
         rows.append(SummaryRow(label, unit, dict(zip(STATS, values, strict=True))))
     return len(data), rows
 

@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, AutoscaleMode, Checkpoint, Job
 from dashboard.services.actions import action_request
-from dashboard.services.capacity import Recommendation, _percentile, parallelism_advice
+from dashboard.services.capacity import Recommendation, parallelism_advice
 from dashboard.services.runs import ActionRefused
+from dashboard.stats import quantile
 
 
 def window_advice(job: Job, now: datetime | None = None) -> tuple[Recommendation | None, str]:
@@ -30,8 +31,7 @@ def window_advice(job: Job, now: datetime | None = None) -> tuple[Recommendation
         return None, f"not enough checkpoints in the last {job.autoscale_window_minutes} minutes"
     if Action.objects.filter(job=job, kind=ActionKind.RESCALE, requested_at__gte=start).exists():
         return None, "a rescale happened within the window"
-    median = _percentile([float(d) for _, d in durations], 0.5)
-    utilisation = median / (job.trigger_interval_seconds * 1000) if median is not None else None
+    utilisation = quantile([float(d) for _, d in durations], 0.5) / (job.trigger_interval_seconds * 1000)
     advice = parallelism_advice(job, utilisation, now)
     return advice, "" if advice else "within the target band"
 

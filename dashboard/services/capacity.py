@@ -28,6 +28,7 @@ from dashboard.models import (
     SavepointStatus,
     StateBackend,
 )
+from dashboard.stats import quantile
 
 TARGET_UTILISATION = 0.7  # batch time / trigger interval that leaves room for bursts and catch-up
 RAISE_ABOVE, LOWER_BELOW = 0.85, 0.3  # a band around the target: inside it, no recommendation (no flapping)
@@ -132,15 +133,6 @@ def _day(moment: datetime, origin: datetime) -> float:
     return (moment - origin).total_seconds() / 86400
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def _overlap_seconds(alerts: list[Alert], start: datetime, end: datetime) -> float:
     total = 0.0
     for a in alerts:
@@ -194,7 +186,8 @@ def job_review(job: Job, start: datetime, end: datetime) -> JobReview:
     durations = [float(d) for d in raw.values_list("duration_ms", flat=True)]
     if not durations:  # the raw records aged out: the minutes' averages and maxima stand in
         durations = [float(m) for m in minutes.values_list("duration_ms_avg", flat=True)]
-    review.duration_p50, review.duration_p99 = _percentile(durations, 0.5), _percentile(durations, 0.99)
+    if durations:
+        review.duration_p50, review.duration_p99 = quantile(durations, 0.5), quantile(durations, 0.99)
     if review.duration_p50 is not None:
         review.utilisation = review.duration_p50 / (job.trigger_interval_seconds * 1000)
     if raw.exists():
