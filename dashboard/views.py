@@ -109,9 +109,7 @@ def job_edit(request: HttpRequest, name: str) -> HttpResponse:
 def job_start(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     try:
-        if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first():
-            raise ActionRefused(f"{job.name} has {busy.get_kind_display().lower()} #{busy.id} in flight: wait for it.")
-        run = job_request_start(job=job, requested_by=request.user)
+        run = job_request_start(job=job, requested_by=request.user, refuse_during_action=True)
         messages.success(request, f"Start of {job.name} requested (run #{run.id}).")
         audit_record(request, verb="start", job=job.name, target=f"run #{run.id}", outcome="requested")
     except ActionRefused as exc:

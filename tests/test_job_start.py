@@ -153,3 +153,17 @@ def test_a_job_whose_checkpoint_vanished_is_not_started_from_nothing(make_job, s
     recoveries_supervise()
     job.refresh_from_db()
     assert "The checkpoint is broken" in job.failed_reason, "reported, not restarted in a loop"
+
+
+def test_a_person_cannot_start_a_job_while_an_action_is_in_flight_but_the_action_can(
+    make_job, operator_client, spawned
+):
+    from dashboard.models import Action
+    from dashboard.services.runs import job_request_start
+
+    job = make_job()
+    action = Action.objects.create(job=job, kind="rollback", status="running")
+    page = operator_client.post(f"/jobs/{job.name}/start", follow=True).content.decode()
+    assert f"has roll back to a batch #{action.id} in flight: wait for it." in page
+    assert not job.runs.exists()
+    assert job_request_start(job=job).status == RunStatus.PENDING, "a rollback starts the job on its fork itself"

@@ -302,9 +302,7 @@ def _act(request: HttpRequest, name: str, verb: str) -> JsonResponse:
 def _perform(request: HttpRequest, job: Job, verb: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     try:
         if verb == "start":
-            if busy := job.actions.filter(status__in=["pending", "running"]).first():
-                raise ActionRefused(f"{job.name} has {busy.get_kind_display().lower()} #{busy.id} in flight.")
-            run = job_request_start(job=job, requested_by=request.user)
+            run = job_request_start(job=job, requested_by=request.user, refuse_during_action=True)
             body, target = {"run": run_json(run)}, f"run #{run.id}"
         elif verb == "stop":
             run = job_request_stop(job=job)

@@ -29,14 +29,24 @@ def _active_run(job: Job) -> Run | None:
     return job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()
 
 
-def job_request_start(*, job: Job, requested_by: AbstractBaseUser | AnonymousUser | None = None) -> Run:
-    """Record a start request and queue it for a worker; refused while the job has a run in flight."""
+def job_request_start(
+    *, job: Job, requested_by: AbstractBaseUser | AnonymousUser | None = None, refuse_during_action: bool = False
+) -> Run:
+    """Record a start request and queue it for a worker; refused while the job has a run in flight, and, for a
+    person's start (`refuse_during_action`), while an action is in flight: an action that starts the job itself
+    (restore, rollback, rescale) calls this without it."""
+    from dashboard.models import IN_FLIGHT_ACTIONS
     from workers.tasks import start_run
 
     user = requested_by if isinstance(requested_by, User) else None
     try:
         with transaction.atomic():
             Job.objects.select_for_update().get(id=job.id)
+            busy = job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first() if refuse_during_action else None
+            if busy is not None:
+                raise ActionRefused(
+                    f"{job.name} has {busy.get_kind_display().lower()} #{busy.id} in flight: wait for it."
+                )
             active = _active_run(job)
             if active is not None:
                 raise ActionRefused(
