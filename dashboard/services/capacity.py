@@ -28,6 +28,7 @@ from dashboard.models import (
     SavepointStatus,
     StateBackend,
 )
+from dashboard.services.savepoints import savepoint_newest_verified
 from dashboard.stats import quantile
 
 TARGET_UTILISATION = 0.7  # batch time / trigger interval that leaves room for bursts and catch-up
@@ -207,7 +208,7 @@ def job_review(job: Job, start: datetime, end: datetime) -> JobReview:
     review.failed_savepoints = Savepoint.objects.filter(
         job=job, status=SavepointStatus.FAILED, created_at__gte=start, created_at__lt=end
     ).count()
-    review.drill = job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-created_at", "-id").first()
+    review.drill = savepoint_newest_verified(job)
     review.recommendations = recommendations(review)
     return review
 

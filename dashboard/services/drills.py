@@ -9,22 +9,20 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from dashboard.models import Checkpoint, Job, Savepoint, SavepointStatus
-from dashboard.services.actions import ActionFailed, run_state_tool
-from workers.spark.checkpoint_files import verify_files
+from dashboard.models import Checkpoint, Job, Savepoint
+from dashboard.services.actions import ActionFailed
+from dashboard.services.savepoints import MANIFEST, savepoint_newest_verified, savepoint_read_back
 
 
 def drill(savepoint: Savepoint) -> tuple[bool, str]:
     folder = Path(savepoint.path)
     try:
-        manifest = json.loads((folder / "_manifest.json").read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError) as exc:
         return False, f"the manifest cannot be read: {exc}"
-    if problems := verify_files(folder / "checkpoint", manifest["files"]):
-        return False, f"{len(problems)} file(s) differ from the manifest: {'; '.join(problems[:3])}"
     try:
-        result = run_state_tool("verify", folder / "checkpoint", int(manifest["batch_id"]))
-    except ActionFailed as exc:
+        result, _ = savepoint_read_back(folder, manifest)
+    except ActionFailed as exc:  # SavepointDamaged says which files differ
         return False, str(exc)
     rows = sum(sum(op["rows"].values()) for op in result["operators"])
     recorded = (
@@ -49,7 +47,7 @@ def drills_run() -> list[str]:
     """Drill the newest verified savepoint of every job."""
     notes = []
     for job in Job.objects.all():
-        savepoint = job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-created_at", "-id").first()
+        savepoint = savepoint_newest_verified(job)
         if savepoint is None:
             continue
         ok, message = drill(savepoint)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
 from dashboard.services.actions import ActionFailed, action_progress, active_run, run_state_tool
 from dashboard.services.runs import job_request_start
+from dashboard.services.savepoints import MANIFEST
 from workers.sources.redis_streams import stream_position
 from workers.spark.checkpoint_files import (
     CheckpointError,
@@ -161,7 +162,7 @@ def restore_action(action: Action) -> str:
     source = Path(savepoint.path) / "checkpoint"
     remove_tree(target)
     shutil.copytree(source, target)
-    manifest = json.loads((Path(savepoint.path) / "_manifest.json").read_text())
+    manifest = json.loads((Path(savepoint.path) / MANIFEST).read_text())
     problems = verify_files(target, manifest["files"])
     if problems:
         remove_tree(target)

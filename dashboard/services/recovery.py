@@ -12,6 +12,7 @@ from django.utils import timezone
 from dashboard.models import Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
 from dashboard.services.audit import audit_record
 from dashboard.services.runs import ActionRefused, job_request_start
+from dashboard.services.savepoints import savepoint_newest_verified
 from workers.spark.checkpoint_files import committed_batches
 
 # What Spark says when a checkpoint's files are missing, cut short or unreadable.
@@ -53,7 +54,7 @@ def _record_failure(job: Job, run: Run) -> Recovery:
     )
     if match := BROKEN_CHECKPOINT.search(text):
         retained = committed_batches(job.checkpoint_location)
-        savepoint = job.savepoints.filter(status="verified").order_by("-id").first()
+        savepoint = savepoint_newest_verified(job)
         offers = []
         if retained:
             offers.append(f"roll back to an earlier batch (batches {retained[0]}–{retained[-1]} are retained)")

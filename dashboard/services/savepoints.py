@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -70,18 +71,40 @@ def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
     return savepoint
 
 
+def savepoint_newest_verified(job: Job) -> Savepoint | None:
+    """The savepoint a restore would use: retention never disposes it, and restore drills check it."""
+    return job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-id").first()
+
+
+class SavepointDamaged(ActionFailed):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(f"{len(problems)} file(s) differ from the manifest: {'; '.join(problems[:5])}")
+        self.problems = problems
+
+
+def savepoint_read_back(folder: Path, manifest: dict, on_step: Callable[[str], None] | None = None) -> tuple[dict, int]:
+    """The savepoint's files against the manifest's checksums (SavepointDamaged otherwise), then Spark's state reader
+    on its state at its batch: what the reader found, and how long the reader took (ms). Verification and restore
+    drills both read a savepoint so."""
+    step = on_step or (lambda text: None)
+    step(f"verifying {len(manifest['files'])} files against their checksums")
+    if problems := verify_files(folder / "checkpoint", manifest["files"]):
+        raise SavepointDamaged(problems)
+    step("verifying: Spark's state reader loads the state")
+    started = time.monotonic()
+    reading = run_state_tool("verify", folder / "checkpoint", int(manifest["batch_id"]))
+    return reading, int((time.monotonic() - started) * 1000)
+
+
 def savepoint_verify(*, savepoint: Savepoint, manifest: dict, action: Action) -> None:
     """Complete files, matching checksums, and Spark's state reader loads the state at the savepoint's batch."""
     folder = Path(savepoint.path)
-    action_progress(action, f"verifying {len(manifest['files'])} files against their checksums")
-    problems = verify_files(folder / "checkpoint", manifest["files"])
-    if problems:
-        raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
-    action_progress(action, "verifying: Spark's state reader loads the state")
-    started = time.monotonic()
-    reading = run_state_tool("verify", folder / "checkpoint", int(manifest["batch_id"]))
+    try:
+        reading, reader_ms = savepoint_read_back(folder, manifest, lambda text: action_progress(action, text))
+    except SavepointDamaged as exc:
+        raise ActionFailed(f"the copy is not complete: {'; '.join(exc.problems[:5])}") from None
     manifest["verification"] = reading
-    manifest["verify_ms"] = int((time.monotonic() - started) * 1000)
+    manifest["verify_ms"] = reader_ms
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
     savepoint.manifest = {k: v for k, v in manifest.items() if k != "files"} | {"file_count": len(manifest["files"])}
     savepoint.size_bytes = sum(int(f["size"]) for f in manifest["files"])
@@ -112,7 +135,7 @@ def dispose_action(action: Action) -> str:
     savepoint = action.job.savepoints.filter(id=action.params.get("savepoint")).first()
     if savepoint is None or savepoint.status == SavepointStatus.DISPOSED:
         raise ActionFailed("That savepoint does not exist or was already disposed.")
-    newest = action.job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-id").first()
+    newest = savepoint_newest_verified(action.job)
     if newest is not None and newest.id == savepoint.id and not action.params.get("allow_newest"):
         raise ActionFailed("This is the newest verified savepoint: it is kept, so that a restore is always possible.")
     savepoint_dispose(savepoint=savepoint)
