@@ -19,6 +19,7 @@ from dashboard.services.actions import ActionFailed, action_progress, active_run
 from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import MANIFEST
 from workers.sources.redis_streams import stream_position
+from workers.spark.checkpoint_disk import state_version
 from workers.spark.checkpoint_files import (
     CheckpointError,
     batch_offsets,
@@ -102,11 +103,7 @@ def restorable_batches(job: Job) -> list[int]:
     state = root / "state" / "0" / "0"
     if not state.is_dir():
         return batches
-    versions = set()
-    for name in state.iterdir():
-        head = name.name.split(".")[0].split("_")[0]
-        if head.isdigit():
-            versions.add(int(head))
+    versions = {v for name in state.iterdir() if (v := state_version(name.name)) is not None}
     oldest = min(versions) if versions else 0
     return [b for b in batches if b + 1 >= oldest]
 

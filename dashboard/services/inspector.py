@@ -19,6 +19,7 @@ from django.conf import settings
 
 from dashboard.models import Action, Job, SavepointStatus
 from dashboard.services.actions import ActionFailed, action_progress, run_state_tool
+from workers.spark.checkpoint_disk import state_version
 from workers.spark.checkpoint_files import CheckpointError, committed_batches, copy_checkpoint
 
 MODES = ("variables", "keys", "lookup", "diff", "raw")
@@ -84,10 +85,11 @@ def rocksdb_stats(checkpoint: Path, batch: int, scratch: Path) -> list[dict[str,
     for partition in sorted((checkpoint / "state").glob("*/*"), key=lambda p: (p.parent.name, p.name)):
         if not partition.name.isdigit():
             continue
-        zips = [z for z in partition.glob("*.zip") if int(z.name.split(".")[0].split("_")[0]) <= version]
+        zips = {v: z for z in partition.glob("*.zip") if (v := state_version(z.name)) is not None and v <= version}
         if not zips:
             continue
-        snapshot = max(zips, key=lambda z: int(z.name.split(".")[0].split("_")[0]))
+        snapshot_version = max(zips)
+        snapshot = zips[snapshot_version]
         target = scratch / partition.parent.name / partition.name
         target.mkdir(parents=True)
         with zipfile.ZipFile(snapshot) as packed:
@@ -115,7 +117,7 @@ def rocksdb_stats(checkpoint: Path, batch: int, scratch: Path) -> list[dict[str,
             {
                 "operator": int(partition.parent.name),
                 "partition": int(partition.name),
-                "snapshot_version": int(snapshot.name.split(".")[0].split("_")[0]),
+                "snapshot_version": snapshot_version,
                 "metadata_keys": meta.get("numKeys"),
                 "sst_bytes": sum(int(s.get("sizeBytes", 0)) for s in meta.get("sstFiles", [])),
                 "families": stats,

@@ -15,28 +15,8 @@ from django.conf import settings
 
 from dashboard.models import Action, Job, SavepointStatus
 from dashboard.services.actions import ActionFailed
-from workers.spark.checkpoint_disk import file_batch
-from workers.spark.checkpoint_files import CheckpointError, latest_committed, remove_tree
-
-
-def _files(root: Path) -> list[tuple[str, int]]:
-    found: list[tuple[str, int]] = []
-    if not root.exists():
-        return found
-    if root.is_file():
-        return [(root.name, root.stat().st_size)]
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            try:
-                found.append((os.path.relpath(path, root), os.lstat(path).st_size))
-            except FileNotFoundError:
-                continue
-    return found
-
-
-def tree_bytes(root: Path) -> int:
-    return sum(size for _, size in _files(root))
+from workers.spark.checkpoint_disk import file_batch, scan
+from workers.spark.checkpoint_files import CheckpointError, directory_bytes, latest_committed, remove_tree
 
 
 @dataclass
@@ -91,7 +71,7 @@ def job_storage(job: Job) -> JobStorage:
     except CheckpointError:
         latest = None
     result = JobStorage(job, latest)
-    for relative, size in _files(live):
+    for relative, size in scan(live, temporaries=True).items():
         owner, _ = file_batch(relative.replace(os.sep, "/"))
         if owner is None or latest is None or owner >= latest:
             result.live_bytes += size
@@ -107,19 +87,19 @@ def job_storage(job: Job) -> JobStorage:
         if entry.resolve() == live.resolve():
             continue
         if name == "journal":
-            result.journal_bytes += tree_bytes(entry)
+            result.journal_bytes += directory_bytes(entry)
         elif name == "savepoints" and entry.is_dir():
             for folder in sorted(entry.iterdir()):
                 savepoint = kept.get(folder.resolve())
-                size = tree_bytes(folder)
+                size = directory_bytes(folder)
                 if savepoint is not None:
                     result.savepoints.append(Entry(f"savepoints/{folder.name}", size, savepoint.created_at.isoformat()))
                 else:
                     result.orphans.append(Entry(f"savepoints/{folder.name}", size, "no savepoint refers to it"))
         elif name.startswith("checkpoint") and entry.is_dir() and (entry / "commits").is_dir():
-            result.forks.append(Entry(name, tree_bytes(entry), "left by a restore, rollback or rescale"))
+            result.forks.append(Entry(name, directory_bytes(entry), "left by a restore, rollback or rescale"))
         else:
-            result.orphans.append(Entry(name, tree_bytes(entry), "not a checkpoint, savepoint or journal"))
+            result.orphans.append(Entry(name, directory_bytes(entry), "not a checkpoint, savepoint or journal"))
     return result
 
 
@@ -129,7 +109,9 @@ def orphan_jobs() -> list[Entry]:
     if not root.is_dir():
         return []
     names = set(Job.objects.values_list("name", flat=True))
-    return [Entry(p.name, tree_bytes(p), "no job of this name") for p in sorted(root.iterdir()) if p.name not in names]
+    return [
+        Entry(p.name, directory_bytes(p), "no job of this name") for p in sorted(root.iterdir()) if p.name not in names
+    ]
 
 
 def clean_orphans_action(action: Action) -> str:

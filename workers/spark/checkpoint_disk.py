@@ -26,20 +26,33 @@ def file_batch(relative: str) -> tuple[int | None, bool]:
     return None, False
 
 
-def scan(root: Path) -> dict[str, int]:
+TEMPORARIES = (".tmp", ".tmp.crc")  # Hadoop's write-then-rename files: a file Spark is still writing
+
+
+def scan(root: Path, temporaries: bool = False) -> dict[str, int]:
+    """Every file under root (or root itself, if a file) by its relative path, with its size: what du counts. Without
+    `temporaries`, files still being written and about to be renamed away are left out."""
     sizes: dict[str, int] = {}
+    if root.is_file():
+        return {root.name: root.lstat().st_size}
     if not root.exists():
         return sizes
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
-            if name.endswith((".tmp", ".tmp.crc")):  # Hadoop's write-then-rename temporaries: renamed away
+            if not temporaries and name.endswith(TEMPORARIES):
                 continue
             path = os.path.join(dirpath, name)
             try:
-                sizes[os.path.relpath(path, root)] = os.stat(path).st_size
+                sizes[os.path.relpath(path, root)] = os.lstat(path).st_size
             except FileNotFoundError:  # removed by Spark's cleanup between listing and stat
                 continue
     return sizes
+
+
+def state_version(name: str) -> int | None:
+    """The version a state store file name carries (`12.delta`, `12.zip`, `12_<uuid>.zip`, `12.changelog`)."""
+    head = name.split(".")[0].split("_")[0]
+    return int(head) if head.isdigit() else None
 
 
 _PARTITION = re.compile(r"^state/(\d+)/(\d+)/")

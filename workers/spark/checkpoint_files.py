@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.spark.checkpoint_disk import file_batch
+from workers.spark.checkpoint_disk import TEMPORARIES, file_batch, scan
 
 
 class CheckpointError(Exception):
@@ -73,7 +73,7 @@ def frozen_settings(root: Path, batch: int) -> dict[str, str]:
 
 
 def _keep(relative: str, upto: int) -> bool:
-    if relative.endswith((".tmp", ".tmp.crc")):  # a file Spark is still writing
+    if relative.endswith(TEMPORARIES):
         return False
     owner, _ = file_batch(relative)
     return owner is None or owner <= upto
@@ -133,7 +133,8 @@ def verify_files(root: Path, files: list[dict[str, Any]]) -> list[str]:
 
 
 def directory_bytes(root: Path) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(root) for f in names)
+    """The bytes of every file under root, as `du -sb` counts them less the directories' own entries."""
+    return sum(scan(root, temporaries=True).values())
 
 
 def entries_json(entries: list[FileEntry]) -> list[dict[str, Any]]:
