@@ -48,6 +48,7 @@ from dashboard.models import Checkpoint, Job  # noqa: E402
 from dashboard.services.rollups import job_rollup  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH  # noqa: E402
+from statekeeper.processes import celery_worker_command, web_command  # noqa: E402
 from workers.pipelines import get as get_pipeline  # noqa: E402
 from workers.polling import wait_for  # noqa: E402
 
@@ -162,15 +163,8 @@ def latency(seconds: int) -> list[float]:
         name="bench-live", pipeline="url-counts", source_stream="bench:live", trigger_interval_seconds=1
     )
     port = free_port()
-    web = spawn(
-        [sys.executable, "-m", "uvicorn", "statekeeper.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
-        ROOT / "web.log",
-    )
-    worker = spawn(
-        [sys.executable, "-m", "celery", "-A", "statekeeper", "worker", "--beat", "--concurrency", "2"]
-        + ["--loglevel", "WARNING", "--schedule", str(ROOT / "beat")],
-        ROOT / "worker.log",
-    )
+    web = spawn(web_command(port), ROOT / "web.log")
+    worker = spawn(celery_worker_command(ROOT / "beat", loglevel="WARNING"), ROOT / "worker.log")
     halt = threading.Event()
     make = get_pipeline("url-counts").generator(random.Random(5))
 

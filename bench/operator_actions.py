@@ -18,7 +18,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,6 +40,7 @@ from django.utils import timezone  # noqa: E402
 from dashboard.models import Action, ActionKind, Checkpoint, Job, Run, RunStatus  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
+from statekeeper.processes import celery_worker_command  # noqa: E402
 from workers.pipelines import get as get_pipeline  # noqa: E402
 from workers.polling import wait_for  # noqa: E402
 
@@ -100,21 +100,7 @@ def main() -> None:
     )
     log = open(ROOT / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "statekeeper",
-            "worker",
-            "--beat",
-            "--concurrency",
-            "2",
-            "--loglevel",
-            "WARNING",
-            "--schedule",
-            str(ROOT / "beat"),
-        ],
+        celery_worker_command(ROOT / "beat", loglevel="WARNING"),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

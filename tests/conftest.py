@@ -7,7 +7,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,6 +20,7 @@ from django.conf import settings
 from django.db import connection
 
 from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH
+from statekeeper.processes import celery_worker_command, web_command
 from workers.pipelines import get as get_pipeline
 from workers.polling import wait_for
 
@@ -207,21 +207,7 @@ def start_celery_worker(checkpoint_root: Path, log_path: Path) -> subprocess.Pop
     }
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "statekeeper",
-                "worker",
-                "--beat",
-                "--concurrency",
-                "2",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(log_path.with_suffix(".beat")),
-            ],
+            celery_worker_command(log_path.with_suffix(".beat")),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -288,16 +274,7 @@ def asgi_server(checkpoint_root: Path, tmp_path: Path) -> Iterator[str]:
     }
     with open(tmp_path / "web.log", "ab") as log:
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "statekeeper.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
+            web_command(port),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
