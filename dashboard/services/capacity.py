@@ -76,7 +76,7 @@ class Forecast:
     latest: float | None  # at the fitted growth - 2 standard errors; None when that is not growing
 
 
-def forecast(fit: Fit | None, now_day: float, current: float, budget: float, unit: str) -> Forecast:
+def forecast(fit: Fit | None, current: float, budget: float, unit: str) -> Forecast:
     if fit is None:
         return Forecast(budget, unit, None, None, None)
     if current >= budget:
@@ -163,7 +163,7 @@ def job_review(job: Job, start: datetime, end: datetime) -> JobReview:
         review.full_size = (hours[0].full_size_bytes_last, hours[-1].full_size_bytes_last)
         review.rows_fit, review.bytes_fit = fit_line(days, rows), fit_line(days, sizes)
         budget = job.memory_budget_mb * 2**20 if memory else job.disk_budget_gb * 2**30
-        review.budget = forecast(review.bytes_fit, _day(end, start), sizes[-1], budget, "memory" if memory else "disk")
+        review.budget = forecast(review.bytes_fit, sizes[-1], budget, "memory" if memory else "disk")
         review.checkpointed_bytes = sum(h.checkpointed_bytes_sum for h in hours)
         review.peak_lag = max((h.lag_records_max or 0 for h in hours), default=None)
         total_rows = sum(h.input_rows for h in hours)
