@@ -198,13 +198,19 @@ def _mail(body: dict[str, Any]) -> str:
 
 
 def incidents_publish(client: Any, now: datetime | None = None, window: timedelta = timedelta(minutes=10)) -> int:
-    """Push incidents of the last minutes to the browsers' live stream, each once (a Redis key per incident)."""
+    """Push incidents of the last minutes to the browsers' live stream, each once (a Redis key per incident). Two
+    round trips a pass, however many incidents are in the window."""
     now = now or timezone.now()
-    published = 0
-    for job in Job.objects.all():
-        for incident in live.incidents(job, now - window):
-            if client.set(f"statekeeper:incident:{incident['key']}", 1, nx=True, ex=int(window.total_seconds()) * 3):
-                line = json.dumps({"job": job.id, "incident": incident})
-                client.xadd(settings.LIVE_STREAM, {"data": line}, maxlen=50_000, approximate=True)
-                published += 1
-    return published
+    found = [(job.id, incident) for job in Job.objects.all() for incident in live.incidents(job, now - window)]
+    if not found:
+        return 0
+    claim = client.pipeline(transaction=False)
+    for _, incident in found:
+        claim.set(f"statekeeper:incident:{incident['key']}", 1, nx=True, ex=int(window.total_seconds()) * 3)
+    fresh = [(job_id, incident) for (job_id, incident), new in zip(found, claim.execute(), strict=True) if new]
+    push = client.pipeline(transaction=False)
+    for job_id, incident in fresh:
+        line = json.dumps({"job": job_id, "incident": incident})
+        push.xadd(settings.LIVE_STREAM, {"data": line}, maxlen=50_000, approximate=True)
+    push.execute()
+    return len(fresh)
