@@ -55,14 +55,18 @@ def forbidden(request: HttpRequest, reason: str) -> HttpResponse:
     return render(request, "403.html", {"reason": reason}, status=403)
 
 
-def requires(needed: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    """Login, then the role (and, for anything above viewer, not read-only); 403 with the reason otherwise."""
+def requires(
+    needed: str, methods: tuple[str, ...] | None = None
+) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """Login, then the role (and, for anything above viewer, not read-only); 403 with the reason otherwise. With
+    `methods`, the role is checked only for those (a page anyone may read that an operator acts from)."""
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @login_required
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if reason := refusal(request.user, needed):
+            checked = methods is None or request.method in methods
+            if checked and (reason := refusal(request.user, needed)):
                 return forbidden(request, reason)
             return view(request, *args, **kwargs)
 

@@ -438,20 +438,15 @@ def capacity(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/capacity.html", context)
 
 
-@login_required
+@requires(OPERATOR, methods=("POST",))
 def job_storage(request: HttpRequest, name: str) -> HttpResponse:
     """Bytes on disk by category (adding up to du), what retention settings would reclaim, and orphans to clean up:
     the clean-up is a POST of the orphans the operator ticked, run as an action."""
-    from dashboard.access import refusal
     from dashboard.services.storage import job_storage as storage_of
 
     job = get_object_or_404(Job, name=name)
     storage = storage_of(job)
     if request.method == "POST":
-        if reason := refusal(request.user, OPERATOR):
-            from dashboard.access import forbidden
-
-            return forbidden(request, reason)
         chosen = [n for n in request.POST.getlist("orphan") if n in {e.name for e in storage.orphans}]
         if not chosen:
             messages.error(request, "Tick the orphans to remove; nothing was deleted.")
@@ -467,21 +462,17 @@ def job_storage(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "dashboard/storage.html", context)
 
 
-@login_required
+@requires(OPERATOR, methods=("POST",))
 def job_inspect(request: HttpRequest, name: str) -> HttpResponse:
     """The state inspector: a form that requests an inspection (an action, operator role), and the answers of the
     recent ones; ?action=<id> shows one."""
-    from dashboard.access import forbidden, refusal
     from dashboard.forms import InspectForm
     from workers.spark.checkpoint_files import committed_batches
 
     job = get_object_or_404(Job, name=name)
     form = InspectForm(request.POST or None, job=job)
-    if request.method == "POST":
-        if reason := refusal(request.user, OPERATOR):
-            return forbidden(request, reason)
-        if form.is_valid():
-            return _request_to(request, job, ActionKind.INSPECT_STATE, form.spec(), "dashboard:job_inspect")
+    if request.method == "POST" and form.is_valid():
+        return _request_to(request, job, ActionKind.INSPECT_STATE, form.spec(), "dashboard:job_inspect")
     inspections = job.actions.filter(kind=ActionKind.INSPECT_STATE).order_by("-id")
     chosen = (
         inspections.filter(id=request.GET.get("action") or 0).first()
