@@ -479,11 +479,14 @@ def job_inspect(request: HttpRequest, name: str) -> HttpResponse:
         if request.GET.get("action", "").isdigit()
         else None
     )
+    shown = chosen or inspections.filter(status="succeeded").first()
+    answer = (shown.params.get("result") or {}) if shown else {}
     context = {
         "job": job,
         "form": form,
         "recent": inspections[:10],
-        "shown": chosen or inspections.filter(status="succeeded").first(),
+        "shown": shown,
+        "page_end": answer.get("offset", 0) + len(answer.get("rows", [])),  # the next page starts here
         "batches": committed_batches(job.checkpoint_location),
     }
     return render(request, "dashboard/inspect.html", context, status=400 if form.errors else 200)

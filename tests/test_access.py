@@ -239,3 +239,17 @@ def test_the_state_inspector_form_checks_its_input_and_needs_an_operator(as_role
     assert bad.status_code == 400 and "A diff needs the earlier batch" in bad.content.decode()
     assert operator.post("/jobs/orders/inspect", {"mode": "lookup", "text": "o10", "limit": "20"}).status_code == 302
     assert job.actions.get().params == {"mode": "lookup", "text": "o10", "limit": 20}
+
+
+def test_the_inspector_offers_the_next_page_of_the_same_batch(as_role, make_job):
+    job = make_job(name="orders")
+    rows = [{"key": f'{{"url":"/{n}"}}', "value": '{"value":{"count":1}}', "partition": 0} for n in range(5)]
+    job.actions.create(
+        kind="inspect-state", status="succeeded",
+        params={"mode": "keys", "limit": 5, "offset": 0, "batch": 55, "origin_read": "batch 55 of checkpoint",
+                "result": {"total": 8, "offset": 0, "rows": rows, "operators": []}},
+    )  # fmt: skip
+    page = as_role("operator").get("/jobs/orders/inspect").content.decode()
+    assert "showing 1–5." in page
+    assert '<input type="hidden" name="offset" value="5">' in page
+    assert '<input type="hidden" name="batch" value="55">' in page, "the next page reads the same batch"

@@ -166,7 +166,9 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     assert [(r.part, r.rows) for r in view.rows] == [(n, counted.params["rows"][f"0:{n}"]) for n in range(3)]
 
     # the state inspector, on a scratch copy: a page of keys, a diff between two batches, rocksdict's raw statistics
-    keys = execute(job, ActionKind.INSPECT_STATE, mode="keys", limit=5).params["result"]
+    inspected = execute(job, ActionKind.INSPECT_STATE, mode="keys", limit=5)
+    assert inspected.params["batch"] == max(committed_batches(job.checkpoint_location)), "the batch read is kept"
+    keys = inspected.params["result"]
     assert keys["total"] == 8 and len(keys["rows"]) == 5 and '"url"' in keys["rows"][0]["key"]
     newest = max(committed_batches(job.checkpoint_location))
     diff = execute(job, ActionKind.INSPECT_STATE, mode="diff", batch=newest, from_batch=newest - 1).params["result"]

@@ -70,7 +70,11 @@ def inspect_action(action: Action) -> str:
             result = run_state_tool("inspect", path, batch, spec=spec)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    Action.objects.filter(id=action.id).update(params={**action.params, "result": result, "origin_read": origin})
+    # the batch read is kept with the request, so the next page reads the same batch, not whatever is newest then
+    pinned = {} if action.params.get("savepoint") else {"batch": batch}
+    Action.objects.filter(id=action.id).update(
+        params={**action.params, **pinned, "result": result, "origin_read": origin}
+    )
     shown = result.get("total", len(result.get("rows", result.get("partitions", result.get("operators", [])))))
     return f"Inspected {origin}: {mode}, {shown} result(s)."
 
