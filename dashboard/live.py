@@ -194,8 +194,14 @@ def run_incidents(run: Run) -> list[dict[str, Any]]:
     return events
 
 
+# reads, not changes to the job: no marker on its timeline
+READ_ONLY_ACTIONS = (ActionKind.INSPECT_STATE, ActionKind.COUNT_PARTITION_ROWS)
+
+
 def action_incidents(action: Action) -> list[dict[str, Any]]:
     if action.status not in (ActionStatus.SUCCEEDED, ActionStatus.FAILED) or not action.finished_at:
+        return []
+    if action.kind in READ_ONLY_ACTIONS:
         return []
     ok = action.status == ActionStatus.SUCCEEDED
     text = f"{action.get_kind_display()} #{action.id} {action.status}" + (

@@ -183,6 +183,9 @@ def test_the_chart_data_carries_the_incidents_on_the_same_axis(client, make_job,
         job=job, kind="rescale", status="succeeded", finished_at=now - timedelta(minutes=5), requested_at=now
     )
     Action.objects.create(job=job, kind="savepoint", status="running", requested_at=now)  # not finished: no marker
+    Action.objects.create(  # a read of the state changes nothing: no marker
+        job=job, kind="inspect-state", status="succeeded", finished_at=now - timedelta(minutes=4), requested_at=now
+    )
     data = client.get("/jobs/orders/series.json?range=15m").json()
     assert [e["kind"] for e in data["incidents"]] == ["start", "failure", "restart", "start", "rescale"]
     assert data["resolution"] == "batch"
