@@ -45,12 +45,12 @@ from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from dashboard.models import Checkpoint, Job  # noqa: E402
+from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.rollups import job_rollup  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH  # noqa: E402
+from statekeeper.polling import wait_for  # noqa: E402
 from statekeeper.processes import celery_worker_command, web_command  # noqa: E402
-from workers.pipelines import get as get_pipeline  # noqa: E402
-from workers.polling import wait_for  # noqa: E402
 
 
 def fill(job: Job, rows: int) -> float:

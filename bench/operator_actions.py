@@ -38,11 +38,11 @@ import redis  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from dashboard.models import Action, ActionKind, Checkpoint, Job, Run, RunStatus  # noqa: E402
+from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
+from statekeeper.polling import wait_for  # noqa: E402
 from statekeeper.processes import celery_worker_command  # noqa: E402
-from workers.pipelines import get as get_pipeline  # noqa: E402
-from workers.polling import wait_for  # noqa: E402
 
 
 def first_commit_after(job: Job, after_run: int) -> datetime:

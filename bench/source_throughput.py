@@ -19,9 +19,9 @@ from typing import Any
 
 import redis
 
-from workers.pipelines.url_counts import URLS, transform
-from workers.sources.redis_streams import FORMAT_NAME, Field, PayloadFormat, RedisStreamDataSource
+from workers.spark.pipelines.url_counts import URLS, transform
 from workers.spark.session import build_session
+from workers.spark.sources.redis_streams import FORMAT_NAME, Field, PayloadFormat, RedisStreamDataSource
 
 PAYLOAD = PayloadFormat("json", (Field("url", "string"), Field("ts", "long")))
 

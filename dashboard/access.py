@@ -10,13 +10,19 @@ Roles are Django groups named after them. STATEKEEPER_READ_ONLY=1 refuses every 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from functools import wraps
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db.models import Max
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
+
+from dashboard.models import AuditEntry
+from dashboard.services.audit import audit_record
 
 VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 ROLES = (VIEWER, OPERATOR, ADMIN)
@@ -49,8 +55,6 @@ def refusal(user: Any, needed: str) -> str:
 
 
 def forbidden(request: HttpRequest, reason: str) -> HttpResponse:
-    from dashboard.services.audit import audit_record
-
     audit_record(request, verb="denied", target=request.path, outcome="denied", message=reason)
     return render(request, "403.html", {"reason": reason}, status=403)
 
@@ -89,13 +93,6 @@ def context(request: HttpRequest) -> dict[str, Any]:
 def login_lockout(username: str, address: str) -> int:
     """Seconds until this user name or address may try again; 0 when it may. Failures are counted from the audit
     trail (durable: a restart forgets nothing), for a user name since its last successful login."""
-    from datetime import timedelta
-
-    from django.db.models import Max
-    from django.utils import timezone
-
-    from dashboard.models import AuditEntry
-
     now = timezone.now()
     window_start = now - timedelta(seconds=settings.LOGIN_LOCKOUT_SECONDS)
     logins = AuditEntry.objects.filter(verb="login", at__gte=window_start)

@@ -5,8 +5,10 @@ from typing import Any
 from django import forms
 from django.contrib.auth.forms import AuthenticationForm
 
+from dashboard import pipelines
+from dashboard.access import login_lockout
 from dashboard.models import Job, StateBackend
-from workers.pipelines import CATALOG
+from dashboard.services.audit import audit_record, client_address
 
 FROZEN = {
     "state_partitions": "the number of state partitions is frozen in the checkpoint at the first batch",
@@ -15,7 +17,13 @@ FROZEN = {
 }
 
 
+def _pipeline_choices() -> list[tuple[str, str]]:
+    return [(p.name, f"{p.name}: {p.title}") for p in pipelines.registry().pipelines.values()]
+
+
 class JobForm(forms.ModelForm):
+    pipeline = forms.ChoiceField(choices=_pipeline_choices)
+
     class Meta:
         model = Job
         fields = [
@@ -38,8 +46,12 @@ class JobForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        pipeline = CATALOG.get(data.get("pipeline") or "")
-        if pipeline and pipeline.needs_rocksdb and data.get("state_backend") == StateBackend.MEMORY:
+        pipeline = pipelines.find(data.get("pipeline") or "")
+        if (
+            pipeline is not None
+            and getattr(pipeline, "needs_rocksdb", False)
+            and data.get("state_backend") == StateBackend.MEMORY
+        ):
             self.add_error(
                 "state_backend",
                 f"{pipeline.name} keeps its state with transformWithState, which needs RocksDB: choose a RocksDB backend.",
@@ -93,9 +105,6 @@ class ThrottledLoginForm(AuthenticationForm):
     """Django's login form, refusing a user name or address that failed too often lately."""
 
     def clean(self) -> dict[str, Any]:
-        from dashboard.access import login_lockout
-        from dashboard.services.audit import audit_record, client_address
-
         username = str(self.data.get("username", ""))[:150]
         wait = login_lockout(username, client_address(self.request))
         if wait:
@@ -146,6 +155,16 @@ class InspectForm(forms.Form):
             self.add_error("text", "Give the text to look for in the keys.")
         if data.get("batch") is not None and data.get("from_batch") is not None and data["from_batch"] >= data["batch"]:
             self.add_error("from_batch", "The earlier batch must be before the batch.")
+        chosen = data.get("savepoint")
+        if chosen is not None and data.get("batch") is not None:
+            held = self.job.savepoints.filter(id=chosen).values_list("batch_id", flat=True).first()
+            if held != data["batch"]:
+                # a savepoint holds one batch: reading it would silently ignore the batch typed
+                self.add_error(
+                    "batch",
+                    f"Savepoint #{chosen} holds batch {held} only: leave the batch empty to read it, or choose the "
+                    f"live checkpoint to read batch {data['batch']}.",
+                )
         return data
 
     def spec(self) -> dict[str, Any]:

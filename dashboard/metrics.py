@@ -9,9 +9,10 @@ from typing import Any
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 
-from dashboard import selectors
 from dashboard.api.tokens import token_user
 from dashboard.models import Alert, Recovery, RunStatus
+from dashboard.records import MEASURES
+from dashboard.selectors.jobs import dead_letter_counts, job_list
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -31,36 +32,24 @@ def _family(name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[s
 
 
 def render_metrics() -> str:
-    jobs = list(selectors.job_list())
+    jobs = list(job_list())
     restarts = dict(Recovery.objects.values("job_id").annotate(n=Count("id")).values_list("job_id", "n"))
     alerts = list(Alert.objects.filter(resolved_at__isnull=True).values("job__name", "kind").annotate(n=Count("id")))
-    dead = selectors.dead_letter_counts(jobs)
+    dead = dead_letter_counts(jobs)
 
     def per_job(get: Any) -> list[tuple[dict[str, Any], Any]]:
         return [({"job": j.name}, get(j, j.latest_checkpoint)) for j in jobs]
 
-    def seconds(ms: int | None) -> float | None:
-        return ms / 1000 if ms is not None else None
+    def exported(measure: Any, c: Any) -> float | None:
+        value = getattr(c, measure.column) if c else None
+        return value / 1000 if value is not None and measure.unit == "ms" else value
 
     families = [
         ("statekeeper_job_running", "gauge", "1 while a driver runs the job",
          per_job(lambda j, c: 1 if j.run_status == RunStatus.RUNNING else 0)),
-        ("statekeeper_job_lag_records", "gauge", "records in the source not yet processed, at the last checkpoint",
-         per_job(lambda j, c: c.lag_records if c else None)),
         ("statekeeper_job_lag_seconds", "gauge", "lag in records over the processing rate, at the last checkpoint",
          per_job(lambda j, c: c.lag_records / c.processed_rate if c and c.lag_records is not None and c.processed_rate else None)),
-        ("statekeeper_job_state_rows", "gauge", "state rows of all stateful operators",
-         per_job(lambda j, c: c.state_rows_total if c else None)),
-        ("statekeeper_job_state_memory_bytes", "gauge", "state bytes in memory of all stateful operators",
-         per_job(lambda j, c: c.state_memory_bytes if c else None)),
-        ("statekeeper_checkpoint_size_bytes", "gauge", "full checkpoint directory size after the last batch",
-         per_job(lambda j, c: c.full_size_bytes if c else None)),
-        ("statekeeper_checkpoint_checkpointed_bytes", "gauge", "bytes the last batch added to the checkpoint",
-         per_job(lambda j, c: c.checkpointed_bytes if c else None)),
-        ("statekeeper_checkpoint_duration_seconds", "gauge", "end-to-end duration of the last batch",
-         per_job(lambda j, c: seconds(c.duration_ms) if c else None)),
-        ("statekeeper_checkpoint_state_commit_seconds", "gauge", "state commit time of the last batch",
-         per_job(lambda j, c: seconds(c.state_commit_ms) if c else None)),
+        *[(m.metric, "gauge", m.metric_help, per_job(lambda j, c, m=m: exported(m, c))) for m in MEASURES if m.metric],
         ("statekeeper_checkpoint_last_batch_id", "gauge", "id of the last committed batch",
          per_job(lambda j, c: c.batch_id if c else None)),
         ("statekeeper_checkpoint_last_commit_timestamp_seconds", "gauge", "when the last batch was triggered",

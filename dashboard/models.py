@@ -8,8 +8,6 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from workers.pipelines import CATALOG
-
 JOB_NAME = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lower-case letters, digits and hyphens (it names the checkpoint directory)."
 )
@@ -36,7 +34,7 @@ class RestartStrategy(models.TextChoices):
 
 class Job(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[JOB_NAME])
-    pipeline = models.CharField(max_length=40, choices=[(name, name) for name in CATALOG])
+    pipeline = models.CharField(max_length=40, help_text="the name of a registered pipeline (dashboard/pipelines.py)")
     source_stream = models.CharField(max_length=200, validators=[STREAM_NAME], help_text="Redis stream key")
     state_backend = models.CharField(max_length=24, choices=StateBackend.choices, default=StateBackend.MEMORY)
     trigger_interval_seconds = models.FloatField(

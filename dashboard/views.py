@@ -1,70 +1,154 @@
 from __future__ import annotations
 
+import asyncio
+import csv
+import io
 import json
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 
+import redis
+import redis.asyncio as aredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
 from django.views.decorators.http import require_POST
 
-from dashboard import live, selectors
+from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, requires
-from dashboard.forms import JobForm, RescaleForm
+from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.forms import InspectForm, JobForm, RescaleForm
 from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, AutoscaleMode, Job, SavepointStatus
+from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
+from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.autoscale import window_advice
+from dashboard.services.capacity import csv_rows, week_review
+from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
-from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
-from workers.pipelines import CATALOG
+from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.storage import job_storage as storage_of
+from dashboard.services.storage import orphan_jobs
 
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = list(selectors.job_list())
+    listed = list(jobs.job_list())
     context = {
-        "jobs": jobs,
-        "dead_letters": selectors.dead_letter_counts(jobs),
-        "trends": selectors.job_trends(jobs),
+        "jobs": listed,
+        "dead_letters": jobs.dead_letter_counts(listed),
+        "trends": jobs.job_trends(listed),
         "follow": _follow_position(),
     }
     return render(request, "dashboard/job_list.html", context)
 
 
+# The job page's tabs, in Flink's order: (key, label, url name). The header (status, lag, actions) is on every one.
+JOB_TABS = (
+    ("overview", "Overview", "dashboard:job_detail"),
+    ("checkpoints", "Checkpoints", "dashboard:job_checkpoints"),
+    ("state", "State", "dashboard:job_state"),
+    ("savepoints", "Savepoints", "dashboard:job_savepoints"),
+    ("runs", "Runs and recoveries", "dashboard:job_runs"),
+    ("alerts", "Alerts", "dashboard:job_alerts"),
+    ("results", "Results", "dashboard:job_results"),
+)
+
+
+def _job_tab(request: HttpRequest, job: Job, tab: str, context: dict[str, Any]) -> HttpResponse:
+    """Render one tab of the job page under the header every tab shares."""
+    header = {
+        "run": job.runs.order_by("-id").first(),
+        "lag": lag.status_json(charts.recent_points(job), job.trigger_interval_seconds),
+        "open_alerts": list(job.alerts.filter(resolved_at__isnull=True).order_by("-opened_at")),
+        "action_in_flight": job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first(),
+        "autoscale": window_advice(job) if job.autoscale_mode != AutoscaleMode.OFF else None,
+        "tabs": [(key, label, reverse(url, args=[job.name])) for key, label, url in JOB_TABS],
+    }
+    title = next(label for key, label, _ in JOB_TABS if key == tab)
+    base = {"job": job, "tab": tab, "tab_title": title, "header": header, "pipeline": pipelines.find(job.pipeline)}
+    return render(request, f"dashboard/job/{tab}.html", base | context)
+
+
+def _listed_job(name: str) -> Job:
+    return get_object_or_404(jobs.job_list(), name=name)
+
+
 @login_required
 def job_detail(request: HttpRequest, name: str) -> HttpResponse:
-    job = get_object_or_404(selectors.job_list(), name=name)
-    count, summary = selectors.checkpoint_summary(job=job)
+    """Overview: key figures and the live charts."""
+    job = _listed_job(name)
+    return _job_tab(request, job, "overview", {"dead_letters": jobs.dead_letter_counts([job])[job.id]})
+
+
+@login_required
+def job_checkpoints(request: HttpRequest, name: str) -> HttpResponse:
+    """Checkpoints: summary, configuration (with the Spark settings frozen in the checkpoint) and history pages."""
+    job = _listed_job(name)
+    count, summary = checkpoints.checkpoint_summary(job=job)
+    pipeline = pipelines.find(job.pipeline)
     context = {
-        "job": job,
-        "pipeline": CATALOG.get(job.pipeline),
-        "runs": job.runs.select_related("requested_by")[:10],
-        "history": selectors.checkpoint_history(job=job, before=request.GET.get("before")),
-        "alerts": job.alerts.all()[:10],
-        "open_alerts": [a for a in job.alerts.all()[:50] if a.is_open],
         "summary": summary,
         "summary_count": count,
-        "results": selectors.job_results(job=job),
-        "dead_letters": selectors.dead_letter_counts([job])[job.id],
-        "actions": job.actions.select_related("requested_by")[:10],
-        "action_in_flight": job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first(),
-        "savepoints": job.savepoints.exclude(status=SavepointStatus.DISPOSED)[:20],
-        "recoveries": job.recoveries.select_related("failed_run", "restart_run")[:10],
-        "old_checkpoints": old_checkpoints(job),
+        "history": checkpoints.checkpoint_history(job=job, before=request.GET.get("before")),
         "retention_hours": settings.CHECKPOINT_RAW_RETENTION_HOURS,
-        "partitions": live.partition_view(job),
-        "autoscale": window_advice(job) if job.autoscale_mode != AutoscaleMode.OFF else None,
+        "frozen": checkpoints.frozen_configuration(job),
+        "pipeline_conf": getattr(pipeline, "conf", {}) or {},
     }
-    return render(request, "dashboard/job_detail.html", context)
+    return _job_tab(request, job, "checkpoints", context)
+
+
+@login_required
+def job_state(request: HttpRequest, name: str) -> HttpResponse:
+    job = _listed_job(name)
+    return _job_tab(request, job, "state", {"partitions": partition_view(job)})
+
+
+@login_required
+def job_savepoints(request: HttpRequest, name: str) -> HttpResponse:
+    job = _listed_job(name)
+    context = {
+        "savepoints": job.savepoints.exclude(status=SavepointStatus.DISPOSED)[:50],
+        "old_checkpoints": old_checkpoints(job),
+    }
+    return _job_tab(request, job, "savepoints", context)
+
+
+@login_required
+def job_runs(request: HttpRequest, name: str) -> HttpResponse:
+    """Runs with their exceptions, automatic recoveries and operator actions."""
+    job = _listed_job(name)
+    context = {
+        "runs": job.runs.select_related("requested_by")[:20],
+        "recoveries": job.recoveries.select_related("failed_run", "restart_run")[:20],
+        "actions": job.actions.select_related("requested_by")[:20],
+    }
+    return _job_tab(request, job, "runs", context)
+
+
+@login_required
+def job_alerts(request: HttpRequest, name: str) -> HttpResponse:
+    job = _listed_job(name)
+    return _job_tab(request, job, "alerts", {"alerts": job.alerts.all()[:50]})
+
+
+@login_required
+def job_results(request: HttpRequest, name: str) -> HttpResponse:
+    job = _listed_job(name)
+    return _job_tab(request, job, "results", {"results": jobs.job_results(job=job)})
 
 
 def _plain(values: dict) -> dict:
@@ -84,7 +168,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "dashboard/job_form.html",
-        {"form": form, "catalog": CATALOG.values()},
+        {"form": form, "catalog": pipelines.registry().pipelines.values()},
         status=400 if form.errors else 200,
     )
 
@@ -100,7 +184,7 @@ def job_edit(request: HttpRequest, name: str) -> HttpResponse:
         audit_record(request, verb="job-edit", job=job.name, params=_plain(changes), outcome="succeeded")
         messages.success(request, f"Saved {job.name}. Changes take effect at its next start.")
         return redirect("dashboard:job_detail", name=job.name)
-    context = {"form": form, "job": job, "catalog": CATALOG.values()}
+    context = {"form": form, "job": job, "catalog": pipelines.registry().pipelines.values()}
     return render(request, "dashboard/job_form.html", context, status=400 if form.errors else 200)
 
 
@@ -230,8 +314,6 @@ def checkpoint_discard(request: HttpRequest, name: str, directory: str) -> HttpR
 
 def _follow_position() -> str:
     """The live stream's newest entry id: where a page loaded now starts following."""
-    import redis
-
     try:
         newest = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).xrevrange(settings.LIVE_STREAM, count=1)
         return newest[0][0].decode() if newest else "0-0"
@@ -244,17 +326,16 @@ def job_series(request: HttpRequest, name: str) -> JsonResponse:
     """Chart points for a time range (raw, per minute or per hour), the incidents on the same axis, the lag status
     on the latest raw checkpoints, and the live stream position to follow from."""
     job = get_object_or_404(Job, name=name)
-    span = live.RANGES.get(request.GET.get("range", "15m"), live.RANGES["15m"])
+    span = charts.RANGES.get(request.GET.get("range", "15m"), charts.RANGES["15m"])
     now = timezone.now()
-    series = live.chart_series(job, span, now)
-    status = live.lag_status(series.recent, job.trigger_interval_seconds, now)
+    series = charts.chart_series(job, span, now)
     return JsonResponse(
         {
             "points": series.points,
             "resolution": series.resolution,
-            "recent": series.recent,
-            "incidents": live.incidents(job, now - span),
-            "status": status.__dict__,
+            "labels": charts.LABELS,
+            "incidents": incidents.incidents(job, now - span),
+            "status": lag.status_json(series.recent, job.trigger_interval_seconds, now),
             "follow": _follow_position(),
             "trigger": job.trigger_interval_seconds,
         }
@@ -264,13 +345,13 @@ def job_series(request: HttpRequest, name: str) -> JsonResponse:
 LIVE_STREAM_SECONDS = 300  # a stream ends after this; the browser reconnects with Last-Event-ID and misses nothing
 
 
-async def _live_events(job_id: int | None, cursor: str) -> AsyncIterator[str]:
-    """Checkpoints and incidents from the live stream, for one job or (None) for all."""
-    import time
-
-    import redis.asyncio as aredis
-
+async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
+    """Checkpoints and incidents from the live stream, for one job or (None) for all. A job's checkpoints carry the
+    lag status judged on the server; a keep-alive re-judges it (STOP is the absence of commits)."""
     client = aredis.Redis.from_url(settings.REDIS_URL)
+    window = None
+    if job is not None:
+        window = lag.LagWindow(await sync_to_async(charts.recent_points)(job), job.trigger_interval_seconds)
     yield "retry: 2000\n\n"
     ends = time.monotonic() + LIVE_STREAM_SECONDS
     try:
@@ -279,10 +360,13 @@ async def _live_events(job_id: int | None, cursor: str) -> AsyncIterator[str]:
                 reply = await client.xread({settings.LIVE_STREAM: cursor}, block=15_000, count=500)
             except aredis.RedisError:
                 yield ": redis unavailable\n\n"  # the browser keeps the connection; the stream returns with Redis
-                await _sleep(2)
+                await asyncio.sleep(2)
                 continue
             if not reply:
-                yield ": keep-alive\n\n"
+                if window is not None:
+                    yield f"event: status\ndata: {json.dumps(window.status())}\n\n"
+                else:
+                    yield ": keep-alive\n\n"
                 continue
             for entry_id, fields in reply[0][1]:
                 cursor = entry_id.decode()
@@ -290,10 +374,13 @@ async def _live_events(job_id: int | None, cursor: str) -> AsyncIterator[str]:
                     data = json.loads(fields[b"data"])
                 except (KeyError, ValueError):
                     continue
-                if job_id is not None and data.get("job") != job_id:
+                if job is not None and data.get("job") != job.id:
                     continue
                 if "record" in data:
-                    body = live.point(data["record"]) | {"job": data["job"]}
+                    body = charts.point(data["record"]) | {"job": data["job"]}
+                    if window is not None:
+                        window.add(body)
+                        body["status"] = window.status()
                     yield f"id: {cursor}\nevent: checkpoint\ndata: {json.dumps(body)}\n\n"
                 elif "incident" in data:
                     body = data["incident"] | {"job": data["job"]}
@@ -302,19 +389,11 @@ async def _live_events(job_id: int | None, cursor: str) -> AsyncIterator[str]:
         await client.aclose()  # type: ignore[attr-defined]  # redis 5+ has aclose; the stubs predate it
 
 
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
-
-
-def _event_stream(request: HttpRequest, job_id: int | None) -> HttpResponse | StreamingHttpResponse:
-    from django.core.handlers.asgi import ASGIRequest
-
+def _event_stream(request: HttpRequest, job: Job | None) -> HttpResponse | StreamingHttpResponse:
     if not isinstance(request, ASGIRequest):  # a WSGI server would hold a thread for as long as the browser watches
         return HttpResponse("Live updates need the ASGI server (uvicorn).", status=503, content_type="text/plain")
     cursor = request.headers.get("Last-Event-ID") or request.GET.get("after") or "$"
-    response = StreamingHttpResponse(_live_events(job_id, cursor), content_type="text/event-stream")
+    response = StreamingHttpResponse(_live_events(job, cursor), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -326,7 +405,7 @@ async def job_live(request: HttpRequest, name: str) -> HttpResponse | StreamingH
     job = await sync_to_async(Job.objects.filter(name=name).first)()
     if job is None:
         raise Http404(name)
-    return _event_stream(request, job.id)
+    return _event_stream(request, job)
 
 
 @login_required
@@ -358,8 +437,6 @@ def alert_list(request: HttpRequest) -> HttpResponse:
 
 def _moment(text: str) -> datetime | None:
     """A datetime-local field's value, in the server's time zone; None when empty or not a time."""
-    from django.utils.dateparse import parse_datetime
-
     try:
         moment = parse_datetime(text) if text else None
     except ValueError:
@@ -403,13 +480,6 @@ def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
 def capacity(request: HttpRequest) -> HttpResponse:
     """The weekly capacity review: ?end=YYYY-MM-DD (the week before that day; default the last 7 days),
     ?format=csv for the table, ?print=1 for the printable view."""
-    import csv
-    import io
-
-    from django.utils.dateparse import parse_date
-
-    from dashboard.services.capacity import csv_rows, week_review
-
     end_text = request.GET.get("end", "")
     end = None
     if end_text:
@@ -425,9 +495,11 @@ def capacity(request: HttpRequest) -> HttpResponse:
         response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="capacity-{review.end:%Y-%m-%d}.csv"'
         return response
-    charts = {r.job.name: r.series | {"trigger_ms": r.job.trigger_interval_seconds * 1000} for r in review.jobs}
-    from dashboard.services.storage import orphan_jobs
-
+    # each chart spans the whole week: a week with one hourly bucket would otherwise zoom to milliseconds
+    week = [review.start.isoformat(), review.end.isoformat()]
+    charts = {
+        r.job.name: r.series | {"trigger_ms": r.job.trigger_interval_seconds * 1000, "range": week} for r in review.jobs
+    }
     context = {
         "review": review,
         "charts": charts,
@@ -442,8 +514,6 @@ def capacity(request: HttpRequest) -> HttpResponse:
 def job_storage(request: HttpRequest, name: str) -> HttpResponse:
     """Bytes on disk by category (adding up to du), what retention settings would reclaim, and orphans to clean up:
     the clean-up is a POST of the orphans the operator ticked, run as an action."""
-    from dashboard.services.storage import job_storage as storage_of
-
     job = get_object_or_404(Job, name=name)
     storage = storage_of(job)
     if request.method == "POST":
@@ -466,9 +536,6 @@ def job_storage(request: HttpRequest, name: str) -> HttpResponse:
 def job_inspect(request: HttpRequest, name: str) -> HttpResponse:
     """The state inspector: a form that requests an inspection (an action, operator role), and the answers of the
     recent ones; ?action=<id> shows one."""
-    from dashboard.forms import InspectForm
-    from workers.spark.checkpoint_files import committed_batches
-
     job = get_object_or_404(Job, name=name)
     form = InspectForm(request.POST or None, job=job)
     if request.method == "POST" and form.is_valid():

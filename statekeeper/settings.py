@@ -132,6 +132,15 @@ CELERY_BEAT_SCHEDULE = {
     "restore-drills": {"task": "workers.tasks.restore_drills", "schedule": crontab(hour=3, minute=30)},
 }
 
+# Pipelines the console can run: "module:attribute" references, the shipped examples first, then the user's
+# (STATEKEEPER_PIPELINES, comma-separated); installed packages add theirs through the entry-point group
+# "statekeeper.pipelines". dashboard/pipelines.py loads and checks them.
+BUILTIN_PIPELINES = [
+    f"workers.spark.pipelines.{module}:PIPELINE"
+    for module in ("url_counts", "order_state_machine", "count_window_average", "dedup", "minute_windows")
+]
+PIPELINES = BUILTIN_PIPELINES + [p.strip() for p in env_str("STATEKEEPER_PIPELINES", "").split(",") if p.strip()]
+
 # Where every job's checkpoint lives: <root>/<job name>/checkpoint. Users name jobs, never paths.
 CHECKPOINT_ROOT = Path(env_str("STATEKEEPER_CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints"))).resolve()
 LOG_ROOT = Path(env_str("STATEKEEPER_LOG_ROOT", str(BASE_DIR / "var" / "logs"))).resolve()

@@ -19,10 +19,10 @@ import redis as redis_lib
 from django.conf import settings
 from django.db import connection
 
+from dashboard.pipelines import get as get_pipeline
 from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH
+from statekeeper.polling import wait_for
 from statekeeper.processes import celery_worker_command, web_command
-from workers.pipelines import get as get_pipeline
-from workers.polling import wait_for
 
 __all__ = ["wait_for"]  # tests import it from here
 

@@ -205,7 +205,7 @@ def test_a_server_error_shows_no_stack_trace(make_job, django_user_model, monkey
     def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(views.selectors, "job_list", broken)
+    monkeypatch.setattr(views.jobs, "job_list", broken)
     browser = Client(raise_request_exception=False)
     browser.force_login(django_user_model.objects.create_user("viewer", password="x"))
     response = browser.get("/")
@@ -253,3 +253,15 @@ def test_the_inspector_offers_the_next_page_of_the_same_batch(as_role, make_job)
     assert "showing 1–5." in page
     assert '<input type="hidden" name="offset" value="5">' in page
     assert '<input type="hidden" name="batch" value="55">' in page, "the next page reads the same batch"
+
+
+def test_the_inspector_refuses_a_typed_batch_that_the_chosen_savepoint_does_not_hold(as_role, make_job):
+    job = make_job(name="orders")
+    savepoint = job.savepoints.create(status="verified", batch_id=12, path="/nowhere")
+    operator = as_role("operator")
+    bad = operator.post("/jobs/orders/inspect", {"mode": "keys", "savepoint": savepoint.id, "batch": "7"})
+    assert bad.status_code == 400
+    assert f"Savepoint #{savepoint.id} holds batch 12 only" in bad.content.decode()
+    assert not job.actions.exists(), "nothing is read when the choice is ambiguous"
+    assert operator.post("/jobs/orders/inspect", {"mode": "keys", "batch": "7"}).status_code == 302
+    assert job.actions.get().params == {"mode": "keys", "batch": 7}

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from dashboard.live import partition_view
+from dashboard.checkpoint_dir.files import committed_batches, verify_files
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
+from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.drills import drills_run
+from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
-from dashboard.services.runs import ActionRefused
 from dashboard.services.storage import job_storage
 from tests.conftest import run_through, send_events, wait_for
-from workers.spark.checkpoint_files import committed_batches, verify_files
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

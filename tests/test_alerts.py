@@ -15,7 +15,8 @@ from django.core import mail
 from django.utils import timezone
 
 from dashboard.models import Alert, AlertKind, Checkpoint, Recovery, Run, RunStatus, Savepoint, SavepointStatus
-from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate, incidents_publish
+from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate
+from dashboard.services.runs import run_finish, run_started
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -191,11 +192,24 @@ def test_the_console_lists_open_and_past_alerts(client, django_user_model, make_
     assert "1 open" in client.get("/").content.decode(), "the job list counts open alerts"
 
 
-def test_incidents_reach_the_live_stream_once(make_job, redis):
+def test_incidents_reach_the_live_stream_as_they_are_recorded(make_job, redis):
+    """No rescan: a run's start and end and an alert's opening and all-clear are pushed by the code that records
+    them, each once, in the order they happened."""
     job = make_job()
-    run = running(job, started_seconds_ago=5)
-    Alert.objects.create(job=job, kind=AlertKind.LAG_WARN, message="lag never falls")
-    assert incidents_publish(redis) == 2
-    assert incidents_publish(redis) == 0, "each incident is pushed once"
+    run = Run.objects.create(job=job, status=RunStatus.STARTING)
+    run_started(run_id=run.id)
+    Run.objects.filter(id=run.id).update(started_at=timezone.now() - timedelta(seconds=99))
+    now = timezone.now()
+    alerts_evaluate(now, deliver=lambda *_: None)  # no checkpoint for 99 s: a checkpoint stall opens
+    run_finish(run_id=run.id, status=RunStatus.STOPPED, message="stopped on request")
+    alerts_evaluate(now + timedelta(seconds=1), deliver=lambda *_: None)
+    alerts_evaluate(now + timedelta(seconds=30), deliver=lambda *_: None)  # clear for 29 s: all clear
+    alert = job.alerts.get()
     pushed = [json.loads(f[b"data"]) for _, f in redis.xrange(django_settings.LIVE_STREAM)]
-    assert [p["incident"]["key"] for p in pushed] == [f"run-{run.id}-start", f"alert-{job.alerts.get().id}-open"]
+    assert [p["incident"]["key"] for p in pushed] == [
+        f"run-{run.id}-start",
+        f"alert-{alert.id}-open",
+        f"run-{run.id}-end",
+        f"alert-{alert.id}-end",
+    ]
+    assert all(p["job"] == job.id for p in pushed)

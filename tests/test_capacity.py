@@ -93,8 +93,13 @@ def test_the_review_page_csv_and_printable_view(client, django_user_model, make_
     client.force_login(django_user_model.objects.create_user("planner", password="x"))
     job = make_job(name="orders", parallelism=2, trigger_interval_seconds=2)
     week_of_history(job, duration_ms=1800, rows_per_hour=100, bytes_per_hour=1000)
-    page = client.get("/capacity/").content.decode()
+    response = client.get("/capacity/")
+    page = response.content.decode()
     assert "Raise parallelism 2 → 3" in page and 'data-chart="state"' in page
+    review = response.context["review"]
+    assert response.context["charts"]["orders"]["range"] == [review.start.isoformat(), review.end.isoformat()], (
+        "every chart spans the week, however few hourly buckets it has"
+    )
     rows = list(csv.DictReader(io.StringIO(client.get("/capacity/?format=csv").content.decode())))
     assert rows[0]["job"] == "orders" and float(rows[0]["utilisation"]) == pytest.approx(0.9)
     assert 'class="printable"' in client.get("/capacity/?print=1").content.decode()

@@ -16,7 +16,8 @@ from django.db import connection
 
 from dashboard.models import Action, ActionKind, Checkpoint, ResultRow, Run, RunStatus
 from dashboard.services.actions import action_request
-from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
+from dashboard.services.errors import ActionRefused
+from dashboard.services.runs import job_request_start, job_request_stop
 from tests.conftest import send_events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -22,7 +22,7 @@ def browser_page(live_server: Any, browser_login: Any) -> Any:
 
 def status_on_page(page: Any, url: str) -> str:
     page.goto(url)
-    return page.locator("dl.grid .badge").first.inner_text().lower()
+    return page.locator("#run-status").inner_text().lower()
 
 
 def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
@@ -40,8 +40,23 @@ def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
 
     wait_for(lambda: job.checkpoints.count() > 0, 90, 1, "the first checkpoint to be ingested")
     page.goto(url)
+    # every tab by its link, each its own address, the header with the status and the actions on each
+    for label, address, shows in (
+        ("Checkpoints", "/checkpoints", "Checkpoint summary"),
+        ("State", "/state", "State partitions"),
+        ("Savepoints", "/savepoints", "No savepoints yet"),
+        ("Runs and recoveries", "/runs", "pid "),
+        ("Alerts", "/alerts", "Operational alerts"),
+        ("Results", "/results", "Top URLs"),
+        ("Overview", "/", "Live"),
+    ):
+        page.locator("nav.tabs").get_by_role("link", name=label).click()
+        assert page.url == url.rstrip("/") + address, f"{label} has an address of its own"
+        assert shows in page.content() and page.locator("#run-status").inner_text().lower() == "running"
+        assert page.get_by_role("button", name="Stop", exact=True).count() == 1, f"the actions on {label}"
+        page.screenshot(path=str(tmp_path / f"tab-{address.strip('/') or 'overview'}.png"), full_page=True)
+    page.goto(url + "checkpoints")
     assert page.locator("text=No checkpoint yet").count() == 0
-    page.screenshot(path=str(tmp_path / "running.png"), full_page=True)
 
     # a second start, as a stale tab or a script would send it
     csrf = page.locator("input[name=csrfmiddlewaretoken]").first.get_attribute("value")

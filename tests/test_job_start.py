@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from dashboard.models import Job, Run, RunStatus
 from dashboard.services import runs as run_services
+from dashboard.services.errors import ActionRefused
 from dashboard.services.lease import lease_acquire, lease_renew
-from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop, run_launch
+from dashboard.services.runs import job_request_start, job_request_stop, run_launch
 from tests.conftest import grant
 from workers.sink import Fenced, write_results
 

@@ -10,8 +10,9 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.test import AsyncClient
 
-from dashboard.live import MAX_POINTS, job_series, lag_status
 from dashboard.models import Checkpoint
+from dashboard.selectors.charts import MAX_POINTS, job_series
+from dashboard.selectors.lag import lag_status
 
 pytestmark = pytest.mark.django_db
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
@@ -122,7 +123,7 @@ def test_under_wsgi_the_live_stream_refuses_instead_of_holding_a_thread(client, 
 
 
 def test_a_partition_slower_than_max_p95_and_one_and_a_half_medians_is_a_straggler(make_job):
-    from dashboard.live import partition_view
+    from dashboard.selectors.partitions import partition_view
 
     job = make_job()
     for batch in range(5):
@@ -140,7 +141,7 @@ def test_a_partition_slower_than_max_p95_and_one_and_a_half_medians_is_a_straggl
 
 
 def test_evenly_loaded_partitions_have_no_straggler(make_job):
-    from dashboard.live import partition_view
+    from dashboard.selectors.partitions import partition_view
 
     job = make_job()
     parts = [{"op": 0, "part": n, "bytes": 1000, "added": 10, "commit_ms": 100 + n} for n in range(8)]

@@ -68,29 +68,33 @@ def test_the_job_list_shows_status_lag_and_state(viewer, make_job):
     assert "clicks" in page and "running" in page
     assert "#3" in page, "the last checkpoint's batch id"
     assert ">47<" in page, "lag in records of the last checkpoint"
+    assert "<title>Jobs · Statekeeper</title>" in page, "the title is the title: no data or scripts in it"
 
 
-def test_the_job_page_pages_through_history_newest_first(viewer, make_job):
+def test_the_checkpoints_tab_pages_through_history_newest_first(viewer, make_job):
     job = make_job(name="clicks")
     with_history(job, 60)
-    first = viewer.get("/jobs/clicks/")
+    first = viewer.get("/jobs/clicks/checkpoints")
     history = first.context["history"]
     assert [c.batch_id for c in history.rows][:3] == [59, 58, 57] and len(history.rows) == 25
     assert f'href="?before={history.older}"' in first.content.decode(), "the page links to the next one"
     seen = [c.batch_id for c in history.rows]
     while history.older:
-        history = viewer.get(f"/jobs/clicks/?before={history.older}").context["history"]
+        history = viewer.get(f"/jobs/clicks/checkpoints?before={history.older}").context["history"]
         seen += [c.batch_id for c in history.rows]
     assert seen == list(range(59, -1, -1)), "every checkpoint once, newest first, across the pages"
-    assert "oldest raw checkpoint kept" in viewer.get(f"/jobs/clicks/?before={history.rows[0].id}").content.decode()
-    bad = viewer.get("/jobs/clicks/?before=zzz")
+    assert (
+        "oldest raw checkpoint kept"
+        in viewer.get(f"/jobs/clicks/checkpoints?before={history.rows[0].id}").content.decode()
+    )
+    bad = viewer.get("/jobs/clicks/checkpoints?before=zzz")
     assert bad.status_code == 200 and bad.context["history"].rows[0].batch_id == 59, "a bad cursor shows the newest"
 
 
 def test_the_summary_has_min_avg_and_percentiles_like_flinks(viewer, make_job):
     job = make_job(name="clicks")
     with_history(job, 101)
-    context = viewer.get("/jobs/clicks/").context
+    context = viewer.get("/jobs/clicks/checkpoints").context
     assert context["summary_count"] == 101
     duration = next(row for row in context["summary"] if row.label == "End to end duration")
     assert duration.values["min"] == 100 and duration.values["max"] == 200
@@ -100,14 +104,46 @@ def test_the_summary_has_min_avg_and_percentiles_like_flinks(viewer, make_job):
     assert duration.values["p99"] == pytest.approx(199)
 
 
-def test_the_job_page_shows_results_and_the_start_button(viewer, make_job):
+def test_the_results_tab_shows_results_and_every_tab_the_start_button(viewer, make_job):
     job = make_job(name="clicks")
     job.results.create(kind="url", key="/api/a", value={"requests": 42}, batch_id=0)
-    page = viewer.get("/jobs/clicks/").content.decode()
+    page = viewer.get("/jobs/clicks/results").content.decode()
     assert "Top URLs" in page and "/api/a" in page and ">42<" in page
     assert 'action="/jobs/clicks/start"' not in page, "a viewer is not offered actions"
     grant(viewer.get("/").wsgi_request.user, "operator")
-    assert 'action="/jobs/clicks/start"' in viewer.get("/jobs/clicks/").content.decode()
+    for tab in ("", "checkpoints", "state", "savepoints", "runs", "alerts", "results"):
+        page = viewer.get(f"/jobs/clicks/{tab}").content.decode()
+        assert 'action="/jobs/clicks/start"' in page, f"the header's actions are on the {tab or 'overview'} tab"
+
+
+def test_each_tab_has_its_own_address_and_says_which_it_is(viewer, make_job):
+    job = make_job(name="clicks")
+    with_history(job, 3)
+    Run.objects.create(job=job, status=RunStatus.FAILED, message="The query failed: boom", error="Traceback: boom")
+    tabs = {
+        "": "Live",
+        "checkpoints": "Checkpoint summary",
+        "state": "State partitions",
+        "savepoints": "No savepoints yet",
+        "runs": "Traceback: boom",
+        "alerts": "Operational alerts",
+        "results": "Top URLs",
+    }
+    for tab, content in tabs.items():
+        page = viewer.get(f"/jobs/clicks/{tab}").content.decode()
+        assert content in page, f"{tab or 'overview'} shows {content!r}"
+        assert page.count('aria-current="page"') == 1, "one tab is marked as the current one"
+    config = viewer.get("/jobs/clicks/checkpoints").content.decode()
+    assert "Trigger interval" in config and "Batches retained" in config and "Spark settings" in config
+    assert "Checkpoint summary" not in viewer.get("/jobs/clicks/").content.decode(), "the overview stays short"
+
+
+def test_a_job_whose_pipeline_is_gone_is_shown_not_crashed_on(viewer, make_job):
+    make_job(name="clicks", pipeline="uninstalled-pipeline")
+    for tab in ("", "results", "checkpoints"):
+        response = viewer.get(f"/jobs/clicks/{tab}")
+        assert response.status_code == 200
+    assert "not registered" in viewer.get("/jobs/clicks/").content.decode()
 
 
 def test_an_unknown_job_is_a_404(viewer):

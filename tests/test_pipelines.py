@@ -10,7 +10,7 @@ import pytest
 
 from dashboard.models import Checkpoint, ResultRow
 from tests.conftest import run_through
-from workers.pipelines.order_state_machine import step
+from workers.spark.pipelines.order_state_machine import step
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

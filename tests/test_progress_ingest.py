@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from dashboard.checkpoint_dir.disk import CheckpointDisk, Measurement, file_batch
 from dashboard.models import Checkpoint, Run
+from dashboard.records import checkpoint_record, is_commit
 from dashboard.services.checkpoints import journal_path, journal_reconcile, progress_stream_ingest
-from workers.progress import ProgressRecorder, checkpoint_record, is_commit
-from workers.spark.checkpoint_disk import CheckpointDisk, Measurement, file_batch
+from workers.progress import ProgressRecorder
 
 pytestmark = pytest.mark.django_db
 

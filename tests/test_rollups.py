@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from dashboard import live
 from dashboard.models import Checkpoint, CheckpointRollup
+from dashboard.selectors import charts
 from dashboard.services.rollups import job_rollup, raw_expire, rollups_run
 
 pytestmark = pytest.mark.django_db
@@ -94,7 +94,7 @@ def test_raw_records_age_out_but_the_four_week_chart_keeps_them(make_job, settin
     job.refresh_from_db()
     assert job.latest_checkpoint_id == recent[-1].id
 
-    month = live.chart_series(job, live.RANGES["4w"], now)
+    month = charts.chart_series(job, charts.RANGES["4w"], now)
     assert month.resolution == "hour"
     batches = sum(p.get("batches", 1) for p in month.points if p["location"] == "checkpoint")
     assert batches == 420, "every batch of the last four weeks is in the chart, raw or rolled up"
@@ -118,6 +118,6 @@ def test_each_range_reads_the_resolution_that_fits_it(make_job, range_, resoluti
     job = make_job()
     history(job, timezone.now() - timedelta(minutes=20), 120)
     job_rollup(job, settled())
-    series = live.chart_series(job, live.RANGES[range_])
+    series = charts.chart_series(job, charts.RANGES[range_])
     assert series.resolution == resolution
     assert series.points[-1]["batch"] == 119, "the right edge is the newest batch whatever the resolution"

@@ -10,7 +10,8 @@ from django.utils import timezone
 from dashboard.models import Action, ActionKind, ActionStatus, Run, RunStatus, Savepoint, SavepointStatus
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.forks import old_checkpoints, savepoint_preview
-from dashboard.services.savepoints import savepoints_periodic, savepoints_retain
+from dashboard.services.periodic import savepoints_periodic
+from dashboard.services.savepoints import savepoints_retain
 from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db

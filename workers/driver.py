@@ -1,4 +1,5 @@
-"""A job's driver: one process, one SparkSession, one streaming query; ``python -m workers.driver RUN_ID``.
+"""A job's driver: one process, one SparkSession, one streaming query (``python -m workers.driver_process RUN_ID``
+sets Django up and calls ``main``).
 
 It runs only while it holds the checkpoint lease, renews it on a heartbeat, records every committed batch, and on a
 stop request lets the batch in flight finish before it stops the query.
@@ -10,20 +11,30 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
 from typing import Any
 
-import django
+from django.conf import settings
+from django.utils import timezone
+from pyspark.sql.streaming import StreamingQueryListener
+
+from dashboard import pipelines
+from dashboard.models import Run, RunStatus
+from dashboard.services.checkpoints import journal_path
+from dashboard.services.lease import lease_renew
+from dashboard.services.runs import run_finish, run_started
+from workers.progress import ProgressRecorder
+from workers.sink import batch_writer
+from workers.spark.query import JobSpec, start_query
+from workers.spark.session import build_session
 
 log = logging.getLogger("statekeeper.driver")
 
 
 class JobDriver:
     def __init__(self, spark: Any, run_id: int) -> None:
-        from dashboard.models import Run
 
         self.spark = spark
         self.run = Run.objects.select_related("job").get(id=run_id)
@@ -32,9 +43,6 @@ class JobDriver:
         self.stop_signal = threading.Event()
 
     def spec(self) -> Any:
-        from django.conf import settings
-
-        from workers.spark.query import JobSpec
 
         job = self.job
         return JobSpec(
@@ -55,19 +63,6 @@ class JobDriver:
 
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
-        from django.conf import settings
-        from django.utils import timezone
-        from pyspark.sql.streaming import StreamingQueryListener
-
-        from dashboard.models import Run, RunStatus
-        from dashboard.services.checkpoints import journal_path
-        from dashboard.services.lease import lease_renew
-        from dashboard.services.runs import run_finish
-        from workers.pipelines import get as get_pipeline
-        from workers.progress import ProgressRecorder
-        from workers.sink import batch_writer
-        from workers.spark.query import start_query
-
         if not lease_renew(job_id=self.job.id, token=self.token):
             run_finish(
                 run_id=self.run.id,
@@ -76,6 +71,7 @@ class JobDriver:
             )
             return RunStatus.REFUSED
         spec = self.spec()
+        pipeline = pipelines.get(spec.pipeline)
         recorder = ProgressRecorder(
             job_id=self.job.id,
             run_id=self.run.id,
@@ -108,12 +104,11 @@ class JobDriver:
             query = start_query(
                 self.spark,
                 spec,
-                batch_writer(job_id=self.job.id, token=self.token, pipeline=get_pipeline(spec.pipeline)),
+                pipeline,
+                batch_writer(job_id=self.job.id, token=self.token, pipeline=pipeline),
             )
             query_id.append(str(query.id))
-            Run.objects.filter(id=self.run.id, status=RunStatus.STARTING).update(
-                status=RunStatus.RUNNING, started_at=timezone.now(), last_heartbeat_at=timezone.now()
-            )
+            run_started(run_id=self.run.id)
             return self._supervise(query)
         except Exception as exc:
             run_finish(
@@ -128,12 +123,6 @@ class JobDriver:
             self.spark.streams.removeListener(listener)
 
     def _supervise(self, query: Any) -> str:
-        from django.conf import settings
-        from django.utils import timezone
-
-        from dashboard.models import Run, RunStatus
-        from dashboard.services.lease import lease_renew
-        from dashboard.services.runs import run_finish
 
         while True:
             self.stop_signal.wait(settings.LEASE_RENEW_SECONDS if query.isActive else 0)
@@ -167,7 +156,6 @@ class JobDriver:
 
     def _drain_and_stop(self, query: Any) -> None:
         """Wait for the batch in flight to commit, then stop before the next trigger starts one."""
-        from django.conf import settings
 
         deadline = time.monotonic() + settings.STOP_GRACE_SECONDS
         while query.status.get("isTriggerActive") and time.monotonic() < deadline:
@@ -176,16 +164,7 @@ class JobDriver:
 
 
 def main(argv: list[str]) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
-    django.setup()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from django.conf import settings
-
-    from dashboard.models import Run, RunStatus
-    from dashboard.services.runs import run_finish
-    from workers.pipelines import get as get_pipeline
-    from workers.spark.session import build_session
-
     run_id = int(argv[1])
     run = Run.objects.select_related("job").get(id=run_id)
     job = run.job
@@ -197,7 +176,7 @@ def main(argv: list[str]) -> int:
             backend=job.state_backend,
             partitions=job.state_partitions,
             batches_retained=job.batches_retained,
-            extra=get_pipeline(job.pipeline).conf,
+            extra=pipelines.get(job.pipeline).conf,
         )
     except Exception as exc:
         run_finish(
@@ -210,7 +189,3 @@ def main(argv: list[str]) -> int:
     log.info("run %s ended: %s", run_id, status)
     spark.stop()
     return 0 if status == RunStatus.STOPPED else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -13,7 +13,7 @@ from itertools import islice
 from django.db import connection, transaction
 from pyspark.sql import DataFrame
 
-from workers.pipelines.base import Pipeline, Result
+from workers.spark.pipelines.base import Pipeline, Result
 
 CHUNK = 5000
 

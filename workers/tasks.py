@@ -5,18 +5,20 @@ from __future__ import annotations
 import redis
 from celery import shared_task
 from django.conf import settings
+from django.core.mail import send_mail
 from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.actions import action_execute, actions_abandoned
-from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate, incidents_publish
+from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate
 from dashboard.services.autoscale import autoscale_run
+from dashboard.services.capacity import summary_text, week_review
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
 from dashboard.services.drills import drills_run
+from dashboard.services.periodic import savepoints_periodic
 from dashboard.services.recovery import recoveries_supervise
 from dashboard.services.rollups import rollups_run
 from dashboard.services.runs import run_launch, runs_supervise
-from dashboard.services.savepoints import savepoints_periodic
 
 
 @shared_task(time_limit=60, acks_late=True, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
@@ -72,13 +74,7 @@ def rollup_checkpoints() -> dict[str, int]:
 
 @shared_task(time_limit=30)
 def evaluate_alerts() -> dict[str, int]:
-    changes = alerts_evaluate()
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-    try:
-        published = incidents_publish(client)
-    except redis.RedisError:
-        published = 0  # the markers come back with the next page load; alerts are in the database already
-    return {"changes": len(changes), "incidents": published}
+    return {"changes": len(alerts_evaluate())}
 
 
 @shared_task(time_limit=60, autoretry_for=(DeliveryFailed,), retry_backoff=5, retry_backoff_max=300, max_retries=8)
@@ -94,10 +90,6 @@ def autoscale() -> list[str]:
 @shared_task(time_limit=600)
 def capacity_report() -> str:
     """The weekly review, e-mailed to STATEKEEPER_CAPACITY_EMAILS (or the alert addresses)."""
-    from django.core.mail import send_mail
-
-    from dashboard.services.capacity import summary_text, week_review
-
     recipients = settings.CAPACITY_EMAILS or settings.ALERT_EMAILS
     if not recipients:
         return "no recipients configured"

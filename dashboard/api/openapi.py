@@ -7,12 +7,14 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 
 from dashboard.api.views import BODIES
+from dashboard.records import MEASURES
 
 NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z0-9-]{1,63}$"}}
 LIMIT = {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 STAMP = {"type": "string", "format": "date-time", "nullable": True}
 
+JSON_TYPES = {"ms": "integer", "bytes": "integer", "rows": "integer", "records": "integer", "rows/s": "number"}
 CHECKPOINT = {
     "type": "object",
     "properties": {
@@ -21,17 +23,12 @@ CHECKPOINT = {
         "location": {"type": "string"},
         "committed_at": STAMP,
         "kind": {"type": "string", "enum": ["full", "incremental"]},
-        "duration_ms": {"type": "integer"},
-        "state_commit_ms": {"type": "integer"},
-        "input_rows": {"type": "integer"},
-        "input_rate": {"type": "number"},
-        "processed_rate": {"type": "number"},
-        "state_rows_total": {"type": "integer"},
-        "state_memory_bytes": {"type": "integer"},
-        "checkpointed_bytes": {"type": "integer"},
-        "full_size_bytes": {"type": "integer"},
-        "lag_records": {"type": "integer", "nullable": True},
         "end_offset": {"nullable": True},
+        **{
+            m.column: {"type": JSON_TYPES[m.unit], "nullable": True, "description": f"{m.label} ({m.unit})"}
+            for m in MEASURES
+            if m.column
+        },
     },
 }
 JOB = {

@@ -16,13 +16,17 @@ from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
 
-from dashboard import selectors
 from dashboard.access import OPERATOR, VIEWER, refusal
 from dashboard.api.tokens import token_user
 from dashboard.models import Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
+from dashboard.records import MEASURES
+from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
+from dashboard.selectors.jobs import job_list
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_record
-from dashboard.services.runs import ActionRefused, job_request_start, job_request_stop
+from dashboard.services.errors import ActionRefused
+from dashboard.services.forks import rollback_preview, savepoint_preview
+from dashboard.services.runs import job_request_start, job_request_stop
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 500
@@ -74,7 +78,7 @@ def endpoint(methods: tuple[str, ...], role: str) -> Callable[[Callable[..., Any
 
 
 def _job(name: str) -> Job:
-    job = selectors.job_list().filter(name=name).first()
+    job = job_list().filter(name=name).first()
     if job is None:
         raise ApiError(404, f"No job named {name!r}.")
     return job
@@ -98,23 +102,15 @@ def _stamp(moment: Any) -> str | None:
 
 
 def checkpoint_json(c: Checkpoint) -> dict[str, Any]:
+    """A checkpoint's identity and every measure stored with it (dashboard/records.py)."""
     return {
         "id": c.id,
         "batch_id": c.batch_id,
         "location": c.location,
         "committed_at": _stamp(c.committed_at),
         "kind": c.kind,
-        "duration_ms": c.duration_ms,
-        "state_commit_ms": c.state_commit_ms,
-        "input_rows": c.input_rows,
-        "input_rate": c.input_rate,
-        "processed_rate": c.processed_rate,
-        "state_rows_total": c.state_rows_total,
-        "state_memory_bytes": c.state_memory_bytes,
-        "checkpointed_bytes": c.checkpointed_bytes,
-        "full_size_bytes": c.full_size_bytes,
-        "lag_records": c.lag_records,
         "end_offset": c.end_offset,
+        **{m.column: getattr(c, m.column) for m in MEASURES if m.column},
     }
 
 
@@ -177,7 +173,7 @@ def action_json(a: Action) -> dict[str, Any]:
 
 @endpoint(("GET",), VIEWER)
 def jobs(request: HttpRequest) -> Any:
-    return {"jobs": [job_json(j) for j in selectors.job_list().order_by("name")]}
+    return {"jobs": [job_json(j) for j in job_list().order_by("name")]}
 
 
 @endpoint(("GET",), VIEWER)
@@ -188,7 +184,7 @@ def job(request: HttpRequest, name: str) -> Any:
 
 def _summary(job: Job) -> dict[str, Any]:
     """Min, avg, p50, p90, p99 and max of each checkpoint measure over the last checkpoints."""
-    count, rows = selectors.checkpoint_summary(job=job)
+    count, rows = checkpoint_summary(job=job)
     return {"checkpoints": count, "rows": [{"measure": r.label, "unit": r.unit, **r.values} for r in rows]}
 
 
@@ -203,7 +199,7 @@ def checkpoints(request: HttpRequest, name: str) -> Any:
     found = _job(name)
     limit = _int(request, "limit", 50, 1, MAX_LIMIT) or 50
     before = _int(request, "before", None, 1)
-    page = selectors.checkpoint_history(job=found, before=before, per_page=limit)
+    page = checkpoint_history(job=found, before=before, per_page=limit)
     if before is not None and page.newest:
         raise ApiError(404, f"No checkpoint {before} in {name}.")
     body: dict[str, Any] = {"checkpoints": [checkpoint_json(c) for c in page.rows], "next_before": page.older}
@@ -321,8 +317,6 @@ def _perform(request: HttpRequest, job: Job, verb: str, params: dict[str, Any]) 
 
 def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
     """Restore and rollback are refused up front, with the preview's reason, as in the console."""
-    from dashboard.services.forks import rollback_preview, savepoint_preview
-
     if verb == ActionKind.RESTORE:
         chosen = job.savepoints.filter(id=params["savepoint"]).first()
         if chosen is None:

@@ -1,29 +1,27 @@
 """Operator actions: every one is a persisted record, refused while another action on the job is in flight, executed
-by a Celery worker, and safe to retry (a finished action is never executed twice)."""
+by a Celery worker, and safe to retry (a finished action is never executed twice).
+
+This is the dispatcher: it sits above the modules that do each kind of action (savepoints, forks, rescale, …), which
+take their errors from ``errors`` and their shared steps from ``action_steps``, never from here."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, ActionStatus, Job, Run
-from dashboard.services.runs import ActionRefused
-
-
-class ActionFailed(Exception):
-    """The action could not be completed; the message is for the operator."""
+from dashboard.models import Action, ActionKind, ActionStatus, Job
+from dashboard.selectors.incidents import action_incidents
+from dashboard.services import forks, inspector, partitions, rescale, savepoints, storage
+from dashboard.services.audit import audit_record
+from dashboard.services.enqueue import RUN_ACTION, enqueue
+from dashboard.services.errors import ActionFailed, ActionRefused
+from dashboard.services.incidents import incidents_publish
 
 
 def action_request(
@@ -35,8 +33,6 @@ def action_request(
     origin: str = "user",
 ) -> Action:
     """Record an action and queue it; refused while another action on this job is pending or running."""
-    from workers.tasks import run_action
-
     user = requested_by if isinstance(requested_by, User) else None
     try:
         with transaction.atomic():
@@ -48,10 +44,8 @@ def action_request(
                     f"{busy.get_status_display().lower()}: one action at a time per job."
                 )
             action = Action.objects.create(job=job, kind=kind, params=params or {}, requested_by=user, origin=origin)
-            transaction.on_commit(lambda: run_action.delay(action.id))
+            enqueue(RUN_ACTION, action.id)
             if origin not in ("user", "api"):  # requests from people are audited where they arrive, with the address
-                from dashboard.services.audit import audit_record
-
                 audit_record(
                     None, verb=kind, job=job.name, target=f"action #{action.id}", params=params, outcome="requested",
                     origin=origin,
@@ -61,15 +55,8 @@ def action_request(
     return action
 
 
-def action_progress(action: Action, text: str) -> None:
-    Action.objects.filter(id=action.id).update(progress=text[:300])
-    action.progress = text
-
-
 def action_execute(*, action_id: int) -> Action:
     """Run a pending action to its end. A second call (a redelivered task) finds it no longer pending and returns."""
-    from dashboard.services import forks, inspector, partitions, rescale, savepoints, storage
-
     claimed = Action.objects.filter(id=action_id, status=ActionStatus.PENDING).update(
         status=ActionStatus.RUNNING, started_at=timezone.now()
     )
@@ -99,8 +86,7 @@ def action_execute(*, action_id: int) -> Action:
         status=status, outcome=outcome[:5000], error=error, finished_at=timezone.now(), progress=""
     )
     action.refresh_from_db()
-    from dashboard.services.audit import audit_record
-
+    incidents_publish(action.job_id, action_incidents(action))
     audit_record(
         None,
         verb=action.kind,
@@ -123,44 +109,3 @@ def actions_abandoned(*, older_than_seconds: int) -> int:
         finished_at=timezone.now(),
         outcome="The worker running this action stopped before it finished; it is safe to request it again.",
     )
-
-
-def run_state_tool(
-    command: str, path: Path, number: int, timeout: int = 900, spec: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Spark's reading of a checkpoint copy, in a process of its own (see workers/state_tool.py)."""
-    extra = [json.dumps(spec)] if spec is not None else []
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "workers.state_tool", command, str(path), str(number), *extra],
-            cwd=settings.BASE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        raise ActionFailed(f"Spark's state reader did not finish within {timeout} s") from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines else {"error": done.stderr.strip().splitlines()[-1:] or "no output"}
-    if done.returncode != 0 or "error" in result:
-        raise ActionFailed(f"Spark could not read the state: {result.get('error')}")
-    return dict(result)
-
-
-def active_run(job: Job) -> Run | None:
-    return job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()
-
-
-def wait_until_stopped(action: Action, job: Job, timeout: float | None = None) -> None:
-    """Ask the running driver to drain and stop, and wait for it (a no-op when the job is not running)."""
-    from dashboard.services.runs import job_request_stop
-
-    if active_run(job) is None:
-        return
-    action_progress(action, "stopping the job: the batch in flight commits first")
-    job_request_stop(job=job)
-    deadline = time.monotonic() + (timeout or settings.STOP_GRACE_SECONDS + 30)
-    while active_run(job) is not None:
-        if time.monotonic() > deadline:
-            raise ActionFailed(f"{job.name} did not stop in time; nothing else was changed")
-        time.sleep(0.5)

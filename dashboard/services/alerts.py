@@ -17,8 +17,13 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard import live
-from dashboard.models import Alert, AlertKind, Checkpoint, Job, Recovery, Run, RunStatus, SavepointStatus
+from dashboard.models import Alert, AlertKind, Job, Recovery, Run, RunStatus, SavepointStatus
+from dashboard.records import parse_time
+from dashboard.selectors.charts import recent_points
+from dashboard.selectors.incidents import alert_incidents
+from dashboard.selectors.lag import lag_status
+from dashboard.services.enqueue import DELIVER_ALERT, enqueue
+from dashboard.services.incidents import incidents_publish
 
 log = logging.getLogger(__name__)
 LAG_ALERTS = {"WARN": AlertKind.LAG_WARN, "STALL": AlertKind.LAG_STALL, "STOP": AlertKind.LAG_STOP}
@@ -31,14 +36,9 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
     run = Run.objects.filter(job=job, status=RunStatus.RUNNING).order_by("-id").first()
     if run is not None and run.started_at is not None:
         # judge this run only: the commits of an earlier run say nothing about whether this one is stuck
-        rows = (
-            Checkpoint.objects.filter(job=job, committed_at__gte=run.started_at)
-            .order_by("-committed_at", "-id")
-            .values(*live.FIELDS)[: live.STATUS_WINDOW]
-        )
-        recent = [live.point(row) for row in reversed(rows)]
+        recent = recent_points(job, since=run.started_at)
         trigger = job.trigger_interval_seconds
-        last_commit = live.parse_time(recent[-1]["t"]) if recent else run.started_at
+        last_commit = parse_time(recent[-1]["t"]) if recent else run.started_at
         quiet = (now - last_commit).total_seconds()
         allowed = max(30.0, settings.ALERT_CHECKPOINT_STALL_TRIGGERS * trigger)
         if quiet > allowed:
@@ -49,7 +49,7 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
             )
             found[AlertKind.CHECKPOINT_STALL] = (message, None)
         if recent:
-            status = live.lag_status(recent, trigger, now)
+            status = lag_status(recent, trigger, now)
             if status.status in LAG_ALERTS:
                 found[LAG_ALERTS[status.status]] = (f"lag {status.status}: {status.reason}", None)
     window = timedelta(minutes=job.failure_rate_window_minutes)
@@ -85,6 +85,7 @@ def alerts_evaluate(
                 changes.append(change)
     for alert, event in changes:
         transaction.on_commit(lambda a=alert.id, e=event: deliver(a, e))  # type: ignore[misc]
+        incidents_publish(alert.job_id, alert_incidents(alert)[-1:])  # what just happened: opened or all clear
     return changes
 
 
@@ -117,9 +118,7 @@ def _apply(job: Job, kind: str, message: str | None, subject: int | None, now: d
 
 
 def _enqueue(alert_id: int, event: str) -> None:
-    from workers.tasks import deliver_alert
-
-    deliver_alert.delay(alert_id, event)
+    enqueue(DELIVER_ALERT, alert_id, event)
 
 
 def payload(alert: Alert, event: str) -> dict[str, Any]:
@@ -195,22 +194,3 @@ def _mail(body: dict[str, Any]) -> str:
     ]
     sent = send_mail(subject, "\n".join(lines), settings.DEFAULT_FROM_EMAIL, settings.ALERT_EMAILS)
     return f"{sent} message to {', '.join(settings.ALERT_EMAILS)}"
-
-
-def incidents_publish(client: Any, now: datetime | None = None, window: timedelta = timedelta(minutes=10)) -> int:
-    """Push incidents of the last minutes to the browsers' live stream, each once (a Redis key per incident). Two
-    round trips a pass, however many incidents are in the window."""
-    now = now or timezone.now()
-    found = [(job.id, incident) for job in Job.objects.all() for incident in live.incidents(job, now - window)]
-    if not found:
-        return 0
-    claim = client.pipeline(transaction=False)
-    for _, incident in found:
-        claim.set(f"statekeeper:incident:{incident['key']}", 1, nx=True, ex=int(window.total_seconds()) * 3)
-    fresh = [(job_id, incident) for (job_id, incident), new in zip(found, claim.execute(), strict=True) if new]
-    push = client.pipeline(transaction=False)
-    for job_id, incident in fresh:
-        line = json.dumps({"job": job_id, "incident": incident})
-        push.xadd(settings.LIVE_STREAM, {"data": line}, maxlen=50_000, approximate=True)
-    push.execute()
-    return len(fresh)

@@ -4,6 +4,7 @@ never updated or deleted (the model refuses, and on PostgreSQL a trigger refuses
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -70,8 +71,6 @@ class _Echo:
 
 def audit_csv(entries: Any) -> Iterator[str]:
     """CSV rows, streamed: an export of a year of entries never sits in memory."""
-    import json
-
     writer = csv.writer(_Echo())
     yield writer.writerow(COLUMNS)
     for e in entries.iterator(chunk_size=2000):

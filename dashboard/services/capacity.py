@@ -13,7 +13,6 @@ from typing import Any
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from dashboard.live import partition_view
 from dashboard.models import (
     Action,
     ActionKind,
@@ -28,6 +27,7 @@ from dashboard.models import (
     SavepointStatus,
     StateBackend,
 )
+from dashboard.selectors.partitions import partition_view
 from dashboard.services.savepoints import savepoint_newest_verified
 from dashboard.stats import quantile
 

@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from dashboard.models import Checkpoint, Job, Run
-from workers.progress import parse_time
+from dashboard.records import parse_time
 
 log = logging.getLogger(__name__)
 GROUP = "console"

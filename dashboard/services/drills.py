@@ -10,7 +10,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from dashboard.models import Checkpoint, Job, Savepoint
-from dashboard.services.actions import ActionFailed
+from dashboard.services.errors import ActionFailed
 from dashboard.services.savepoints import MANIFEST, savepoint_newest_verified, savepoint_read_back
 
 

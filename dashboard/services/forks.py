@@ -10,24 +10,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Avg
 from django.utils import timezone
 
-from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
-from dashboard.services.actions import ActionFailed, action_progress, active_run, run_state_tool
-from dashboard.services.runs import job_request_start
-from dashboard.services.savepoints import MANIFEST
-from workers.sources.redis_streams import stream_position
-from workers.spark.checkpoint_disk import state_version
-from workers.spark.checkpoint_files import (
+from dashboard.checkpoint_dir.disk import state_version
+from dashboard.checkpoint_dir.files import (
     CheckpointError,
     batch_offsets,
     committed_batches,
     copy_checkpoint,
+    directory_bytes,
     remove_tree,
     verify_files,
 )
+from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
+from dashboard.selectors.lag import stream_head
+from dashboard.services.action_steps import action_progress, active_run, run_state_tool
+from dashboard.services.errors import ActionFailed
+from dashboard.services.runs import job_request_start
+from dashboard.services.savepoints import MANIFEST
 
 
 @dataclass
@@ -46,21 +47,8 @@ class Preview:
         return (timezone.now() - self.committed_at).total_seconds() if self.committed_at else None
 
 
-def _stream_numbers(job: Job) -> tuple[int, int] | None:
-    """(entries ever added, entries trimmed away) of the job's stream; None if Redis cannot be reached."""
-    import redis
-
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=3, socket_connect_timeout=3)
-        latest = stream_position(client, job.source_stream)
-        length = int(client.xlen(job.source_stream))
-    except Exception:
-        return None
-    return int(latest["n"]), int(latest["n"]) - length
-
-
 def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at: datetime | None) -> Preview:
-    numbers = _stream_numbers(job)
+    numbers = stream_head(job.source_stream)
     result = Preview(batch_id, committed_at, offset, None, None)
     if numbers is None or not isinstance(offset, dict) or "n" not in offset:
         result.refusal = "" if numbers is not None else "Redis cannot be reached: the replay cannot be checked now."
@@ -202,8 +190,6 @@ class OldCheckpoint:
 
 def old_checkpoints(job: Job) -> list[OldCheckpoint]:
     """Checkpoint directories the job no longer runs on: left behind by restores, rollbacks and rescales."""
-    from workers.spark.checkpoint_files import directory_bytes
-
     if not job.directory.is_dir():
         return []
     found = []

@@ -17,10 +17,11 @@ from typing import Any
 
 from django.conf import settings
 
+from dashboard.checkpoint_dir.disk import state_version
+from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint
 from dashboard.models import Action, Job, SavepointStatus
-from dashboard.services.actions import ActionFailed, action_progress, run_state_tool
-from workers.spark.checkpoint_disk import state_version
-from workers.spark.checkpoint_files import CheckpointError, committed_batches, copy_checkpoint
+from dashboard.services.action_steps import action_progress, run_state_tool
+from dashboard.services.errors import ActionFailed
 
 MODES = ("variables", "keys", "lookup", "diff", "raw")
 

@@ -3,9 +3,10 @@ own. Spark's progress events give rows per operator only; this is the per-partit
 
 from __future__ import annotations
 
+from dashboard.checkpoint_dir.files import CheckpointError, latest_committed
 from dashboard.models import Action, Job
-from dashboard.services.actions import ActionFailed, action_progress, run_state_tool
-from workers.spark.checkpoint_files import CheckpointError, latest_committed
+from dashboard.services.action_steps import action_progress, run_state_tool
+from dashboard.services.errors import ActionFailed
 
 
 def count_rows_action(action: Action) -> str:

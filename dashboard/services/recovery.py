@@ -9,11 +9,14 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
+from dashboard.selectors.incidents import recovery_incidents
 from dashboard.services.audit import audit_record
-from dashboard.services.runs import ActionRefused, job_request_start
+from dashboard.services.errors import ActionRefused
+from dashboard.services.incidents import incidents_publish
+from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import savepoint_newest_verified
-from workers.spark.checkpoint_files import committed_batches
 
 # What Spark says when a checkpoint's files are missing, cut short or unreadable.
 BROKEN_CHECKPOINT = re.compile(
@@ -78,6 +81,7 @@ def _record_failure(job: Job, run: Run) -> Recovery:
         recovery.save()
         if recovery.gave_up:
             Job.objects.filter(id=job.id).update(failed_reason=job.failed_reason)
+        incidents_publish(job.id, recovery_incidents(recovery))
     return recovery
 
 

@@ -7,12 +7,13 @@ import time
 
 from django.utils import timezone
 
+from dashboard.checkpoint_dir.files import CheckpointError, copy_checkpoint, latest_committed, remove_tree
 from dashboard.models import Action, Job
-from dashboard.services.actions import ActionFailed, action_progress, run_state_tool, wait_until_stopped
+from dashboard.services.action_steps import action_progress, run_state_tool, wait_until_stopped
+from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import switch_to_fork
 from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import savepoint_take
-from workers.spark.checkpoint_files import CheckpointError, copy_checkpoint, latest_committed, remove_tree
 
 MEMORY_REPARTITION = (
     "State partitions of a memory-backend job cannot change: Spark's offline repartition supports only RocksDB state "

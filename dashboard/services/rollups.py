@@ -15,21 +15,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard import live
 from dashboard.models import Checkpoint, CheckpointRollup, Job
+from dashboard.records import CHART_COLUMNS, MEASURES
 
 SETTLE_SECONDS = 5
-RAW_FIELDS = tuple(f for f in live.FIELDS if f != "state_operators")  # what a chart point is made of
-AVERAGED = (
-    "duration_ms_avg",
-    "wal_commit_ms_avg",
-    "add_batch_ms_avg",
-    "commit_offsets_ms_avg",
-    "planning_ms_avg",
-    "state_commit_ms_avg",
-    "input_rate_avg",
-    "processed_rate_avg",
-)
+# (measure, roll-up column, how) for every column a bucket keeps of the checkpoints in it
+KEPT = [(m, column, how) for m in MEASURES for column, how in m.rollups]
 
 
 def bucket_of(moment: datetime, resolution: int) -> datetime:
@@ -37,62 +28,45 @@ def bucket_of(moment: datetime, resolution: int) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
+def _combine(how: str, values: list[Any], weights: list[int]) -> Any:
+    """avg (weighted by batches), max, sum or last of a bucket's values; None values are left out of max and avg."""
+    if how == "last":
+        return values[-1]
+    if how == "sum":
+        return sum(v or 0 for v in values)
+    if how == "max":
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+    total = sum(weights)
+    return sum((v or 0) * w for v, w in zip(values, weights, strict=True)) / total
+
+
+def _bucket(identity: dict[str, Any], weights: list[int], value: Any) -> dict[str, Any]:
+    return identity | {column: _combine(how, value(m, column), weights) for m, column, how in KEPT}
+
+
 def _from_checkpoints(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One minute bucket from its raw checkpoints (oldest first)."""
-    n, last = len(rows), rows[-1]
-    end = last["end_offset"] if isinstance(last["end_offset"], dict) else {}
-    lags = [r["lag_records"] for r in rows if r["lag_records"] is not None]
-
-    def avg(key: str) -> float:
-        return sum(r[key] or 0 for r in rows) / n
-
-    return {
-        "location": last["location"],
-        "batches": n,
+    identity = {
+        "location": rows[-1]["location"],
+        "batches": len(rows),
         "batch_first": rows[0]["batch_id"],
-        "batch_last": last["batch_id"],
-        "last_committed_at": last["committed_at"],
-        "input_rows": sum(r["input_rows"] for r in rows),
-        "duration_ms_avg": avg("duration_ms"),
-        "duration_ms_max": max(r["duration_ms"] for r in rows),
-        "wal_commit_ms_avg": avg("wal_commit_ms"),
-        "add_batch_ms_avg": avg("add_batch_ms"),
-        "commit_offsets_ms_avg": avg("commit_offsets_ms"),
-        "planning_ms_avg": sum(r["query_planning_ms"] + r["latest_offset_ms"] for r in rows) / n,
-        "state_commit_ms_avg": avg("state_commit_ms"),
-        "input_rate_avg": avg("input_rate"),
-        "processed_rate_avg": avg("processed_rate"),
-        "lag_records_max": max(lags) if lags else None,
-        "lag_records_last": last["lag_records"],
-        "end_n_last": end.get("n"),
-        "state_rows_last": last["state_rows_total"],
-        "state_memory_bytes_last": last["state_memory_bytes"],
-        "checkpointed_bytes_sum": sum(r["checkpointed_bytes"] for r in rows),
-        "full_size_bytes_last": last["full_size_bytes"],
+        "batch_last": rows[-1]["batch_id"],
+        "last_committed_at": rows[-1]["committed_at"],
     }
+    return _bucket(identity, [1] * len(rows), lambda m, _: [m.value(r) for r in rows])
 
 
 def _from_rollups(rows: list[CheckpointRollup]) -> dict[str, Any]:
     """One hour bucket from its minute buckets: averages weighted by batches, sums summed, the last value kept."""
-    n, last = sum(r.batches for r in rows), rows[-1]
-    lags = [r.lag_records_max for r in rows if r.lag_records_max is not None]
-    merged = {key: sum(getattr(r, key) * r.batches for r in rows) / n for key in AVERAGED}
-    return merged | {
-        "location": last.location,
-        "batches": n,
+    identity = {
+        "location": rows[-1].location,
+        "batches": sum(r.batches for r in rows),
         "batch_first": rows[0].batch_first,
-        "batch_last": last.batch_last,
-        "last_committed_at": last.last_committed_at,
-        "input_rows": sum(r.input_rows for r in rows),
-        "duration_ms_max": max(r.duration_ms_max for r in rows),
-        "lag_records_max": max(lags) if lags else None,
-        "lag_records_last": last.lag_records_last,
-        "end_n_last": last.end_n_last,
-        "state_rows_last": last.state_rows_last,
-        "state_memory_bytes_last": last.state_memory_bytes_last,
-        "checkpointed_bytes_sum": sum(r.checkpointed_bytes_sum for r in rows),
-        "full_size_bytes_last": last.full_size_bytes_last,
+        "batch_last": rows[-1].batch_last,
+        "last_committed_at": rows[-1].last_committed_at,
     }
+    return _bucket(identity, [r.batches for r in rows], lambda _, column: [getattr(r, column) for r in rows])
 
 
 VALUE_FIELDS = [
@@ -125,7 +99,7 @@ def _minutes(job: Job, touched: Iterable[datetime]) -> dict[datetime, dict[str, 
     for run in runs:
         grouped: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
         rows = Checkpoint.objects.filter(job=job, committed_at__gte=run[0], committed_at__lt=run[-1] + step)
-        for row in rows.order_by("committed_at", "id").values(*RAW_FIELDS):
+        for row in rows.order_by("committed_at", "id").values(*CHART_COLUMNS):
             grouped[bucket_of(row["committed_at"], CheckpointRollup.MINUTE)].append(row)
         result.update({minute: _from_checkpoints(grouped[minute]) for minute in run if grouped[minute]})
     return result

@@ -15,14 +15,14 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from dashboard.models import ACTIVE_RUN_STATUSES, Job, Run, RunStatus
+from dashboard.models import ACTIVE_RUN_STATUSES, IN_FLIGHT_ACTIONS, Job, Run, RunStatus
+from dashboard.selectors.incidents import run_incidents
+from dashboard.services.enqueue import START_RUN, enqueue
+from dashboard.services.errors import ActionRefused
+from dashboard.services.incidents import incidents_publish
 from dashboard.services.lease import lease_acquire, lease_release
 
 log = logging.getLogger(__name__)
-
-
-class ActionRefused(Exception):
-    """An operator action that cannot be done now; the message says why, for the operator."""
 
 
 def _active_run(job: Job) -> Run | None:
@@ -35,9 +35,6 @@ def job_request_start(
     """Record a start request and queue it for a worker; refused while the job has a run in flight, and, for a
     person's start (`refuse_during_action`), while an action is in flight: an action that starts the job itself
     (restore, rollback, rescale) calls this without it."""
-    from dashboard.models import IN_FLIGHT_ACTIONS
-    from workers.tasks import start_run
-
     user = requested_by if isinstance(requested_by, User) else None
     try:
         with transaction.atomic():
@@ -55,7 +52,7 @@ def job_request_start(
                 )
             run = Run.objects.create(job=job, requested_by=user)
             Job.objects.filter(id=job.id).exclude(failed_reason="").update(failed_reason="")
-            transaction.on_commit(lambda: start_run.delay(run.id))
+            enqueue(START_RUN, run.id)
     except IntegrityError:  # the partial unique index: another request got there first
         raise ActionRefused(f"{job.name} is already being started: one driver per checkpoint.") from None
     return run
@@ -119,7 +116,7 @@ def spawn_driver(run: Run) -> int:
     Path(run.log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(run.log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.driver", str(run.id)],
+            [sys.executable, "-m", "workers.driver_process", str(run.id)],
             cwd=settings.BASE_DIR,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -149,13 +146,29 @@ def job_request_stop(*, job: Job) -> Run:
     return run
 
 
+def run_started(*, run_id: int) -> bool:
+    """The driver's query is running: STARTING becomes RUNNING (False when a stop or the supervisor got there
+    first)."""
+    now = timezone.now()
+    started = Run.objects.filter(id=run_id, status=RunStatus.STARTING).update(
+        status=RunStatus.RUNNING, started_at=now, last_heartbeat_at=now
+    )
+    if started:
+        run = Run.objects.get(id=run_id)
+        incidents_publish(run.job_id, run_incidents(run))
+    return bool(started)
+
+
 def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") -> None:
     run = Run.objects.select_related("job").get(id=run_id)
-    Run.objects.filter(id=run_id, status__in=ACTIVE_RUN_STATUSES).update(
+    ended = Run.objects.filter(id=run_id, status__in=ACTIVE_RUN_STATUSES).update(
         status=status, message=message, error=error, ended_at=timezone.now()
     )
     if run.fencing_token is not None:
         lease_release(job_id=run.job_id, token=run.fencing_token)
+    if ended:
+        run.refresh_from_db()
+        incidents_publish(run.job_id, run_incidents(run)[-1:])  # its end; the start went out when it started
 
 
 def pid_alive(pid: int | None) -> bool:

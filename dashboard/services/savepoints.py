@@ -11,9 +11,7 @@ from pathlib import Path
 import pyspark
 from django.utils import timezone
 
-from dashboard.models import Action, ActionKind, Job, Savepoint, SavepointStatus
-from dashboard.services.actions import ActionFailed, action_progress, action_request, run_state_tool, wait_until_stopped
-from workers.spark.checkpoint_files import (
+from dashboard.checkpoint_dir.files import (
     CheckpointError,
     batch_offsets,
     copy_checkpoint,
@@ -23,6 +21,9 @@ from workers.spark.checkpoint_files import (
     remove_tree,
     verify_files,
 )
+from dashboard.models import Action, Job, Savepoint, SavepointStatus
+from dashboard.services.action_steps import action_progress, run_state_tool, wait_until_stopped
+from dashboard.services.errors import ActionFailed
 
 MANIFEST = "_manifest.json"
 
@@ -152,23 +153,3 @@ def savepoints_retain(*, job: Job) -> list[int]:
     for failed in job.savepoints.filter(status=SavepointStatus.FAILED, disposed_at=None):
         savepoint_dispose(savepoint=failed)  # a failed copy is of no use: free its space
     return [sp.id for sp in gone]
-
-
-def savepoints_periodic() -> list[int]:
-    """Request a savepoint for every running job whose interval has passed since its last one."""
-    from dashboard.models import RunStatus
-    from dashboard.services.runs import ActionRefused
-
-    requested = []
-    now = timezone.now()
-    for job in Job.objects.filter(savepoint_interval_minutes__gt=0):
-        if not job.runs.filter(status=RunStatus.RUNNING).exists() or job.latest_checkpoint_id is None:
-            continue
-        last = job.savepoints.exclude(status=SavepointStatus.FAILED).order_by("-created_at").first()
-        if last is not None and now - last.created_at < timedelta(minutes=job.savepoint_interval_minutes):
-            continue
-        try:
-            requested.append(action_request(job=job, kind=ActionKind.SAVEPOINT, origin="periodic").id)
-        except ActionRefused:
-            continue  # another action is in flight: try at the next tick
-    return requested

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from django.conf import settings
 
+from dashboard.checkpoint_dir.disk import file_batch, scan
+from dashboard.checkpoint_dir.files import CheckpointError, directory_bytes, latest_committed, remove_tree
 from dashboard.models import Action, Job, SavepointStatus
-from dashboard.services.actions import ActionFailed
-from workers.spark.checkpoint_disk import file_batch, scan
-from workers.spark.checkpoint_files import CheckpointError, directory_bytes, latest_committed, remove_tree
+from dashboard.services.errors import ActionFailed
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Builds a job's streaming query: Redis stream -> pipeline transform -> a foreachBatch sink."""
+"""Builds a job's streaming query: Redis stream -> pipeline transform -> a foreachBatch sink. No Django here."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from workers.pipelines import get as get_pipeline
-from workers.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
+from workers.spark.pipelines.base import Pipeline
 from workers.spark.session import backend_conf
+from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class JobSpec:
         }
 
 
-def events_frame(spark: SparkSession, spec: JobSpec) -> DataFrame:
+def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> DataFrame:
     spark.dataSource.register(RedisStreamDataSource)
     return (
         spark.readStream.format(FORMAT_NAME)
@@ -48,16 +48,17 @@ def events_frame(spark: SparkSession, spec: JobSpec) -> DataFrame:
         .option("deadLetter", spec.dead_letter)
         .option("maxRecordsPerBatch", str(spec.max_records))
         .option("readPartitions", str(max(1, spec.parallelism)))
-        .option("format", get_pipeline(spec.pipeline).payload.to_option())
+        .option("format", pipeline.payload.to_option())
         .load()
     )
 
 
-def start_query(spark: SparkSession, spec: JobSpec, sink: Callable[[DataFrame, int], None]) -> StreamingQuery:
-    pipeline = get_pipeline(spec.pipeline)
+def start_query(
+    spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: Callable[[DataFrame, int], None]
+) -> StreamingQuery:
     for key, value in {**spec.session_conf(), **pipeline.conf}.items():
         spark.conf.set(key, value)
-    output = pipeline.transform(events_frame(spark, spec))
+    output = pipeline.transform(events_frame(spark, spec, pipeline))
     return (
         output.writeStream.queryName(spec.name)
         .outputMode(pipeline.output_mode)

@@ -10,7 +10,7 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from workers.pipelines import CATALOG
+from dashboard import pipelines
 
 MALFORMED = ["GET /oops", '{"order_id": 42}', "not json at all", ""]
 
@@ -30,9 +30,12 @@ class Command(BaseCommand):
         rng = random.Random(opts["seed"])
         for target in opts["targets"]:
             name, _, stream = target.partition("=")
-            if name not in CATALOG or not stream:
-                raise CommandError(f"{target!r}: expected PIPELINE=STREAM with a pipeline from {', '.join(CATALOG)}")
-            targets.append((stream, CATALOG[name].generator(rng)))
+            pipeline = pipelines.find(name)
+            if pipeline is None or not stream:
+                raise CommandError(
+                    f"{target!r}: expected PIPELINE=STREAM with a pipeline from {', '.join(pipelines.names())}"
+                )
+            targets.append((stream, pipeline.generator(rng)))
         client = redis.Redis.from_url(settings.REDIS_URL)
         sent, tick, started = 0, 0.1, time.monotonic()
         while not opts["count"] or sent < opts["count"]:

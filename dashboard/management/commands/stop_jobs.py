@@ -11,7 +11,8 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
-from dashboard.services.runs import ActionRefused, job_request_stop, pid_alive
+from dashboard.services.errors import ActionRefused
+from dashboard.services.runs import job_request_stop, pid_alive
 
 
 class Command(BaseCommand):

@@ -25,17 +25,18 @@
     if (y2) spec.yaxis2 = { title: { text: y2 }, overlaying: "y", side: "right", rangemode: "tozero" };
     return spec;
   };
-  // [element id, title, y title, y2 title, traces: [name, field, type, axis]]
+  // [element id, title, y title, y2 title, traces: [name, field, type, axis]]; a null name is the measure's label
+  // from the server (dashboard/records.py), so the charts call a figure what the tables call it
   const charts = [
     ["chart-lag", "Consumer lag", "records", "seconds", [["lag (records)", "lag", "scatter", "y"], ["lag (seconds)", "lag_s", "scatter", "y2"]]],
-    ["chart-rates", "Input against processed rate", "rows / s", null, [["input", "in_rate", "scatter", "y"], ["processed", "proc_rate", "scatter", "y"]]],
-    ["chart-duration", "Batch duration by part", "ms", null, [["WAL commit", "wal", "bar", "y"], ["addBatch", "add", "bar", "y"], ["commit offsets", "commit", "bar", "y"], ["planning + latestOffset", "plan", "bar", "y"]]],
-    ["chart-state", "State per operator", "rows", "bytes in memory", [["state rows", "state_rows", "scatter", "y"], ["state memory", "state_mem", "scatter", "y2"]]],
-    ["chart-size", "Checkpointed against full checkpoint size", "bytes", null, [["checkpointed (this batch)", "ckpt", "bar", "y"], ["full checkpoint", "full", "scatter", "y"]]],
-    ["chart-ckpt-duration", "Checkpoint duration", "ms", null, [["end to end", "dur", "scatter", "y"], ["state commit", "state_commit", "scatter", "y"]]],
+    ["chart-rates", "Input against processed rate", "rows / s", null, [[null, "in_rate", "scatter", "y"], [null, "proc_rate", "scatter", "y"]]],
+    ["chart-duration", "Batch duration by part", "ms", null, [[null, "wal", "bar", "y"], [null, "add", "bar", "y"], [null, "commit", "bar", "y"], [null, "plan", "bar", "y"]]],
+    ["chart-state", "State per operator", "rows", "bytes in memory", [[null, "state_rows", "scatter", "y"], [null, "state_mem", "scatter", "y2"]]],
+    ["chart-size", "Checkpointed against full checkpoint size", "bytes", null, [[null, "ckpt", "bar", "y"], [null, "full", "scatter", "y"]]],
+    ["chart-ckpt-duration", "Checkpoint duration", "ms", null, [[null, "dur", "scatter", "y"], [null, "state_commit", "scatter", "y"]]],
   ];
   const seen = new Set();
-  let points = [], recent = [], incidents = [], trigger = 2, source = null, lastId = null, resolution = "batch";
+  let points = [], incidents = [], source = null, lastId = null, resolution = "batch", labels = {};
   const incidentKeys = new Set(), latencies = [];
   const key = (p) => p.location + ":" + p.batch;
 
@@ -43,7 +44,7 @@
   // one pair of traces per stateful operator when the job has several (roll-ups keep the totals only)
   function stateTraces() {
     const n = Math.max(0, ...points.map((p) => (p.ops || []).length));
-    if (n < 2) return [["state rows", "state_rows", "scatter", "y"], ["state memory", "state_mem", "scatter", "y2"]];
+    if (n < 2) return [[null, "state_rows", "scatter", "y"], [null, "state_mem", "scatter", "y2"]];
     const out = [];
     for (let i = 0; i < n; i += 1) {
       out.push([`op ${i} rows`, (p) => (p.ops && p.ops[i] ? p.ops[i][0] : null), "scatter", "y"]);
@@ -54,7 +55,7 @@
 
   function traces(spec, pts) {
     return spec[4].map(([name, field, type, axis]) => ({
-      name, type, yaxis: axis, x: pts.map((p) => p.t), y: pts.map((p) => value(p, field)),
+      name: name || (labels[field] ? labels[field].label : String(field)), type, yaxis: axis, x: pts.map((p) => p.t), y: pts.map((p) => value(p, field)),
       mode: type === "scatter" ? "lines+markers" : undefined, marker: { size: 4 },
     }));
   }
@@ -86,7 +87,6 @@
       minute: "One point per minute: averages, the largest lag and the last state size of the minute; newest batches after the last complete minute.",
       hour: "One point per hour: averages, the largest lag and the last state size of the hour; newest batches after the last complete hour.",
     }[resolution];
-    showStatus();
   }
 
   function addIncident(e) {
@@ -102,8 +102,6 @@
     if (seen.has(key(p))) return false;
     seen.add(key(p));
     points.push(p);
-    recent.push(p);
-    if (recent.length > 10) recent.shift();
     for (const spec of charts) {
       const update = { x: [], y: [] };
       for (const [, field] of spec[4]) { update.x.push([p.t]); update.y.push([value(p, field)]); }
@@ -111,32 +109,18 @@
     }
     root.dataset.points = String(points.length);
     Plotly.relayout("chart-incidents", { "xaxis.range": [points[0].t, p.t] }); // the timeline spans what the charts span
-    showStatus();
     return true;
   }
 
-  // The same rules as dashboard/live.py lag_status, over the last 10 checkpoints
-  function status() {
-    const w = recent.slice(-10);
-    if (!w.length) return ["", "no checkpoint yet"];
-    const last = w[w.length - 1], quiet = (Date.now() - Date.parse(last.t)) / 1000, allowed = Math.max(60, 10 * trigger);
-    if (quiet > allowed) return ["STOP", `no commit for ${quiet.toFixed(0)} s`];
-    const ends = w.filter((p) => p.end_n !== null && p.location === last.location).map((p) => p.end_n);
-    if (ends.some((v, i) => i && v < ends[i - 1])) return ["REWIND", "source offsets went back"];
-    const lags = w.filter((p) => p.lag !== null).map((p) => p.lag);
-    const lastLag = lags[lags.length - 1];
-    if (w.length >= 3 && new Set(ends).size === 1 && lastLag > 0) return ["STALL", `offsets stay at ${ends[0]} with ${lastLag} records waiting`];
-    if (lags.length >= 3 && lastLag > 0 && lags.every((v, i) => !i || v >= lags[i - 1])) return ["WARN", `lag never falls (${lags[0]} → ${lastLag} records)`];
-    const gain = last.proc_rate - last.in_rate;
-    const drain = !lastLag ? "nothing to drain" : gain > 0 ? `drains in ${(lastLag / gain).toFixed(0)} s` : "not draining";
-    return ["OK", drain];
-  }
-
-  function showStatus() {
-    const [s, why] = status(), el = document.getElementById("lag-status");
-    el.className = "badge lag-" + (s || "none").toLowerCase();
-    el.textContent = s || "–";
-    document.getElementById("lag-reason").textContent = why;
+  // The lag status is judged on the server (dashboard/selectors/lag.py): it comes with the series, with every point
+  // pushed, and with every keep-alive of the live stream (STOP is the absence of commits).
+  function showStatus(status) {
+    if (!status) return;
+    const el = document.getElementById("lag-status");
+    el.className = "badge lag-" + (status.status || "none").toLowerCase();
+    el.textContent = status.status || "–";
+    const drain = status.drain_seconds ? `, drains in ${status.drain_seconds.toFixed(0)} s` : "";
+    document.getElementById("lag-reason").textContent = status.reason + drain;
   }
 
   function connect(after) {
@@ -148,19 +132,21 @@
       const p = JSON.parse(e.data);
       // commit to browser: the batch committed at its trigger time plus its duration
       if (add(p)) latencies.push(Date.now() - (Date.parse(p.t) + p.dur));
+      showStatus(p.status);
     });
     source.addEventListener("incident", (e) => { lastId = e.lastEventId; addIncident(JSON.parse(e.data)); });
+    source.addEventListener("status", (e) => showStatus(JSON.parse(e.data)));
     source.onopen = () => { document.getElementById("live-state").textContent = "live"; };
     source.onerror = () => { document.getElementById("live-state").textContent = "reconnecting…"; };
   }
 
   async function load(range) {
     const data = await (await fetch(seriesUrl + "?range=" + range)).json();
-    trigger = data.trigger; resolution = data.resolution;
+    resolution = data.resolution; labels = data.labels;
     points = data.points; seen.clear(); points.forEach((p) => seen.add(key(p)));
-    recent = data.recent.slice(); recent.forEach((p) => seen.add(key(p)));
     incidents = data.incidents; incidentKeys.clear(); incidents.forEach((e) => incidentKeys.add(e.key));
     draw();
+    showStatus(data.status);
     connect(lastId || data.follow);
   }
 
@@ -173,21 +159,5 @@
     reconnect: () => connect(lastId), disconnect: () => source && source.close(), points: () => points, incidents: () => incidents,
     latencies: () => latencies,
   };
-  // State partitions: commit time per partition (stragglers in red) and bytes on disk
-  const partitionData = document.getElementById("partition-data");
-  if (partitionData) {
-    const rows = JSON.parse(partitionData.textContent);
-    const label = rows.map((r) => `op ${r.op} · p${r.part}`);
-    Plotly.react("chart-partitions", [
-      { name: "commit p50 (ms)", type: "bar", x: label, y: rows.map((r) => r.commit_p50),
-        marker: { color: rows.map((r) => (r.straggler ? "#f5222d" : "#1890ff")) } },
-      { name: "bytes on disk", type: "scatter", mode: "markers", x: label, y: rows.map((r) => r.bytes), yaxis: "y2", marker: { color: "#fa8c16", size: 8 } },
-    ], {
-      title: { text: "Commit time and size per state partition", font: { size: 14 } }, height: 300, margin: { l: 64, r: 64, t: 36, b: 70 },
-      xaxis: { type: "category", title: { text: "state partition" } }, yaxis: { title: { text: "commit p50 (ms after batch start)" }, rangemode: "tozero" },
-      yaxis2: { title: { text: "bytes on disk" }, overlaying: "y", side: "right", rangemode: "tozero" }, legend: { orientation: "h", y: -0.35 },
-    }, { displaylogo: false, responsive: true });
-  }
-  setInterval(showStatus, 5000); // STOP is the absence of events: re-judge even when nothing arrives
   load("15m");
 })();

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.spark.checkpoint_disk import TEMPORARIES, file_batch, scan
+from dashboard.checkpoint_dir.disk import TEMPORARIES, file_batch, scan
 
 
 class CheckpointError(Exception):

@@ -1,9 +1,9 @@
 """Spark's own reading of a checkpoint or savepoint, in a short-lived process of its own.
 
-    python -m workers.state_tool verify PATH BATCH      -> JSON: operators, partitions, rows per state variable
-    python -m workers.state_tool repartition PATH N     -> JSON: the batch the repartitioned state was written as
-    python -m workers.state_tool partition-rows PATH BATCH -> JSON: state rows per operator and partition
-    python -m workers.state_tool inspect PATH BATCH SPEC  -> JSON: variables, a page of keys, a lookup, or a diff
+    python -m workers.spark.state_tool verify PATH BATCH      -> JSON: operators, partitions, rows per state variable
+    python -m workers.spark.state_tool repartition PATH N     -> JSON: the batch the repartitioned state was written as
+    python -m workers.spark.state_tool partition-rows PATH BATCH -> JSON: state rows per operator and partition
+    python -m workers.spark.state_tool inspect PATH BATCH SPEC  -> JSON: variables, a page of keys, a lookup, or a diff
 
 Workers call it as a subprocess, so no Celery worker ever hosts a JVM. Exit 0 with JSON on the last line of stdout,
 or exit 2 with {"error": ...}.

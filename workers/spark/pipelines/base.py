@@ -9,7 +9,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Row
 
-from workers.sources.redis_streams import Field, PayloadFormat
+from workers.spark.sources.redis_streams import Field, PayloadFormat
 
 # A sink result: (kind, key, value). Rows are upserted on (job, kind, key), so a replayed batch changes nothing.
 Result = tuple[str, str, dict[str, Any]]

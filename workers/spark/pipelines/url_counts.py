@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from workers.pipelines.base import ACCESS_LOG, Pipeline, Result, ResultView
+from workers.spark.pipelines.base import ACCESS_LOG, Pipeline, Result, ResultView
 
 URLS = ["/api/a", "/api/b", "/api/orders", "/api/users", "/login", "/", "/static/app.js", "/health"]
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from workers.pipelines.base import Pipeline, Result, ResultView
-from workers.sources.redis_streams import Field, PayloadFormat
+from workers.spark.pipelines.base import Pipeline, Result, ResultView
+from workers.spark.sources.redis_streams import Field, PayloadFormat
 
 PAYLOAD = PayloadFormat("json", (Field("event_id", "string"), Field("ts", "long"), Field("user", "string", False)))
 WATERMARK = "10 minutes"

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from workers.pipelines.base import ACCESS_LOG, Pipeline, Result, ResultView
-from workers.pipelines.url_counts import access_log_line
+from workers.spark.pipelines.base import ACCESS_LOG, Pipeline, Result, ResultView
+from workers.spark.pipelines.url_counts import access_log_line
 
 WATERMARK = "2 minutes"
 

@@ -1,0 +1,155 @@
+"""A checkpoint record: what one committed batch is measured by. The one definition of its fields.
+
+``checkpoint_record`` turns Spark's progress event into the record a driver journals (its keys are the ``Checkpoint``
+model's columns, a test holds them equal); ``MEASURES`` says, for each figure, what pages call it, its unit, how the
+per-minute and per-hour roll-ups keep it, and whether the summary and /metrics show it. Chart points, roll-ups, the
+checkpoint summary, the API and /metrics are built from these two, never from lists of their own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from dashboard.checkpoint_dir.disk import Measurement
+
+
+def parse_time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def is_commit(progress: dict[str, Any]) -> bool:
+    """Idle triggers also report progress, for a batch that never ran; only a batch that ran has addBatch."""
+    return "addBatch" in progress.get("durationMs", {})
+
+
+def _offset(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def _rate(value: Any) -> float:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return rate if rate == rate and rate not in (float("inf"), float("-inf")) else 0.0  # NaN and inf are no rate
+
+
+def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, Any]:
+    """The checkpoint record of one committed batch, from its progress event and what it added to disk."""
+    durations = progress.get("durationMs", {})
+    operators = progress.get("stateOperators", [])
+    source = (progress.get("sources") or [{}])[0]
+    start, end, latest = (_offset(source.get(k)) for k in ("startOffset", "endOffset", "latestOffset"))
+    lag = None
+    if isinstance(end, dict) and isinstance(latest, dict) and "n" in end and "n" in latest:
+        lag = max(0, int(latest["n"]) - int(end["n"]))
+    return {
+        "batch_id": progress["batchId"],
+        "committed_at": progress["timestamp"],
+        "duration_ms": durations.get("triggerExecution", 0),
+        "wal_commit_ms": durations.get("walCommit", 0),
+        "add_batch_ms": durations.get("addBatch", 0),
+        "commit_offsets_ms": durations.get("commitOffsets", 0),
+        "latest_offset_ms": durations.get("latestOffset", 0),
+        "query_planning_ms": durations.get("queryPlanning", 0),
+        "state_commit_ms": sum(op.get("commitTimeMs", 0) for op in operators),
+        "input_rows": progress.get("numInputRows", 0),
+        "input_rate": _rate(progress.get("inputRowsPerSecond")),
+        "processed_rate": _rate(progress.get("processedRowsPerSecond")),
+        "state_rows_total": sum(op.get("numRowsTotal", 0) for op in operators),
+        "state_rows_updated": sum(op.get("numRowsUpdated", 0) for op in operators),
+        "state_rows_removed": sum(op.get("numRowsRemoved", 0) for op in operators),
+        "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in operators),
+        "checkpointed_bytes": disk.added_bytes,
+        "full_size_bytes": disk.full_bytes,
+        "kind": "full" if disk.snapshot else "incremental",
+        "start_offset": start,
+        "end_offset": end,
+        "latest_offset": latest,
+        "lag_records": lag,
+        "state_operators": operators,
+        "partitions": disk.partitions,
+    }
+
+
+ROLLUP_HOW = ("avg", "max", "sum", "last")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One figure of a checkpoint."""
+
+    point: str  # its key in a chart point (and in the live push)
+    label: str
+    unit: str  # ms, bytes, rows, rows/s, records, offset
+    column: str = ""  # the Checkpoint column it is read from; empty when derived (read)
+    read: Callable[[dict[str, Any]], Any] | None = None  # a derived figure, from a record's columns
+    # how the per-minute and per-hour roll-ups keep it: (CheckpointRollup column, avg | max | sum | last); the first
+    # is the value a roll-up's chart point shows
+    rollups: tuple[tuple[str, str], ...] = ()
+    summary: bool = False  # in the checkpoint summary (min, avg, p50, p90, p99, max)
+    metric: str = ""  # the Prometheus gauge of the latest checkpoint's value (ms are exported as seconds)
+    metric_help: str = ""
+
+    def value(self, record: dict[str, Any]) -> Any:
+        return self.read(record) if self.read else record.get(self.column)
+
+
+def _end_n(record: dict[str, Any]) -> int | None:
+    end = record.get("end_offset")
+    return end.get("n") if isinstance(end, dict) else None
+
+
+MEASURES: tuple[Measure, ...] = (
+    Measure("lag", "lag", "records", "lag_records", rollups=(("lag_records_max", "max"), ("lag_records_last", "last")),
+            metric="statekeeper_job_lag_records",
+            metric_help="records in the source not yet processed, at the last checkpoint"),
+    Measure("end_n", "source offset", "offset", read=_end_n, rollups=(("end_n_last", "last"),)),
+    Measure("in_rate", "input", "rows/s", "input_rate", rollups=(("input_rate_avg", "avg"),)),
+    Measure("proc_rate", "processed", "rows/s", "processed_rate", rollups=(("processed_rate_avg", "avg"),)),
+    Measure("dur", "End to end duration", "ms", "duration_ms",
+            rollups=(("duration_ms_avg", "avg"), ("duration_ms_max", "max")), summary=True,
+            metric="statekeeper_checkpoint_duration_seconds", metric_help="end-to-end duration of the last batch"),
+    Measure("wal", "WAL commit", "ms", "wal_commit_ms", rollups=(("wal_commit_ms_avg", "avg"),)),
+    Measure("add", "addBatch", "ms", "add_batch_ms", rollups=(("add_batch_ms_avg", "avg"),)),
+    Measure("commit", "commit offsets", "ms", "commit_offsets_ms", rollups=(("commit_offsets_ms_avg", "avg"),)),
+    Measure("plan", "planning + latestOffset", "ms", read=lambda r: (r.get("query_planning_ms") or 0) + (r.get("latest_offset_ms") or 0),
+            rollups=(("planning_ms_avg", "avg"),)),
+    Measure("ckpt", "Checkpointed data size", "bytes", "checkpointed_bytes",
+            rollups=(("checkpointed_bytes_sum", "sum"),), summary=True,
+            metric="statekeeper_checkpoint_checkpointed_bytes", metric_help="bytes the last batch added to the checkpoint"),
+    Measure("full", "Full checkpoint size", "bytes", "full_size_bytes", rollups=(("full_size_bytes_last", "last"),),
+            summary=True, metric="statekeeper_checkpoint_size_bytes",
+            metric_help="full checkpoint directory size after the last batch"),
+    Measure("state_commit", "State commit time", "ms", "state_commit_ms", rollups=(("state_commit_ms_avg", "avg"),),
+            summary=True, metric="statekeeper_checkpoint_state_commit_seconds",
+            metric_help="state commit time of the last batch"),
+    Measure("state_rows", "state rows", "rows", "state_rows_total", rollups=(("state_rows_last", "last"),),
+            metric="statekeeper_job_state_rows", metric_help="state rows of all stateful operators"),
+    Measure("state_mem", "state memory", "bytes", "state_memory_bytes", rollups=(("state_memory_bytes_last", "last"),),
+            metric="statekeeper_job_state_memory_bytes",
+            metric_help="state bytes in memory of all stateful operators"),
+    Measure("rows", "Input rows", "rows", "input_rows", rollups=(("input_rows", "sum"),), summary=True),
+)  # fmt: skip
+
+# What a chart point or a roll-up reads of a stored checkpoint: its identity and every measure's columns.
+CHART_COLUMNS = (
+    "batch_id",
+    "committed_at",
+    "location",
+    "end_offset",
+    "query_planning_ms",
+    "latest_offset_ms",
+    "state_operators",
+    *(m.column for m in MEASURES if m.column),
+)
+SUMMARY_MEASURES = tuple(m for m in MEASURES if m.summary and m.column)

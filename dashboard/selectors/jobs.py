@@ -1,0 +1,97 @@
+"""Reads about jobs: the job list, its sparklines, dead letters and a job's result tables. Each a constant number of
+queries, whatever the number of jobs or checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db.models import Count, F, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from dashboard import pipelines
+from dashboard.models import Alert, Checkpoint, CheckpointRollup, Job, ResultRow, Run
+
+
+def job_list() -> QuerySet[Job]:
+    latest_run = Run.objects.filter(job=OuterRef("pk")).order_by("-id")
+    open_alerts = (
+        Alert.objects.filter(job=OuterRef("pk"), resolved_at__isnull=True)
+        .order_by()
+        .values("job")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    return Job.objects.select_related("latest_checkpoint").annotate(
+        run_status=Subquery(latest_run.values("status")[:1]),
+        run_id=Subquery(latest_run.values("id")[:1]),
+        open_alerts=Coalesce(Subquery(open_alerts[:1]), 0),
+    )
+
+
+TREND_SPAN = timedelta(hours=1)
+
+
+def job_trends(jobs: list[Job]) -> dict[int, dict[str, list[Any]]]:
+    """The last hour of lag and state size per job, for the job list's sparklines: minute roll-ups, then the raw
+    checkpoints after the newest of them. Two queries whatever the number of jobs."""
+    now = timezone.now()
+    trends: dict[int, dict[str, list[Any]]] = {job.id: {"t": [], "lag": [], "state": []} for job in jobs}
+    newest: dict[int, datetime] = {}
+    minutes = CheckpointRollup.objects.filter(
+        job__in=trends, resolution=CheckpointRollup.MINUTE, bucket__gte=now - TREND_SPAN
+    ).order_by("job", "bucket")
+    for r in minutes.values_list("job_id", "bucket", "lag_records_last", "state_memory_bytes_last"):
+        trend = trends[r[0]]
+        trend["t"].append(r[1].isoformat())
+        trend["lag"].append(r[2])
+        trend["state"].append(r[3])
+        newest[r[0]] = r[1] + timedelta(seconds=CheckpointRollup.MINUTE)
+    tail_from = min(newest.values(), default=now - TREND_SPAN) if len(newest) == len(trends) else now - TREND_SPAN
+    raw = Checkpoint.objects.filter(job__in=trends, committed_at__gte=tail_from).order_by("job", "committed_at")
+    for job_id, committed, lag, state in raw.values_list("job_id", "committed_at", "lag_records", "state_memory_bytes"):
+        if committed < newest.get(job_id, tail_from):
+            continue
+        trend = trends[job_id]
+        trend["t"].append(committed.isoformat())
+        trend["lag"].append(lag)
+        trend["state"].append(state)
+    return trends
+
+
+def dead_letter_counts(jobs: list[Job]) -> dict[int, int | None]:
+    """Dead-lettered entries per job, in one Redis round trip; None where Redis cannot be reached."""
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        pipe = client.pipeline(transaction=False)
+        for job in jobs:
+            pipe.xlen(job.dead_letter_stream)
+        return {job.id: int(n) for job, n in zip(jobs, pipe.execute(), strict=True)}
+    except Exception:
+        return {job.id: None for job in jobs}
+
+
+@dataclass
+class ResultTable:
+    title: str
+    headings: list[str]
+    rows: list[list[Any]]
+    total: int
+
+
+def job_results(*, job: Job, limit: int = 15) -> list[ResultTable]:
+    tables = []
+    pipeline = pipelines.find(job.pipeline)
+    for view in pipeline.views if pipeline else ():
+        queryset = ResultRow.objects.filter(job=job, kind=view.kind)
+        if view.order_by:
+            queryset = queryset.order_by(F(f"value__{view.order_by}").desc(nulls_last=True), "key")
+        rows = [
+            [row.key if key == "key" else row.value.get(key) for _, key in view.columns] for row in queryset[:limit]
+        ]
+        tables.append(ResultTable(view.title, [h for h, _ in view.columns], rows, queryset.count()))
+    return tables

@@ -1,0 +1,98 @@
+"""Consumer-lag status by Burrow's rules, judged once, on the server: the pages, the live push and the alerts all
+take it from here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from dashboard.records import parse_time
+
+# Burrow judges a consumer over a window of offsets; here a window of checkpoints
+STATUS_WINDOW = 10
+
+
+@dataclass
+class LagStatus:
+    status: str  # OK | WARN | STALL | STOP | REWIND | "" (not enough data)
+    reason: str
+    drain_seconds: float | None
+
+
+def lag_status(points: list[dict[str, Any]], trigger_seconds: float, now: datetime | None = None) -> LagStatus:
+    """Burrow's rules over the last checkpoints: STOP (no commit for longer than the window), REWIND (offsets went
+    back), STALL (commits, offsets still, lag left), WARN (offsets advance but lag never falls), else OK."""
+    now = now or timezone.now()
+    window = points[-STATUS_WINDOW:]
+    if not window:
+        return LagStatus("", "no checkpoint yet", None)
+    last = window[-1]
+    quiet = (now - parse_time(last["t"])).total_seconds()
+    allowed = max(60.0, 10 * trigger_seconds)
+    drain = _drain_seconds(last)
+    if quiet > allowed:
+        return LagStatus("STOP", f"no commit for {quiet:.0f} s (window {allowed:.0f} s)", None)
+    ends = [p["end_n"] for p in window if p["end_n"] is not None and p["location"] == last["location"]]
+    if any(b < a for a, b in zip(ends, ends[1:], strict=False)):
+        return LagStatus("REWIND", "source offsets went back", drain)
+    lags = [p["lag"] for p in window if p["lag"] is not None]
+    if len(window) >= 3 and len(set(ends)) == 1 and lags and lags[-1] > 0:
+        return LagStatus(
+            "STALL", f"batches commit but offsets stay at {ends[-1]} with {lags[-1]} records waiting", None
+        )
+    if len(lags) >= 3 and lags[-1] > 0 and all(b >= a for a, b in zip(lags, lags[1:], strict=False)):
+        return LagStatus("WARN", f"offsets advance but lag never falls ({lags[0]} → {lags[-1]} records)", drain)
+    return LagStatus("OK", "keeping up" if not lags or lags[-1] == 0 else "catching up", drain)
+
+
+def _drain_seconds(last: dict[str, Any]) -> float | None:
+    """Time to drain the lag at the current rates; None when it is not draining."""
+    lag, gain = last.get("lag") or 0, (last.get("proc_rate") or 0) - (last.get("in_rate") or 0)
+    if lag == 0:
+        return 0.0
+    return round(lag / gain, 1) if gain > 0 else None
+
+
+def status_json(points: list[dict[str, Any]], trigger_seconds: float, now: datetime | None = None) -> dict[str, Any]:
+    """The lag status as the browser gets it, with each point and on every keep-alive of the live push."""
+    return asdict(lag_status(points, trigger_seconds, now))
+
+
+class LagWindow:
+    """The last checkpoints of one job as a live push sees them: seeded from the database, extended by each point
+    pushed (a replayed point is counted once), judged on every point and on every keep-alive."""
+
+    def __init__(self, points: list[dict[str, Any]], trigger_seconds: float) -> None:
+        self.points = list(points)[-STATUS_WINDOW:]
+        self.trigger_seconds = trigger_seconds
+
+    def add(self, point: dict[str, Any]) -> None:
+        key = (point["location"], point["batch"])
+        if any((p["location"], p["batch"]) == key for p in self.points):
+            return
+        self.points = sorted([*self.points, point], key=lambda p: p["t"])[-STATUS_WINDOW:]
+
+    def status(self, now: datetime | None = None) -> dict[str, Any]:
+        return status_json(self.points, self.trigger_seconds, now)
+
+
+def stream_head(stream: str) -> tuple[int, int] | None:
+    """(entries ever added, entries trimmed away) of a Redis stream source, from XINFO STREAM's entries-added (the
+    ``n`` of the source's offsets); None when Redis cannot be reached."""
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=3, socket_connect_timeout=3)
+        try:
+            info = client.xinfo_stream(stream)
+        except redis.ResponseError as exc:  # a stream that does not exist yet has no entries
+            if "no such key" in str(exc).lower():
+                return 0, 0
+            raise
+        added = int(info["entries-added"])
+        return added, added - int(info["length"])
+    except redis.RedisError:
+        return None

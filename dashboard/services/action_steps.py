@@ -1,0 +1,61 @@
+"""Steps that several actions share: report progress, stop the job and wait, read state with Spark in a process of
+its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run
+from dashboard.services.errors import ActionFailed
+from dashboard.services.runs import job_request_stop
+
+
+def action_progress(action: Action, text: str) -> None:
+    Action.objects.filter(id=action.id).update(progress=text[:300])
+    action.progress = text
+
+
+def run_state_tool(
+    command: str, path: Path, number: int, timeout: int = 900, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Spark's reading of a checkpoint copy, in a process of its own (see workers/spark/state_tool.py)."""
+    extra = [json.dumps(spec)] if spec is not None else []
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.spark.state_tool", command, str(path), str(number), *extra],
+            cwd=settings.BASE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise ActionFailed(f"Spark's state reader did not finish within {timeout} s") from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {"error": done.stderr.strip().splitlines()[-1:] or "no output"}
+    if done.returncode != 0 or "error" in result:
+        raise ActionFailed(f"Spark could not read the state: {result.get('error')}")
+    return dict(result)
+
+
+def active_run(job: Job) -> Run | None:
+    return job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()
+
+
+def wait_until_stopped(action: Action, job: Job, timeout: float | None = None) -> None:
+    """Ask the running driver to drain and stop, and wait for it (a no-op when the job is not running)."""
+    if active_run(job) is None:
+        return
+    action_progress(action, "stopping the job: the batch in flight commits first")
+    job_request_stop(job=job)
+    deadline = time.monotonic() + (timeout or settings.STOP_GRACE_SECONDS + 30)
+    while active_run(job) is not None:
+        if time.monotonic() > deadline:
+            raise ActionFailed(f"{job.name} did not stop in time; nothing else was changed")
+        time.sleep(0.5)

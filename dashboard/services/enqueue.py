@@ -1,0 +1,22 @@
+"""Work for the Celery workers, queued by task name once the transaction that asked for it has committed.
+
+The dashboard never imports worker code: it names the tasks, as Celery beat's schedule does (settings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import current_app
+from django.db import transaction
+
+START_RUN = "workers.tasks.start_run"
+RUN_ACTION = "workers.tasks.run_action"
+DELIVER_ALERT = "workers.tasks.deliver_alert"
+TASKS = (START_RUN, RUN_ACTION, DELIVER_ALERT)
+
+
+def enqueue(task: str, *args: Any) -> None:
+    """Send ``task`` once the current transaction commits (at once outside one): a worker never sees a record that a
+    rollback then removes."""
+    transaction.on_commit(lambda: current_app.send_task(task, args=args))

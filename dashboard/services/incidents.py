@@ -1,0 +1,40 @@
+"""Incidents reach the browsers the moment they are recorded: the code that records a run's start or end, an
+action's outcome, a recovery or an alert calls ``incidents_publish``, and the incidents go to the live stream once
+that transaction commits. The page dedups them by key, so publishing one again (an alert's opening with its
+resolution) is harmless; a Redis outage loses only the push (a page load reads them from the database)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+_clients: dict[str, redis.Redis] = {}
+
+
+def _client() -> redis.Redis:
+    url = settings.REDIS_URL
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return _clients[url]
+
+
+def _push(job_id: int, incidents: list[dict[str, Any]]) -> None:
+    try:
+        pipe = _client().pipeline(transaction=False)
+        for incident in incidents:
+            line = json.dumps({"job": job_id, "incident": incident})
+            pipe.xadd(settings.LIVE_STREAM, {"data": line}, maxlen=50_000, approximate=True)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("incidents of job %s not pushed live (%s); the page shows them on its next load", job_id, exc)
+
+
+def incidents_publish(job_id: int, incidents: list[dict[str, Any]]) -> None:
+    if incidents:
+        transaction.on_commit(lambda: _push(job_id, incidents))
