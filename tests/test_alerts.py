@@ -15,7 +15,7 @@ from django.core import mail
 from django.utils import timezone
 
 from dashboard.models import Alert, AlertKind, Checkpoint, Recovery, Run, RunStatus, Savepoint, SavepointStatus
-from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate
+from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate, job_conditions
 from dashboard.services.runs import run_finish, run_started
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,9 +70,10 @@ def running(job, started_seconds_ago: float = 600) -> Run:
 def commits(job, lags: list[int], ends: list[int] | None = None, age: float = 1.0, first: int = 0) -> None:
     now = timezone.now()
     ends = ends or [100 * (i + 1 + first) for i in range(len(lags))]
+    run = Run.objects.filter(job=job).order_by("-id").first()  # the run that committed them
     for i, (lag, end) in enumerate(zip(lags, ends, strict=True)):
         Checkpoint.objects.create(
-            job=job, batch_id=first + i, committed_at=now - timedelta(seconds=age + len(lags) - i),
+            job=job, run=run, batch_id=first + i, committed_at=now - timedelta(seconds=age + len(lags) - i),
             duration_ms=100, lag_records=lag, input_rate=50, processed_rate=40, end_offset={"id": "x", "n": end},
         )  # fmt: skip
 
@@ -213,3 +214,16 @@ def test_incidents_reach_the_live_stream_as_they_are_recorded(make_job, redis):
         f"alert-{alert.id}-end",
     ]
     assert all(p["job"] == job.id for p in pushed)
+
+
+def test_a_first_batch_that_began_before_the_run_was_marked_started_is_the_runs(make_job):
+    """Spark stamps a batch with its trigger time: a slow first batch can start a moment before the driver marks the
+    run started. It is still this run's checkpoint, not 'no checkpoint since the run started'."""
+    job = make_job(trigger_interval_seconds=1)
+    run = running(job, started_seconds_ago=40)
+    Checkpoint.objects.create(
+        job=job, run=run, batch_id=0, committed_at=run.started_at - timedelta(seconds=1), duration_ms=38_000,
+        lag_records=0, end_offset={"id": "x", "n": 10},
+    )  # fmt: skip
+    stall, _ = job_conditions(job, timezone.now())[AlertKind.CHECKPOINT_STALL]
+    assert stall is not None and "since batch 0" in stall

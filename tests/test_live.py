@@ -9,6 +9,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.test import AsyncClient
+from django.utils import timezone
 
 from dashboard.models import Checkpoint
 from dashboard.selectors.charts import MAX_POINTS, job_series
@@ -108,6 +109,20 @@ def test_the_live_stream_resumes_from_the_last_event_id(make_job, redis, django_
     assert [p["batch"] for _, p in first] == [0, 1, 2], "only this job's checkpoints"
     resumed = read_events(client, f"/jobs/{job.name}/live", 2, {"Last-Event-ID": first[-1][0]})
     assert [p["batch"] for _, p in resumed] == [3, 4], "the gap after a reconnect is filled, nothing repeated"
+
+
+def test_each_pushed_point_carries_the_lag_status_judged_on_the_server(make_job, redis, django_user_model):
+    job = make_job()
+    now = timezone.now()
+    for batch, lag in enumerate([100, 200, 300, 50]):
+        point = record(batch) | {"lag_records": lag, "committed_at": (now - timedelta(seconds=4 - batch)).isoformat()}
+        redis.xadd(settings.LIVE_STREAM, {"data": json.dumps({"job": job.id, "record": point})})
+    client = AsyncClient()
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    events = read_events(client, f"/jobs/{job.name}/live?after=0-0", 4)
+    statuses = [p["status"]["status"] for _, p in events]
+    assert statuses == ["OK", "OK", "WARN", "OK"], "lag grew three batches running, then fell"
+    assert "lag never falls (100 → 300 records)" in events[2][1]["status"]["reason"]
 
 
 def test_the_live_stream_needs_a_login(make_job):

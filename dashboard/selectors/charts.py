@@ -9,7 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from dashboard.models import Checkpoint, CheckpointRollup, Job
+from dashboard.models import Checkpoint, CheckpointRollup, Job, Run
 from dashboard.records import CHART_COLUMNS, MEASURES, parse_time
 from dashboard.selectors.lag import STATUS_WINDOW
 
@@ -77,12 +77,11 @@ def job_series(job: Job, since: datetime) -> list[dict[str, Any]]:
     return [point(row) for row in rows]
 
 
-def recent_points(job: Job, since: datetime | None = None) -> list[dict[str, Any]]:
-    """The last STATUS_WINDOW checkpoints (committed since a time, when given), oldest first: what the lag status is
-    judged on."""
+def recent_points(job: Job, run: Run | None = None) -> list[dict[str, Any]]:
+    """The last STATUS_WINDOW checkpoints (of one run, when given), oldest first: what the lag status is judged on."""
     rows = Checkpoint.objects.filter(job=job)
-    if since is not None:
-        rows = rows.filter(committed_at__gte=since)
+    if run is not None:
+        rows = rows.filter(run=run)
     newest = rows.order_by("-committed_at", "-id").values(*CHART_COLUMNS)[:STATUS_WINDOW]
     return [point(row) for row in reversed(newest)]
 

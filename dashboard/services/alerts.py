@@ -35,8 +35,9 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
     found: dict[str, tuple[str | None, int | None]] = {kind: (None, None) for kind in AlertKind.values}
     run = Run.objects.filter(job=job, status=RunStatus.RUNNING).order_by("-id").first()
     if run is not None and run.started_at is not None:
-        # judge this run only: the commits of an earlier run say nothing about whether this one is stuck
-        recent = recent_points(job, since=run.started_at)
+        # judge this run only: the commits of an earlier run say nothing about whether this one is stuck (by the run
+        # that recorded them: a first batch can start a moment before the run is marked started)
+        recent = recent_points(job, run=run)
         trigger = job.trigger_interval_seconds
         last_commit = parse_time(recent[-1]["t"]) if recent else run.started_at
         quiet = (now - last_commit).total_seconds()

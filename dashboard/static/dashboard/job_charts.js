@@ -60,6 +60,12 @@
     }));
   }
 
+  // from the first point or incident to now: a timeline of one point would otherwise zoom to a second
+  function span() {
+    const times = points.map((p) => p.t).concat(incidents.map((e) => e.t)).sort();
+    return times.length ? [times[0], new Date().toISOString()] : undefined;
+  }
+
   function drawIncidents() {
     // one row per kind of incident, hover for what happened
     const kinds = [...new Set(incidents.map((e) => e.kind))];
@@ -68,7 +74,7 @@
       return { name: kind, type: "scatter", mode: "markers", x: own.map((e) => e.t), y: own.map(() => kind),
         text: own.map((e) => e.text), hoverinfo: "x+text", marker: { size: 11, symbol: "diamond", color: color(kind) } };
     });
-    const range = points.length ? [points[0].t, points[points.length - 1].t] : undefined;
+    const range = span();
     Plotly.react("chart-incidents", data, {
       title: { text: "Incident timeline", font: { size: 14 } }, height: 110 + 22 * kinds.length, margin: { l: 130, r: 20, t: 36, b: 40 },
       xaxis: { type: "date", title: { text: "UTC" }, range }, yaxis: { type: "category", automargin: true }, showlegend: false,
@@ -108,7 +114,7 @@
       Plotly.extendTraces(spec[0], update, spec[4].map((_, i) => i));
     }
     root.dataset.points = String(points.length);
-    Plotly.relayout("chart-incidents", { "xaxis.range": [points[0].t, p.t] }); // the timeline spans what the charts span
+    Plotly.relayout("chart-incidents", { "xaxis.range": span() }); // the timeline spans what the charts span
     return true;
   }
 
