@@ -13,6 +13,7 @@ from dashboard.api.tokens import token_user
 from dashboard.models import Alert, Recovery, RunStatus
 from dashboard.records import MEASURES
 from dashboard.selectors.jobs import dead_letter_counts, job_list
+from dashboard.selectors.lag import latest_source_lag
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -40,7 +41,11 @@ def render_metrics() -> str:
     def per_job(get: Any) -> list[tuple[dict[str, Any], Any]]:
         return [({"job": j.name}, get(j, j.latest_checkpoint)) for j in jobs]
 
-    def exported(measure: Any, c: Any) -> float | None:
+    source = latest_source_lag(jobs)
+
+    def exported(measure: Any, j: Any, c: Any) -> float | None:
+        if measure.column == "lag_records" and j.id in source:  # the source's own count: true while the job is down
+            return source[j.id].lag_records
         value = getattr(c, measure.column) if c else None
         return value / 1000 if value is not None and measure.unit == "ms" else value
 
@@ -49,11 +54,13 @@ def render_metrics() -> str:
          per_job(lambda j, c: 1 if j.run_status == RunStatus.RUNNING else 0)),
         ("statekeeper_job_lag_seconds", "gauge", "lag in records over the processing rate, at the last checkpoint",
          per_job(lambda j, c: c.lag_records / c.processed_rate if c and c.lag_records is not None and c.processed_rate else None)),
-        *[(m.metric, "gauge", m.metric_help, per_job(lambda j, c, m=m: exported(m, c))) for m in MEASURES if m.metric],
+        *[(m.metric, "gauge", m.metric_help, per_job(lambda j, c, m=m: exported(m, j, c))) for m in MEASURES if m.metric],
         ("statekeeper_checkpoint_last_batch_id", "gauge", "id of the last committed batch",
          per_job(lambda j, c: c.batch_id if c else None)),
         ("statekeeper_checkpoint_last_commit_timestamp_seconds", "gauge", "when the last batch was triggered",
          per_job(lambda j, c: c.committed_at.timestamp() if c else None)),
+        ("statekeeper_job_lag_oldest_seconds", "gauge", "age of the oldest source entry not yet read (from the source)",
+         per_job(lambda j, c: source[j.id].lag_seconds if j.id in source else None)),
         ("statekeeper_job_restarts_total", "counter", "automatic restarts after a failure",
          per_job(lambda j, c: restarts.get(j.id, 0))),
         ("statekeeper_job_dead_letters", "gauge", "entries in the job's dead-letter stream",

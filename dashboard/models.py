@@ -56,6 +56,18 @@ class Job(models.Model):
     max_records_per_batch = models.PositiveIntegerField(
         default=20_000, validators=[MinValueValidator(1), MaxValueValidator(10_000_000)]
     )
+    # Poison events: what the source refuses, and how much of it the dead-letter stream keeps.
+    max_future_seconds = models.PositiveIntegerField(
+        default=300,
+        validators=[MaxValueValidator(366 * 86400)],
+        help_text="an event time further than this after the entry's arrival is dead-lettered (0: no limit)",
+    )
+    dead_letter_max_entries = models.PositiveIntegerField(
+        default=100_000, validators=[MinValueValidator(100), MaxValueValidator(10_000_000)]
+    )
+    dead_letter_max_age_hours = models.PositiveIntegerField(
+        default=7 * 24, validators=[MinValueValidator(1), MaxValueValidator(365 * 24)]
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # The checkpoint lease: whoever holds lease_token may run a driver on this job's checkpoint until it expires.
@@ -130,6 +142,11 @@ class Job(models.Model):
     @property
     def dead_letter_stream(self) -> str:
         return f"{self.source_stream}:dead:{self.name}"
+
+    @property
+    def skip_list(self) -> str:
+        """Entry ranges an operator chose to skip: the source sends them to the dead letter instead of the batch."""
+        return f"{self.dead_letter_stream}:skip"
 
     def has_state(self) -> bool:
         """True once a batch has been committed to the checkpoint: from then on Spark has frozen its settings."""
@@ -275,6 +292,8 @@ class ActionKind(models.TextChoices):
     COUNT_PARTITION_ROWS = "count-partition-rows", "Count state rows per partition"
     CLEAN_ORPHANS = "clean-orphans", "Remove orphaned files"
     INSPECT_STATE = "inspect-state", "Inspect state"
+    SKIP_ENTRIES = "skip-entries", "Skip a failing batch's entries"
+    REDRIVE_DEAD_LETTERS = "redrive-dead-letters", "Re-drive dead letters"
 
 
 class ActionStatus(models.TextChoices):
@@ -422,6 +441,25 @@ class CheckpointRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}@{self.bucket:%Y-%m-%d %H:%M}/{self.resolution}s"
+
+
+class SourceLag(models.Model):
+    """The backlog read from the source itself, on a beat: true while the job is down or stalled, when no progress
+    event comes (a stopped job's lag grows here, not as a frozen last value)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="source_lag")
+    sampled_at = models.DateTimeField(default=timezone.now)
+    source_n = models.BigIntegerField(help_text="entries ever added to the source (XINFO entries-added)")
+    committed_n = models.BigIntegerField(help_text="the job's committed offset, in the same count")
+    lag_records = models.BigIntegerField()
+    lag_seconds = models.FloatField(null=True, blank=True, help_text="age of the oldest entry not yet read")
+
+    class Meta:
+        ordering = ["job", "sampled_at"]
+        indexes = [models.Index(fields=["job", "-sampled_at"], name="source_lag_job_time")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.sampled_at:%H:%M:%S}: {self.lag_records}"
 
 
 class AlertKind(models.TextChoices):

@@ -112,7 +112,8 @@ def _end_n(record: dict[str, Any]) -> int | None:
 MEASURES: tuple[Measure, ...] = (
     Measure("lag", "lag", "records", "lag_records", rollups=(("lag_records_max", "max"), ("lag_records_last", "last")),
             metric="statekeeper_job_lag_records",
-            metric_help="records in the source not yet processed, at the last checkpoint"),
+            metric_help="records in the source not yet processed: read from the source every few seconds, the last "
+                        "checkpoint's when no fresh sample"),
     Measure("end_n", "source offset", "offset", read=_end_n, rollups=(("end_n_last", "last"),)),
     Measure("in_rate", "input", "rows/s", "input_rate", rollups=(("input_rate_avg", "avg"),)),
     Measure("proc_rate", "processed", "rows/s", "processed_rate", rollups=(("processed_rate_avg", "avg"),)),

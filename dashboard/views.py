@@ -28,9 +28,11 @@ from django.views.decorators.http import require_POST
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, requires
 from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
 from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, AutoscaleMode, Job, SavepointStatus
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
+from dashboard.selectors.exceptions import exception_history, failing_batch
 from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
@@ -51,6 +53,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "jobs": listed,
         "dead_letters": jobs.dead_letter_counts(listed),
         "trends": jobs.job_trends(listed),
+        "source_lag": lag.latest_source_lag(listed),
         "follow": _follow_position(),
     }
     return render(request, "dashboard/job_list.html", context)
@@ -59,6 +62,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
 # The job page's tabs, in Flink's order: (key, label, url name). The header (status, lag, actions) is on every one.
 JOB_TABS = (
     ("overview", "Overview", "dashboard:job_detail"),
+    ("exceptions", "Exceptions", "dashboard:job_exceptions"),
     ("checkpoints", "Checkpoints", "dashboard:job_checkpoints"),
     ("state", "State", "dashboard:job_state"),
     ("savepoints", "Savepoints", "dashboard:job_savepoints"),
@@ -91,7 +95,31 @@ def _listed_job(name: str) -> Job:
 def job_detail(request: HttpRequest, name: str) -> HttpResponse:
     """Overview: key figures and the live charts."""
     job = _listed_job(name)
-    return _job_tab(request, job, "overview", {"dead_letters": jobs.dead_letter_counts([job])[job.id]})
+    context = {
+        "dead_letters": jobs.dead_letter_counts([job])[job.id],
+        "source_lag": lag.latest_source_lag([job]).get(job.id),
+    }
+    return _job_tab(request, job, "overview", context)
+
+
+@login_required
+def job_exceptions(request: HttpRequest, name: str) -> HttpResponse:
+    """Root causes with their repeats, and the batch a down job keeps failing on, with the way past it."""
+    job = _listed_job(name)
+    context = {"groups": exception_history(job), "failing": failing_batch(job)}
+    return _job_tab(request, job, "exceptions", context)
+
+
+@require_POST
+@requires(OPERATOR)
+def job_skip_entries(request: HttpRequest, name: str) -> HttpResponse:
+    job = get_object_or_404(Job, name=name)
+    try:
+        batch = int(request.POST.get("batch", ""))
+    except ValueError:
+        messages.error(request, "Name the failing batch to skip.")
+        return redirect("dashboard:job_exceptions", name=job.name)
+    return _request_to(request, job, ActionKind.SKIP_ENTRIES, {"batch": batch}, "dashboard:job_exceptions")
 
 
 @login_required
@@ -315,7 +343,7 @@ def checkpoint_discard(request: HttpRequest, name: str, directory: str) -> HttpR
 def _follow_position() -> str:
     """The live stream's newest entry id: where a page loaded now starts following."""
     try:
-        newest = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).xrevrange(settings.LIVE_STREAM, count=1)
+        newest = redis_client(timeout=2).xrevrange(settings.LIVE_STREAM, count=1)
         return newest[0][0].decode() if newest else "0-0"
     except redis.RedisError:
         return "$"
@@ -334,6 +362,7 @@ def job_series(request: HttpRequest, name: str) -> JsonResponse:
             "points": series.points,
             "resolution": series.resolution,
             "labels": charts.LABELS,
+            "source": lag.source_series(job, now - span),
             "incidents": incidents.incidents(job, now - span),
             "status": lag.status_json(series.recent, job.trigger_interval_seconds, now),
             "follow": _follow_position(),
@@ -385,6 +414,9 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
                 elif "incident" in data:
                     body = data["incident"] | {"job": data["job"]}
                     yield f"id: {cursor}\nevent: incident\ndata: {json.dumps(body)}\n\n"
+                elif "source" in data:
+                    body = data["source"] | {"job": data["job"]}
+                    yield f"id: {cursor}\nevent: source\ndata: {json.dumps(body)}\n\n"
     finally:
         await client.aclose()  # type: ignore[attr-defined]  # redis 5+ has aclose; the stubs predate it
 

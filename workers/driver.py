@@ -11,16 +11,20 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, connection
 from django.utils import timezone
 from pyspark.sql.streaming import StreamingQueryListener
 
 from dashboard import pipelines
+from dashboard.checkpoint_dir.files import planned_batch
+from dashboard.failures import describe, root_cause
 from dashboard.models import Run, RunStatus
 from dashboard.services.checkpoints import journal_path
 from dashboard.services.lease import lease_renew
@@ -31,11 +35,59 @@ from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session
 
 log = logging.getLogger("statekeeper.driver")
+FENCED_EXIT_SECONDS = 5  # a driver that lost its lease is gone this long after it notices, whatever hangs
+SPARK_STOP_SECONDS = 20  # spark.stop() gets this long before the process ends without it
+
+
+def hard_exit(code: int, why: str) -> None:
+    """End the process now: no interpreter shutdown (py4j and Spark threads can hold it open for good)."""
+    log.log(logging.INFO if code == 0 else logging.ERROR, "exiting (%s): %s", code, why)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews the checkpoint lease from a thread of its own, also while the query drains or a batch runs long. The
+    lease lost (another token holds it, or it expired while this process was paused, or the database did not answer
+    for a whole TTL), it stops the query once and starts a watchdog that ends the process FENCED_EXIT_SECONDS
+    later if it is still alive."""
+
+    def __init__(self, job_id: int, token: int, on_lost: Any, exit_when_fenced: bool = True) -> None:
+        super().__init__(name="lease-keeper", daemon=True)
+        self.job_id, self.token, self.on_lost = job_id, token, on_lost
+        self.exit_when_fenced = exit_when_fenced
+        self.lost = threading.Event()
+        self.done = threading.Event()
+        self.reason = ""
+
+    def run(self) -> None:
+        last_ok = time.monotonic()
+        try:
+            while not self.done.wait(settings.LEASE_RENEW_SECONDS):
+                try:
+                    if lease_renew(job_id=self.job_id, token=self.token):
+                        last_ok = time.monotonic()
+                        continue
+                    self.reason = "this driver lost the checkpoint lease (another driver holds it, or it expired)"
+                except DatabaseError as exc:
+                    if time.monotonic() - last_ok < settings.LEASE_TTL_SECONDS:
+                        continue
+                    self.reason = f"the lease could not be renewed for {settings.LEASE_TTL_SECONDS} s ({exc})"
+                self.lost.set()
+                threading.Thread(target=self.on_lost, name="fenced-stop", daemon=True).start()
+                if not self.done.wait(FENCED_EXIT_SECONDS) and self.exit_when_fenced:
+                    hard_exit(3, f"fenced: {self.reason}; the query did not stop in {FENCED_EXIT_SECONDS} s")
+                return
+        finally:
+            connection.close()
 
 
 class JobDriver:
-    def __init__(self, spark: Any, run_id: int) -> None:
-
+    def __init__(self, spark: Any, run_id: int, own_process: bool = False) -> None:
+        """``own_process``: the driver is the whole process (python -m workers.driver_process), which a lost lease
+        may end; tests run it in a thread of theirs."""
+        self.own_process = own_process
         self.spark = spark
         self.run = Run.objects.select_related("job").get(id=run_id)
         self.job = self.run.job
@@ -43,7 +95,6 @@ class JobDriver:
         self.stop_signal = threading.Event()
 
     def spec(self) -> Any:
-
         job = self.job
         return JobSpec(
             job_id=job.id,
@@ -59,6 +110,8 @@ class JobDriver:
             batches_retained=job.batches_retained,
             max_records=job.max_records_per_batch,
             dead_letter=job.dead_letter_stream,
+            skip_list=job.skip_list,
+            max_future_seconds=job.max_future_seconds,
         )
 
     def execute(self) -> str:
@@ -100,48 +153,58 @@ class JobDriver:
 
         listener = Listener()
         self.spark.streams.addListener(listener)
+        started: list[Any] = []  # the query, once it exists: what a lost lease stops
+        # renewing from here on: starting a query (planning, the first batch's setup) can take longer than the lease
+        keeper = LeaseKeeper(
+            self.job.id, self.token, on_lost=lambda: [q.stop() for q in started], exit_when_fenced=self.own_process
+        )
+        keeper.start()
         try:
             query = start_query(
                 self.spark,
                 spec,
                 pipeline,
-                batch_writer(job_id=self.job.id, token=self.token, pipeline=pipeline),
+                batch_writer(
+                    job_id=self.job.id,
+                    token=self.token,
+                    pipeline=pipeline,
+                    dead_letters=spec.dead_letter,
+                    redis_url=spec.redis_url,
+                ),
             )
+            started.append(query)
             query_id.append(str(query.id))
+            if keeper.lost.is_set():  # lost while starting: stop before the first batch
+                query.stop()
             run_started(run_id=self.run.id)
-            return self._supervise(query)
-        except Exception as exc:
+            return self._watch(query, keeper)
+        except Exception:
+            trace = traceback.format_exc()
             run_finish(
                 run_id=self.run.id,
                 status=RunStatus.FAILED,
-                message=f"The query could not start: {exc}",
-                error=traceback.format_exc(),
+                message=f"The query could not start: {root_cause(trace)}"[:2000],
+                error=trace,
             )
             return RunStatus.FAILED
         finally:
+            keeper.done.set()
             time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
             self.spark.streams.removeListener(listener)
 
-    def _supervise(self, query: Any) -> str:
-
+    def _watch(self, query: Any, keeper: LeaseKeeper) -> str:
         while True:
             self.stop_signal.wait(settings.LEASE_RENEW_SECONDS if query.isActive else 0)
+            if keeper.lost.is_set():  # fenced: someone else may own the checkpoint now; the keeper stopped the query
+                run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"Stopped: {keeper.reason} (fenced).")
+                return RunStatus.FAILED
             if not query.isActive:
                 error = query.exception()
+                trace = f"{error}\n{getattr(error, 'stackTrace', '') or ''}" if error else ""
                 message = (
-                    f"The query failed: {error.desc if hasattr(error, 'desc') else error}"
-                    if error
-                    else "The query stopped."
+                    describe(trace, planned_batch(self.job.checkpoint_location)) if error else "The query stopped."
                 )
-                run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=str(error or ""))
-                return RunStatus.FAILED
-            if not lease_renew(job_id=self.job.id, token=self.token):
-                query.stop()  # fenced: someone else may own the checkpoint now; stop without draining
-                run_finish(
-                    run_id=self.run.id,
-                    status=RunStatus.FAILED,
-                    message="Stopped: this driver lost the checkpoint lease (fenced).",
-                )
+                run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=trace)
                 return RunStatus.FAILED
             Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now())
             stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
@@ -183,9 +246,13 @@ def main(argv: list[str]) -> int:
             run_id=run_id, status=RunStatus.FAILED, message=f"Spark did not start: {exc}", error=traceback.format_exc()
         )
         return 1
-    driver = JobDriver(spark, run_id)
+    driver = JobDriver(spark, run_id, own_process=True)
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
     status = driver.execute()
     log.info("run %s ended: %s", run_id, status)
+    watchdog = threading.Timer(SPARK_STOP_SECONDS, hard_exit, (1, "spark.stop() did not return"))
+    watchdog.daemon = True
+    watchdog.start()
     spark.stop()
+    watchdog.cancel()
     return 0 if status == RunStatus.STOPPED else 1

@@ -9,6 +9,8 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
 django.setup()
 
-from workers.driver import main  # noqa: E402  # needs the apps loaded above
+from workers.driver import hard_exit, main  # noqa: E402  # needs the apps loaded above
 
-sys.exit(main(sys.argv))
+# The run is recorded by now: end the process at once (a thread py4j or the JVM left behind must not keep a driver
+# alive, holding memory and perhaps files, after its run ended).
+hard_exit(main(sys.argv), "the run ended")

@@ -2,27 +2,59 @@
 
 A replayed batch writes the same keys with the same values, so it changes nothing. The fencing token is checked in the
 same transaction as the writes: a driver that lost its lease can never write, even if it still runs.
+
+A result the table cannot store (a key too long, a NUL, a lone surrogate, NaN, nesting past JSON's reach) is not
+written: it goes to the job's dead-letter stream with stage "sink", and the batch goes on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable
 from itertools import islice
+from typing import Any
 
+import redis
 from django.db import connection, transaction
 from pyspark.sql import DataFrame
 
+from dashboard.models import ResultRow
 from workers.spark.pipelines.base import Pipeline, Result
+from workers.spark.sources.redis_streams import Rejected, dead_letter
 
 CHUNK = 5000
+KEY_MAX = ResultRow._meta.get_field("key").max_length or 500
 
 
 class Fenced(RuntimeError):
     """This driver no longer holds the checkpoint lease: another driver may own the checkpoint now."""
 
 
-def write_results(*, job_id: int, token: int, batch_id: int, results: Iterable[Result]) -> int:
+def unstorable(key: Any, value: Any) -> str:
+    """Why PostgreSQL would refuse this result (and fail the whole batch with it); empty when it can be stored."""
+    if not isinstance(key, str):
+        return f"the key is a {type(key).__name__}, not text"
+    if len(key) > KEY_MAX:
+        return f"the key is {len(key):,} characters (limit {KEY_MAX})"
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        (key + text).encode("utf-8")
+    except RecursionError:
+        return "the value is nested too deeply for JSON"
+    except UnicodeEncodeError:
+        return "a lone surrogate in the key or value: not valid Unicode"
+    except (TypeError, ValueError) as exc:
+        return f"the value is not JSON: {exc}"
+    if "\x00" in key or "\\u0000" in text:
+        return "a NUL character in the key or value"
+    return ""
+
+
+def write_results(
+    *, job_id: int, token: int, batch_id: int, results: Iterable[Result], rejected: list[Rejected] | None = None
+) -> int:
+    """Upsert the results; the ones that cannot be stored are appended to ``rejected`` instead."""
     written = 0
     lock = "" if connection.vendor == "sqlite" else " FOR SHARE"
     with transaction.atomic(), connection.cursor() as cursor:
@@ -32,7 +64,7 @@ def write_results(*, job_id: int, token: int, batch_id: int, results: Iterable[R
             raise Fenced(
                 f"job {job_id}: fencing token {token} is stale (now {row and row[0]}); not writing batch {batch_id}"
             )
-        iterator = iter(results)
+        iterator = iter(_storable(batch_id, results, rejected if rejected is not None else []))
         while chunk := list(islice(iterator, CHUNK)):
             cursor.executemany(
                 "INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
@@ -45,10 +77,33 @@ def write_results(*, job_id: int, token: int, batch_id: int, results: Iterable[R
     return written
 
 
-def batch_writer(*, job_id: int, token: int, pipeline: Pipeline) -> Callable[[DataFrame, int], None]:
+def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]) -> Iterable[Result]:
+    for kind, key, value in results:
+        if reason := unstorable(key, value):
+            digest = hashlib.sha1(repr((kind, key)).encode("utf-8", "backslashreplace")).hexdigest()[:16]
+            payload = repr((kind, key, value))[:65536].encode("utf-8", "backslashreplace")
+            rejected.append(Rejected(f"batch-{batch_id}:{kind}:{digest}", "sink", reason, payload))
+        else:
+            yield kind, key, value
+
+
+def batch_writer(
+    *, job_id: int, token: int, pipeline: Pipeline, dead_letters: str = "", redis_url: str = ""
+) -> Callable[[DataFrame, int], None]:
+    client: list[Any] = []
+
     def write(frame: DataFrame, batch_id: int) -> None:
+        rejected: list[Rejected] = []
         write_results(
-            job_id=job_id, token=token, batch_id=batch_id, results=pipeline.results(list(frame.toLocalIterator()))
+            job_id=job_id,
+            token=token,
+            batch_id=batch_id,
+            results=pipeline.results(list(frame.toLocalIterator())),
+            rejected=rejected,
         )
+        if rejected and dead_letters:
+            if not client:
+                client.append(redis.Redis.from_url(redis_url, socket_timeout=10))
+            dead_letter(client[0], dead_letters, rejected)  # each once: a replayed batch rejects the same results
 
     return write

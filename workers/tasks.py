@@ -19,6 +19,7 @@ from dashboard.services.periodic import savepoints_periodic
 from dashboard.services.recovery import recoveries_supervise
 from dashboard.services.rollups import rollups_run
 from dashboard.services.runs import run_launch, runs_supervise
+from dashboard.services.source_lag import source_lag_sample
 
 
 @shared_task(time_limit=60, acks_late=True, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
@@ -46,6 +47,11 @@ def ingest_progress() -> int:
 def run_action(action_id: int) -> str:
     action = action_execute(action_id=action_id)
     return f"action {action.id}: {action.status}"
+
+
+@shared_task(time_limit=30)
+def sample_source_lag() -> int:
+    return source_lag_sample()
 
 
 @shared_task(time_limit=60)

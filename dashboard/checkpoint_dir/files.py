@@ -64,6 +64,37 @@ def batch_offsets(root: Path, batch: int) -> dict[str, Any]:
     return {"metadata": metadata, "sources": sources}
 
 
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A batch whose offsets were written ahead but whose commit was not: what a restart replays first."""
+
+    batch: int
+    after: dict[str, Any]  # the source offset it starts after ({"id", "n"} for a Redis stream)
+    upto: dict[str, Any]  # the source offset it ends at, inclusive
+
+    @property
+    def entries(self) -> int | None:
+        if "n" in self.after and "n" in self.upto:
+            return int(self.upto["n"]) - int(self.after["n"])
+        return None
+
+
+def planned_batch(root: Path) -> PlannedBatch | None:
+    """The uncommitted batch at the end of the offset log, if any; None when every planned batch committed or the
+    log cannot be read."""
+    planned = _batch_files(root, "offsets")
+    committed = committed_batches(root)
+    if not planned or (committed and committed[-1] >= planned[-1]):
+        return None
+    batch = planned[-1]
+    try:
+        upto = batch_offsets(root, batch)["sources"][0] or {}
+        after = (batch_offsets(root, batch - 1)["sources"][0] or {}) if batch > 0 else {"id": "0-0", "n": 0}
+    except (CheckpointError, IndexError):
+        return None
+    return PlannedBatch(batch, after, upto)
+
+
 def frozen_settings(root: Path, batch: int) -> dict[str, str]:
     conf = batch_offsets(root, batch)["metadata"].get("conf", {})
     return {

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import redis
-from django.conf import settings
 from django.db.models import Count, F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard import pipelines
+from dashboard.connections import redis_client
 from dashboard.models import Alert, Checkpoint, CheckpointRollup, Job, ResultRow, Run
 
 
@@ -66,8 +65,7 @@ def job_trends(jobs: list[Job]) -> dict[int, dict[str, list[Any]]]:
 def dead_letter_counts(jobs: list[Job]) -> dict[int, int | None]:
     """Dead-lettered entries per job, in one Redis round trip; None where Redis cannot be reached."""
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        pipe = client.pipeline(transaction=False)
+        pipe = redis_client(timeout=2).pipeline(transaction=False)
         for job in jobs:
             pipe.xlen(job.dead_letter_stream)
         return {job.id: int(n) for job, n in zip(jobs, pipe.execute(), strict=True)}

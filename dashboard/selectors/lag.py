@@ -4,13 +4,14 @@ take it from here."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
-from django.conf import settings
 from django.utils import timezone
 
+from dashboard.connections import redis_client
+from dashboard.models import Job, SourceLag
 from dashboard.records import parse_time
 
 # Burrow judges a consumer over a window of offsets; here a window of checkpoints
@@ -85,9 +86,8 @@ def stream_head(stream: str) -> tuple[int, int] | None:
     """(entries ever added, entries trimmed away) of a Redis stream source, from XINFO STREAM's entries-added (the
     ``n`` of the source's offsets); None when Redis cannot be reached."""
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=3, socket_connect_timeout=3)
         try:
-            info = client.xinfo_stream(stream)
+            info = redis_client().xinfo_stream(stream)
         except redis.ResponseError as exc:  # a stream that does not exist yet has no entries
             if "no such key" in str(exc).lower():
                 return 0, 0
@@ -96,3 +96,34 @@ def stream_head(stream: str) -> tuple[int, int] | None:
         return added, added - int(info["length"])
     except redis.RedisError:
         return None
+
+
+SOURCE_FRESH = timedelta(minutes=2)  # an older sample says nothing about now
+
+
+def latest_source_lag(jobs: list[Job], now: datetime | None = None) -> dict[int, SourceLag]:
+    """Each job's newest lag sample from the source, when one is fresh: one query, bounded by the last two minutes."""
+    since = (now or timezone.now()) - SOURCE_FRESH
+    latest: dict[int, SourceLag] = {}
+    for sample in SourceLag.objects.filter(job__in=jobs, sampled_at__gte=since).order_by("job", "-sampled_at"):
+        latest.setdefault(sample.job_id, sample)
+    return latest
+
+
+def source_series(job: Job, since: datetime, limit: int = 3000) -> list[dict[str, Any]]:
+    """The source's lag samples since a time, oldest first, thinned evenly to ``limit``."""
+    rows = list(
+        SourceLag.objects.filter(job=job, sampled_at__gte=since)
+        .order_by("sampled_at")
+        .values_list("sampled_at", "lag_records", "lag_seconds")
+    )
+    if len(rows) > limit:
+        step = len(rows) / limit
+        rows = [rows[int(i * step)] for i in range(limit - 1)] + [rows[-1]]
+    return [{"t": t.isoformat(), "lag": lag, "age": age} for t, lag, age in rows]
+
+
+def source_lag_growing(samples: list[SourceLag]) -> bool:
+    """Lag rose across the samples (oldest first) and is still there: the source moves on, the job does not."""
+    lags = [s.lag_records for s in samples]
+    return len(lags) >= 3 and lags[-1] > lags[0] and all(b >= a for a, b in zip(lags, lags[1:], strict=False))

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from dashboard.models import Action, ActionKind, ActionStatus, Job
 from dashboard.selectors.incidents import action_incidents
-from dashboard.services import forks, inspector, partitions, rescale, savepoints, storage
+from dashboard.services import forks, inspector, partitions, rescale, savepoints, skips, storage
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import RUN_ACTION, enqueue
 from dashboard.services.errors import ActionFailed, ActionRefused
@@ -74,6 +74,7 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.COUNT_PARTITION_ROWS: partitions.count_rows_action,
         ActionKind.CLEAN_ORPHANS: storage.clean_orphans_action,
         ActionKind.INSPECT_STATE: inspector.inspect_action,
+        ActionKind.SKIP_ENTRIES: skips.skip_action,
     }
     try:
         outcome = handlers[action.kind](action)

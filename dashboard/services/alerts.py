@@ -21,13 +21,14 @@ from dashboard.models import Alert, AlertKind, Job, Recovery, Run, RunStatus, Sa
 from dashboard.records import parse_time
 from dashboard.selectors.charts import recent_points
 from dashboard.selectors.incidents import alert_incidents
-from dashboard.selectors.lag import lag_status
+from dashboard.selectors.lag import lag_status, source_lag_growing
 from dashboard.services.enqueue import DELIVER_ALERT, enqueue
 from dashboard.services.incidents import incidents_publish
 
 log = logging.getLogger(__name__)
 LAG_ALERTS = {"WARN": AlertKind.LAG_WARN, "STALL": AlertKind.LAG_STALL, "STOP": AlertKind.LAG_STOP}
 FIRING, RESOLVED = "firing", "resolved"
+SOURCE_WINDOW = timedelta(seconds=30)  # source lag samples judged for a job that is not running
 
 
 def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int | None]]:
@@ -53,6 +54,18 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
             status = lag_status(recent, trigger, now)
             if status.status in LAG_ALERTS:
                 found[LAG_ALERTS[status.status]] = (f"lag {status.status}: {status.reason}", None)
+    elif run is None:
+        # not running: progress events say nothing, the source does; lag that keeps growing is the on-call's business
+        samples = list(job.source_lag.filter(sampled_at__gte=now - SOURCE_WINDOW).order_by("sampled_at"))
+        if source_lag_growing(samples):
+            newest = samples[-1]
+            oldest = f", the oldest waiting {newest.lag_seconds:.0f} s" if newest.lag_seconds else ""
+            found[AlertKind.LAG_STOP] = (
+                f"lag STOP: {job.name} is not running and its source moves on: {newest.lag_records} records "
+                f"waiting{oldest} (from {samples[0].lag_records} {int((now - samples[0].sampled_at).total_seconds())} "
+                "s ago)",
+                None,
+            )
     window = timedelta(minutes=job.failure_rate_window_minutes)
     restarts = Recovery.objects.filter(job=job, failed_at__gte=now - window).count()
     if restarts >= settings.ALERT_RESTART_LOOP_COUNT:

@@ -13,20 +13,14 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from dashboard.connections import redis_client
+
 log = logging.getLogger(__name__)
-_clients: dict[str, redis.Redis] = {}
-
-
-def _client() -> redis.Redis:
-    url = settings.REDIS_URL
-    if url not in _clients:
-        _clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-    return _clients[url]
 
 
 def _push(job_id: int, incidents: list[dict[str, Any]]) -> None:
     try:
-        pipe = _client().pipeline(transaction=False)
+        pipe = redis_client(timeout=2).pipeline(transaction=False)
         for incident in incidents:
             line = json.dumps({"job": job_id, "incident": incident})
             pipe.xadd(settings.LIVE_STREAM, {"data": line}, maxlen=50_000, approximate=True)

@@ -29,8 +29,14 @@ def lease_acquire(*, job_id: int) -> int | None:
 
 
 def lease_renew(*, job_id: int, token: int) -> bool:
-    expires = timezone.now() + timedelta(seconds=settings.LEASE_TTL_SECONDS)
-    return Job.objects.filter(id=job_id, lease_token=token).update(lease_expires_at=expires) == 1
+    """Extend the lease of the driver holding this token; False when another token holds it or it has expired (a
+    driver paused past its lease must not take it back: someone may have started in its place)."""
+    now = timezone.now()
+    expires = now + timedelta(seconds=settings.LEASE_TTL_SECONDS)
+    renewed = Job.objects.filter(id=job_id, lease_token=token, lease_expires_at__gt=now).update(
+        lease_expires_at=expires
+    )
+    return renewed == 1
 
 
 def lease_release(*, job_id: int, token: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -195,15 +196,18 @@ def runs_supervise() -> list[str]:
         Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exclude(status=RunStatus.PENDING).select_related("job")
     ):
         local = run.host == socket.gethostname()
-        dead = (local and run.pid and not pid_alive(run.pid)) or (
+        exited = bool(local and run.pid and not pid_alive(run.pid))
+        expired = (
             run.job.lease_token == run.fencing_token and not run.job.lease_is_held() and run.started_at is not None
         )
-        if dead:
-            run_finish(
-                run_id=run.id,
-                status=RunStatus.LOST,
-                message="The driver process exited without reporting (killed or crashed).",
-            )
+        if exited or expired:
+            message = "The driver process exited without reporting (killed or crashed)."
+            if not exited and local and run.pid and pid_alive(run.pid):
+                # alive but silent past its lease (paused, hung): kill it before the lease is free for another, so it
+                # can never wake up next to its successor
+                _kill_group(run.pid)
+                message = "The driver stopped renewing its lease (paused or hung past it); it was killed."
+            run_finish(run_id=run.id, status=RunStatus.LOST, message=message)
             notes.append(f"run {run.id} lost")
         elif (
             run.stop_requested_at
@@ -211,6 +215,13 @@ def runs_supervise() -> list[str]:
             and local
             and run.pid
         ):
-            os.killpg(run.pid, signal.SIGKILL)
+            _kill_group(run.pid)
             notes.append(f"run {run.id} killed after the stop grace period")
     return notes
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the driver's process group (it runs in a session of its own: the JVM and Python workers go too).
+    SIGKILL also ends a stopped (SIGSTOP) process."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

@@ -30,6 +30,8 @@ class JobSpec:
     batches_retained: int
     max_records: int
     dead_letter: str
+    skip_list: str = ""
+    max_future_seconds: float = 300
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -46,6 +48,8 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
         .option("url", spec.redis_url)
         .option("stream", spec.stream)
         .option("deadLetter", spec.dead_letter)
+        .option("maxFutureSeconds", str(spec.max_future_seconds))
+        .option("skipList", spec.skip_list)
         .option("maxRecordsPerBatch", str(spec.max_records))
         .option("readPartitions", str(max(1, spec.parallelism)))
         .option("format", pipeline.payload.to_option())

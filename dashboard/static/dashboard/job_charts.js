@@ -36,7 +36,7 @@
     ["chart-ckpt-duration", "Checkpoint duration", "ms", null, [[null, "dur", "scatter", "y"], [null, "state_commit", "scatter", "y"]]],
   ];
   const seen = new Set();
-  let points = [], incidents = [], source = null, lastId = null, resolution = "batch", labels = {};
+  let points = [], incidents = [], source = null, lastId = null, resolution = "batch", labels = {}, sourcePoints = [];
   const incidentKeys = new Set(), latencies = [];
   const key = (p) => p.location + ":" + p.batch;
 
@@ -83,9 +83,26 @@
     document.getElementById("chart-incidents").dataset.incidents = String(incidents.length);
   }
 
+  // Lag read from the source every few seconds (dashboard/services/source_lag.py): it goes on while the job is down,
+  // when no checkpoint comes. Drawn after the checkpoint traces, so live checkpoints extend theirs (0 and 1).
+  const sourceTraces = () => [
+    { name: "lag from the source (records)", type: "scatter", mode: "lines", yaxis: "y", x: sourcePoints.map((s) => s.t), y: sourcePoints.map((s) => s.lag), line: { dash: "dot", color: "#cf1322" } },
+    { name: "oldest entry waiting (s)", type: "scatter", mode: "lines", yaxis: "y2", x: sourcePoints.map((s) => s.t), y: sourcePoints.map((s) => s.age), line: { dash: "dot", color: "#fa8c16" } },
+  ];
+
+  function addSource(s) {
+    sourcePoints.push(s);
+    Plotly.extendTraces("chart-lag", { x: [[s.t], [s.t]], y: [[s.lag], [s.age]] }, [2, 3]);
+    document.getElementById("chart-lag").dataset.source = String(sourcePoints.length);
+  }
+
   function draw() {
     charts.find((c) => c[0] === "chart-state")[4] = stateTraces();
-    for (const spec of charts) Plotly.react(spec[0], traces(spec, points), layout(spec[1], spec[2], spec[3]), { displaylogo: false, responsive: true });
+    for (const spec of charts) {
+      const data = traces(spec, points).concat(spec[0] === "chart-lag" ? sourceTraces() : []);
+      Plotly.react(spec[0], data, layout(spec[1], spec[2], spec[3]), { displaylogo: false, responsive: true });
+    }
+    document.getElementById("chart-lag").dataset.source = String(sourcePoints.length);
     drawIncidents();
     root.dataset.points = String(points.length);
     document.getElementById("chart-resolution").textContent = {
@@ -142,13 +159,14 @@
     });
     source.addEventListener("incident", (e) => { lastId = e.lastEventId; addIncident(JSON.parse(e.data)); });
     source.addEventListener("status", (e) => showStatus(JSON.parse(e.data)));
+    source.addEventListener("source", (e) => { lastId = e.lastEventId; addSource(JSON.parse(e.data)); });
     source.onopen = () => { document.getElementById("live-state").textContent = "live"; };
     source.onerror = () => { document.getElementById("live-state").textContent = "reconnecting…"; };
   }
 
   async function load(range) {
     const data = await (await fetch(seriesUrl + "?range=" + range)).json();
-    resolution = data.resolution; labels = data.labels;
+    resolution = data.resolution; labels = data.labels; sourcePoints = data.source;
     points = data.points; seen.clear(); points.forEach((p) => seen.add(key(p)));
     incidents = data.incidents; incidentKeys.clear(); incidents.forEach((e) => incidentKeys.add(e.key));
     draw();
@@ -163,6 +181,7 @@
   // For tests and operators: drop the connection and resume from the last event received
   window.statekeeperLive = {
     reconnect: () => connect(lastId), disconnect: () => source && source.close(), points: () => points, incidents: () => incidents,
+    source: () => sourcePoints,
     latencies: () => latencies,
   };
   load("15m");

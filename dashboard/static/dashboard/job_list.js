@@ -26,21 +26,31 @@
     for (const el of row.querySelectorAll("[data-spark]")) spark(el, trend.t, trend[el.dataset.spark], el.dataset.unit);
   }
 
+  function extend(el, t, value) {
+    const cutoff = new Date(Date.parse(t) - HOUR).toISOString();
+    Plotly.extendTraces(el, { x: [[t]], y: [[value]] }, [0]);
+    const data = el.data[0]; // keep an hour: drop what scrolled out
+    let drop = 0;
+    while (drop < data.x.length && data.x[drop] < cutoff) drop += 1;
+    if (drop) Plotly.restyle(el, { x: [data.x.slice(drop)], y: [data.y.slice(drop)] }, [0]);
+    el.dataset.points = String(el.data[0].x.length);
+  }
+
+  // lag read from the source every few seconds: true while a job is down, when no checkpoint comes
+  function onSource(s) {
+    const row = root.querySelector(`tr[data-job="${s.job}"]`);
+    if (!row) return;
+    const cell = row.querySelector('[data-cell="lag"]');
+    cell.replaceChildren(String(s.lag));
+    if (s.age) cell.append(document.createElement("br"), Object.assign(document.createElement("span"), { className: "muted", textContent: `oldest ${s.age.toFixed(0)} s` }));
+    extend(row.querySelector('[data-spark="lag"]'), s.t, s.lag);
+  }
+
   function onCheckpoint(p) {
     const row = root.querySelector(`tr[data-job="${p.job}"]`);
     if (!row) return;
-    const cutoff = new Date(Date.parse(p.t) - HOUR).toISOString();
-    for (const el of row.querySelectorAll("[data-spark]")) {
-      const value = el.dataset.spark === "lag" ? p.lag : p.state_mem;
-      Plotly.extendTraces(el, { x: [[p.t]], y: [[value]] }, [0]);
-      const data = el.data[0]; // keep an hour: drop what scrolled out
-      let drop = 0;
-      while (drop < data.x.length && data.x[drop] < cutoff) drop += 1;
-      if (drop) Plotly.restyle(el, { x: [data.x.slice(drop)], y: [data.y.slice(drop)] }, [0]);
-      el.dataset.points = String(el.data[0].x.length);
-    }
+    for (const el of row.querySelectorAll("[data-spark]")) extend(el, p.t, el.dataset.spark === "lag" ? p.lag : p.state_mem);
     row.querySelector('[data-cell="last"]').textContent = "#" + p.batch + " · just now";
-    row.querySelector('[data-cell="lag"]').textContent = p.lag === null ? "–" : String(p.lag);
     row.querySelector('[data-cell="rows"]').textContent = String(p.state_rows);
     const size = row.querySelector('[data-cell="size"]');
     size.replaceChildren(bytes(p.state_mem), document.createElement("br"), Object.assign(document.createElement("span"), { className: "muted", textContent: bytes(p.full) + " on disk" }));
@@ -49,4 +59,5 @@
   let lastId = root.dataset.follow;
   const source = new EventSource(root.dataset.live + (lastId ? "?after=" + encodeURIComponent(lastId) : ""));
   source.addEventListener("checkpoint", (e) => { lastId = e.lastEventId; onCheckpoint(JSON.parse(e.data)); });
+  source.addEventListener("source", (e) => { lastId = e.lastEventId; onSource(JSON.parse(e.data)); });
 })();

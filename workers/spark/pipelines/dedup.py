@@ -11,7 +11,9 @@ from pyspark.sql import functions as F
 from workers.spark.pipelines.base import Pipeline, Result, ResultView
 from workers.spark.sources.redis_streams import Field, PayloadFormat
 
-PAYLOAD = PayloadFormat("json", (Field("event_id", "string"), Field("ts", "long"), Field("user", "string", False)))
+PAYLOAD = PayloadFormat(
+    "json", (Field("event_id", "string"), Field("ts", "long"), Field("user", "string", False)), event_time="ts"
+)
 WATERMARK = "10 minutes"
 
 

@@ -16,7 +16,9 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from workers.spark.pipelines.base import Pipeline, Result, ResultView
 from workers.spark.sources.redis_streams import Field, PayloadFormat, parse_id
 
-PAYLOAD = PayloadFormat("json", (Field("order_id", "string"), Field("event", "string"), Field("ts", "long")))
+PAYLOAD = PayloadFormat(
+    "json", (Field("order_id", "string"), Field("event", "string"), Field("ts", "long")), event_time="ts"
+)
 
 # state -> events allowed from it; None is "no state yet"
 TRANSITIONS: dict[str | None, dict[str, str]] = {

@@ -1,0 +1,62 @@
+"""Figures stay true while a job is down: lag is read from the source itself, so a stopped job's lag grows on the
+page, the job list and /metrics, and the lag alert fires, with events flowing and no progress event at all."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from dashboard.metrics import render_metrics
+from dashboard.models import AlertKind, Checkpoint, Job
+from dashboard.services.alerts import alerts_evaluate
+from dashboard.services.source_lag import source_lag_sample
+from tests.conftest import send_events
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stopped_after(job, redis, stream, consumed: int) -> None:
+    """The job read ``consumed`` entries, committed, and stopped."""
+    send_events(redis, stream, "url-counts", consumed)
+    last_id = redis.xrevrange(stream, count=1)[0][0].decode()
+    checkpoint = Checkpoint.objects.create(
+        job=job, batch_id=4, committed_at=timezone.now() - timedelta(minutes=5), duration_ms=100,
+        lag_records=0, end_offset={"id": last_id, "n": consumed},
+    )  # fmt: skip
+    Job.objects.filter(id=job.id).update(latest_checkpoint=checkpoint)
+
+
+def test_a_stopped_jobs_lag_grows_from_the_source_and_its_alert_fires(make_job, redis, stream_name, client, admin_user):
+    job = make_job(name="orders")
+    stopped_after(job, redis, stream_name, 100)
+    now = timezone.now()
+    for i, more in enumerate((10, 20, 30)):  # the producer goes on while the job is down
+        send_events(redis, stream_name, "url-counts", more, seed=i)
+        source_lag_sample(now + timedelta(seconds=5 * i))
+    samples = list(job.source_lag.order_by("sampled_at").values_list("lag_records", flat=True))
+    assert samples == [10, 30, 60], "the backlog the job will have to read, sample after sample"
+    newest = job.source_lag.order_by("-sampled_at").first()
+    assert newest.lag_seconds is not None and newest.lag_seconds >= 0, "the oldest waiting entry's age"
+
+    changes = alerts_evaluate(now + timedelta(seconds=11), deliver=lambda *_: None)
+    assert [(a.kind, event) for a, event in changes] == [(AlertKind.LAG_STOP, "firing")]
+    assert "orders is not running and its source moves on: 60 records waiting" in changes[0][0].message
+
+    assert 'statekeeper_job_lag_records{job="orders"} 60' in render_metrics()
+    client.force_login(admin_user)
+    assert ">60<br>" in client.get("/").content.decode(), "the job list shows the source's count"
+    assert "60 records" in client.get("/jobs/orders/").content.decode()
+    series = client.get("/jobs/orders/series.json").json()
+    assert [p["lag"] for p in series["source"]] == [10, 30, 60]
+
+
+def test_a_stopped_job_whose_source_is_quiet_raises_nothing(make_job, redis, stream_name):
+    job = make_job(name="quiet")
+    stopped_after(job, redis, stream_name, 100)
+    now = timezone.now()
+    for i in range(3):
+        source_lag_sample(now + timedelta(seconds=5 * i))
+    assert set(job.source_lag.values_list("lag_records", flat=True)) == {0}
+    assert alerts_evaluate(now + timedelta(seconds=11), deliver=lambda *_: None) == []
