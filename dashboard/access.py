@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import Max
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -61,14 +62,14 @@ def forbidden(request: HttpRequest, reason: str) -> HttpResponse:
 
 def requires(
     needed: str, methods: tuple[str, ...] | None = None
-) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+) -> Callable[[Callable[..., HttpResponseBase]], Callable[..., HttpResponseBase]]:
     """Login, then the role (and, for anything above viewer, not read-only); 403 with the reason otherwise. With
     `methods`, the role is checked only for those (a page anyone may read that an operator acts from)."""
 
-    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    def decorate(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
         @login_required
         @wraps(view)
-        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             checked = methods is None or request.method in methods
             if checked and (reason := refusal(request.user, needed)):
                 return forbidden(request, reason)

@@ -47,8 +47,19 @@ class JobForm(forms.ModelForm):
         ]
         labels = {"trigger_interval_seconds": "Trigger interval (seconds)"}
 
+    # settings with a default that a form (or a script posting one) may leave out: the job's value, or the default
+    OPTIONAL = ("max_future_seconds", "dead_letter_max_entries", "dead_letter_max_age_hours")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in self.OPTIONAL:
+            self.fields[name].required = False
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        for name in self.OPTIONAL:
+            if data.get(name) is None and name not in self.errors:
+                data[name] = getattr(self.instance, name)
         pipeline = pipelines.find(data.get("pipeline") or "")
         if (
             pipeline is not None

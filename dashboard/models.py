@@ -236,6 +236,7 @@ class Checkpoint(models.Model):
     state_rows_updated = models.BigIntegerField(default=0)
     state_rows_removed = models.BigIntegerField(default=0)
     state_memory_bytes = models.BigIntegerField(default=0)
+    rows_dropped_by_watermark = models.BigIntegerField(default=0, help_text="late rows the watermark discarded")
     checkpointed_bytes = models.BigIntegerField(default=0, help_text="bytes this batch added to the checkpoint")
     full_size_bytes = models.BigIntegerField(default=0, help_text="checkpoint directory size after this batch")
     kind = models.CharField(max_length=12, choices=CheckpointKind.choices, default=CheckpointKind.INCREMENTAL)
@@ -430,6 +431,7 @@ class CheckpointRollup(models.Model):
     end_n_last = models.BigIntegerField(null=True)
     state_rows_last = models.BigIntegerField()
     state_memory_bytes_last = models.BigIntegerField()
+    rows_dropped_by_watermark_sum = models.BigIntegerField(default=0)
     checkpointed_bytes_sum = models.BigIntegerField()
     full_size_bytes_last = models.BigIntegerField()
 
@@ -469,6 +471,7 @@ class AlertKind(models.TextChoices):
     CHECKPOINT_STALL = "checkpoint-stall", "Checkpoint stall"
     RESTART_LOOP = "restart-loop", "Restart loop"
     SAVEPOINT_FAILED = "savepoint-failed", "Savepoint failed"
+    WATERMARK_DROPS = "watermark-drops", "Rows dropped by the watermark"
 
 
 class Alert(models.Model):

@@ -69,6 +69,7 @@ def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, 
         "state_rows_updated": sum(op.get("numRowsUpdated", 0) for op in operators),
         "state_rows_removed": sum(op.get("numRowsRemoved", 0) for op in operators),
         "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in operators),
+        "rows_dropped_by_watermark": sum(op.get("numRowsDroppedByWatermark", 0) for op in operators),
         "checkpointed_bytes": disk.added_bytes,
         "full_size_bytes": disk.full_bytes,
         "kind": "full" if disk.snapshot else "incremental",
@@ -140,6 +141,10 @@ MEASURES: tuple[Measure, ...] = (
             metric="statekeeper_job_state_memory_bytes",
             metric_help="state bytes in memory of all stateful operators"),
     Measure("rows", "Input rows", "rows", "input_rows", rollups=(("input_rows", "sum"),), summary=True),
+    Measure("dropped", "rows dropped by the watermark", "rows", "rows_dropped_by_watermark",
+            rollups=(("rows_dropped_by_watermark_sum", "sum"),),
+            metric="statekeeper_checkpoint_rows_dropped_by_watermark",
+            metric_help="late rows the last batch's watermark discarded"),
 )  # fmt: skip
 
 # What a chart point or a roll-up reads of a stored checkpoint: its identity and every measure's columns.

@@ -19,6 +19,7 @@ urlpatterns = [
     path("jobs/<str:name>/runs", views.job_runs, name="job_runs"),
     path("jobs/<str:name>/alerts", views.job_alerts, name="job_alerts"),
     path("jobs/<str:name>/results", views.job_results, name="job_results"),
+    path("jobs/<str:name>/dead-letters", views.job_dead_letters, name="job_dead_letters"),
     path("jobs/<str:name>/edit", views.job_edit, name="job_edit"),
     path("jobs/<str:name>/start", views.job_start, name="job_start"),
     path("jobs/<str:name>/stop", views.job_stop, name="job_stop"),

@@ -32,6 +32,7 @@ from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
 from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, AutoscaleMode, Job, SavepointStatus
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
+from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_export
 from dashboard.selectors.exceptions import exception_history, failing_batch
 from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_request
@@ -68,6 +69,7 @@ JOB_TABS = (
     ("savepoints", "Savepoints", "dashboard:job_savepoints"),
     ("runs", "Runs and recoveries", "dashboard:job_runs"),
     ("alerts", "Alerts", "dashboard:job_alerts"),
+    ("dead-letters", "Dead letters", "dashboard:job_dead_letters"),
     ("results", "Results", "dashboard:job_results"),
 )
 
@@ -173,6 +175,37 @@ def job_alerts(request: HttpRequest, name: str) -> HttpResponse:
     return _job_tab(request, job, "alerts", {"alerts": job.alerts.all()[:50]})
 
 
+@requires(OPERATOR, methods=("POST",))
+def job_dead_letters(request: HttpRequest, name: str) -> HttpResponse | StreamingHttpResponse:
+    """The dead letters, newest first (?before= pages); ?format=jsonl exports them all; a POST re-drives the ticked
+    ones (or all) into the source, as an audited action."""
+    job = _listed_job(name)
+    if request.method == "POST":
+        chosen = request.POST.getlist("id")
+        if request.POST.get("all") == "1":
+            return _request_to(
+                request, job, ActionKind.REDRIVE_DEAD_LETTERS, {"all": True}, "dashboard:job_dead_letters"
+            )
+        if not chosen:
+            messages.error(request, "Tick the dead letters to re-drive; nothing was sent.")
+            return redirect("dashboard:job_dead_letters", name=job.name)
+        return _request_to(
+            request, job, ActionKind.REDRIVE_DEAD_LETTERS, {"ids": chosen[:10_000]}, "dashboard:job_dead_letters"
+        )
+    if request.GET.get("format") == "jsonl":
+        response = StreamingHttpResponse(dead_letters_export(job), content_type="application/x-ndjson")
+        response["Content-Disposition"] = f'attachment; filename="{job.name}-dead-letters.jsonl"'
+        return response
+    try:
+        page = dead_letter_page(job, before=request.GET.get("before") or None)
+    except redis.RedisError as exc:
+        messages.error(request, f"Redis cannot be read now ({exc}): the dead letters are not shown.")
+        page = None
+    except redis.ResponseError:
+        raise Http404("no such page") from None
+    return _job_tab(request, job, "dead-letters", {"page": page})
+
+
 @login_required
 def job_results(request: HttpRequest, name: str) -> HttpResponse:
     job = _listed_job(name)
@@ -208,7 +241,7 @@ def job_edit(request: HttpRequest, name: str) -> HttpResponse:
     form = JobForm(request.POST or None, instance=job)
     if request.method == "POST" and form.is_valid():
         job = form.save()
-        changes = {f: [before[f], form.cleaned_data[f]] for f in form.changed_data}
+        changes = {f: [before[f], form.cleaned_data[f]] for f in form.changed_data if before[f] != form.cleaned_data[f]}
         audit_record(request, verb="job-edit", job=job.name, params=_plain(changes), outcome="succeeded")
         messages.success(request, f"Saved {job.name}. Changes take effect at its next start.")
         return redirect("dashboard:job_detail", name=job.name)

@@ -124,6 +124,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BEAT_SCHEDULE = {
     "ingest-progress": {"task": "workers.tasks.ingest_progress", "schedule": 1.0},
     "sample-source-lag": {"task": "workers.tasks.sample_source_lag", "schedule": 5.0},
+    "trim-dead-letters": {"task": "workers.tasks.trim_dead_letters", "schedule": 60.0},
     "supervise-jobs": {"task": "workers.tasks.supervise_jobs", "schedule": 5.0},
     "periodic-savepoints": {"task": "workers.tasks.periodic_savepoints", "schedule": 60.0},
     "rollup-checkpoints": {"task": "workers.tasks.rollup_checkpoints", "schedule": 30.0},

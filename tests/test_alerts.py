@@ -227,3 +227,17 @@ def test_a_first_batch_that_began_before_the_run_was_marked_started_is_the_runs(
     )  # fmt: skip
     stall, _ = job_conditions(job, timezone.now())[AlertKind.CHECKPOINT_STALL]
     assert stall is not None and "since batch 0" in stall
+
+
+def test_a_jump_in_rows_dropped_by_the_watermark_raises_an_alert(make_job):
+    job = make_job(trigger_interval_seconds=1)
+    run = running(job)
+    now = timezone.now()
+    for i, dropped in enumerate([0, 1, 0, 0, 90]):
+        Checkpoint.objects.create(
+            job=job, run=run, batch_id=i, committed_at=now - timedelta(seconds=5 - i), duration_ms=100, input_rows=300,
+            rows_dropped_by_watermark=dropped, lag_records=0, end_offset={"id": "x", "n": 100 * (i + 1)},
+        )  # fmt: skip
+    changes = alerts_evaluate(now, deliver=lambda *_: None)
+    assert [(a.kind, e) for a, e in changes] == [(AlertKind.WATERMARK_DROPS, "firing")]
+    assert changes[0][0].message.startswith("90 rows dropped by the watermark in batch 4 (30% of its input;")

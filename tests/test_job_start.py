@@ -8,11 +8,12 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from dashboard.models import Job, Run, RunStatus
+from dashboard.models import Action, ActionKind, Job, Run, RunStatus
 from dashboard.services import runs as run_services
+from dashboard.services.actions import actions_abandoned
 from dashboard.services.errors import ActionRefused
 from dashboard.services.lease import lease_acquire, lease_renew
-from dashboard.services.runs import job_request_start, job_request_stop, run_launch
+from dashboard.services.runs import job_request_start, job_request_stop, run_launch, runs_supervise
 from tests.conftest import grant
 from workers.sink import Fenced, write_results
 
@@ -168,3 +169,25 @@ def test_a_person_cannot_start_a_job_while_an_action_is_in_flight_but_the_action
     assert f"has roll back to a batch #{action.id} in flight: wait for it." in page
     assert not job.runs.exists()
     assert job_request_start(job=job).status == RunStatus.PENDING, "a rollback starts the job on its fork itself"
+
+
+def test_starts_and_requests_no_worker_ever_took_are_expired_with_the_reason(make_job):
+    job = make_job()
+    long_ago = timezone.now() - timedelta(minutes=11)
+    run = Run.objects.create(job=job, status=RunStatus.PENDING, requested_at=long_ago)
+    action = Action.objects.create(job=job, kind=ActionKind.SAVEPOINT, requested_at=long_ago)
+    runs_supervise()
+    assert actions_abandoned(older_than_seconds=3700) == 1
+    run.refresh_from_db()
+    action.refresh_from_db()
+    assert run.status == RunStatus.FAILED and "No driver was launched" in run.message
+    assert action.status == "failed" and "No worker took this request" in action.outcome
+    assert job_request_start(job=job).status == RunStatus.PENDING, "the job is not stuck behind them"
+
+
+def test_an_expired_lease_is_not_renewed_a_paused_driver_must_not_take_it_back(make_job):
+    job = make_job()
+    token = lease_acquire(job_id=job.id)
+    assert lease_renew(job_id=job.id, token=token)
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert not lease_renew(job_id=job.id, token=token)

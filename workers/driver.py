@@ -53,10 +53,11 @@ class LeaseKeeper(threading.Thread):
     for a whole TTL), it stops the query once and starts a watchdog that ends the process FENCED_EXIT_SECONDS
     later if it is still alive."""
 
-    def __init__(self, job_id: int, token: int, on_lost: Any, exit_when_fenced: bool = True) -> None:
+    def __init__(self, job_id: int, token: int, exit_when_fenced: bool = True) -> None:
         super().__init__(name="lease-keeper", daemon=True)
-        self.job_id, self.token, self.on_lost = job_id, token, on_lost
+        self.job_id, self.token = job_id, token
         self.exit_when_fenced = exit_when_fenced
+        self.queries: list[Any] = []  # what a lost lease stops, once the driver has started it
         self.lost = threading.Event()
         self.done = threading.Event()
         self.reason = ""
@@ -75,20 +76,25 @@ class LeaseKeeper(threading.Thread):
                         continue
                     self.reason = f"the lease could not be renewed for {settings.LEASE_TTL_SECONDS} s ({exc})"
                 self.lost.set()
-                threading.Thread(target=self.on_lost, name="fenced-stop", daemon=True).start()
+                threading.Thread(target=self._stop_queries, name="fenced-stop", daemon=True).start()
                 if not self.done.wait(FENCED_EXIT_SECONDS) and self.exit_when_fenced:
                     hard_exit(3, f"fenced: {self.reason}; the query did not stop in {FENCED_EXIT_SECONDS} s")
                 return
         finally:
             connection.close()
 
+    def _stop_queries(self) -> None:
+        for query in self.queries:
+            query.stop()
+
 
 class JobDriver:
-    def __init__(self, spark: Any, run_id: int, own_process: bool = False) -> None:
-        """``own_process``: the driver is the whole process (python -m workers.driver_process), which a lost lease
-        may end; tests run it in a thread of theirs."""
-        self.own_process = own_process
+    def __init__(self, spark: Any, run_id: int, keeper: LeaseKeeper | None = None) -> None:
+        """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
+        start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
+        which renews but never ends the process."""
         self.spark = spark
+        self.keeper = keeper
         self.run = Run.objects.select_related("job").get(id=run_id)
         self.job = self.run.job
         self.token = int(self.run.fencing_token or 0)
@@ -153,12 +159,9 @@ class JobDriver:
 
         listener = Listener()
         self.spark.streams.addListener(listener)
-        started: list[Any] = []  # the query, once it exists: what a lost lease stops
-        # renewing from here on: starting a query (planning, the first batch's setup) can take longer than the lease
-        keeper = LeaseKeeper(
-            self.job.id, self.token, on_lost=lambda: [q.stop() for q in started], exit_when_fenced=self.own_process
-        )
-        keeper.start()
+        keeper = self.keeper or LeaseKeeper(self.job.id, self.token, exit_when_fenced=False)
+        if not keeper.is_alive():
+            keeper.start()
         try:
             query = start_query(
                 self.spark,
@@ -172,7 +175,7 @@ class JobDriver:
                     redis_url=spec.redis_url,
                 ),
             )
-            started.append(query)
+            keeper.queries.append(query)
             query_id.append(str(query.id))
             if keeper.lost.is_set():  # lost while starting: stop before the first batch
                 query.stop()
@@ -232,6 +235,8 @@ def main(argv: list[str]) -> int:
     run = Run.objects.select_related("job").get(id=run_id)
     job = run.job
     log.info("driver for %s run %s (pid %s, token %s)", job.name, run_id, os.getpid(), run.fencing_token)
+    keeper = LeaseKeeper(job.id, int(run.fencing_token or 0))  # renewing from now on: the JVM takes seconds to start
+    keeper.start()
     try:
         spark = build_session(
             f"statekeeper-{job.name}",
@@ -246,7 +251,7 @@ def main(argv: list[str]) -> int:
             run_id=run_id, status=RunStatus.FAILED, message=f"Spark did not start: {exc}", error=traceback.format_exc()
         )
         return 1
-    driver = JobDriver(spark, run_id, own_process=True)
+    driver = JobDriver(spark, run_id, keeper=keeper)
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
     status = driver.execute()
     log.info("run %s ended: %s", run_id, status)

@@ -14,6 +14,7 @@ from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_eval
 from dashboard.services.autoscale import autoscale_run
 from dashboard.services.capacity import summary_text, week_review
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
+from dashboard.services.dead_letters import dead_letters_trim
 from dashboard.services.drills import drills_run
 from dashboard.services.periodic import savepoints_periodic
 from dashboard.services.recovery import recoveries_supervise
@@ -52,6 +53,11 @@ def run_action(action_id: int) -> str:
 @shared_task(time_limit=30)
 def sample_source_lag() -> int:
     return source_lag_sample()
+
+
+@shared_task(time_limit=120)
+def trim_dead_letters() -> dict[str, int]:
+    return dead_letters_trim()
 
 
 @shared_task(time_limit=60)

@@ -4,6 +4,7 @@ its own."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -13,8 +14,8 @@ from typing import Any
 from django.conf import settings
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run
-from dashboard.services.errors import ActionFailed
-from dashboard.services.runs import job_request_stop
+from dashboard.services.errors import ActionFailed, ActionRefused
+from dashboard.services.runs import job_request_stop, pid_alive
 
 
 def action_progress(action: Action, text: str) -> None:
@@ -46,6 +47,22 @@ def run_state_tool(
 
 def active_run(job: Job) -> Run | None:
     return job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()
+
+
+def alive_run(job: Job) -> Run | None:
+    """A run whose driver may still touch the checkpoint: one in flight, or an ended one whose process on this host
+    is still there (a fenced driver on its way out)."""
+    if (run := active_run(job)) is not None:
+        return run
+    host = socket.gethostname()
+    return next((r for r in job.runs.order_by("-id")[:5] if r.host == host and r.pid and pid_alive(r.pid)), None)
+
+
+def refuse_while_alive(job: Job, doing: str) -> None:
+    """Checkpoint files are changed only while no driver of the job is alive."""
+    if (run := alive_run(job)) is not None:
+        state = run.get_status_display().lower() if run.is_active else f"{run.status}, its process still alive"
+        raise ActionRefused(f"{job.name} has run #{run.id} ({state}): stop it before {doing}; nothing was changed.")
 
 
 def wait_until_stopped(action: Action, job: Job, timeout: float | None = None) -> None:

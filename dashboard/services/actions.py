@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from dashboard.models import Action, ActionKind, ActionStatus, Job
 from dashboard.selectors.incidents import action_incidents
-from dashboard.services import forks, inspector, partitions, rescale, savepoints, skips, storage
+from dashboard.services import dead_letters, forks, inspector, partitions, rescale, savepoints, skips, storage
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import RUN_ACTION, enqueue
 from dashboard.services.errors import ActionFailed, ActionRefused
@@ -75,6 +75,7 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.CLEAN_ORPHANS: storage.clean_orphans_action,
         ActionKind.INSPECT_STATE: inspector.inspect_action,
         ActionKind.SKIP_ENTRIES: skips.skip_action,
+        ActionKind.REDRIVE_DEAD_LETTERS: dead_letters.redrive_action,
     }
     try:
         outcome = handlers[action.kind](action)
@@ -102,11 +103,24 @@ def action_execute(*, action_id: int) -> Action:
     return action
 
 
+PENDING_LIMIT = timedelta(minutes=10)  # a request no worker took by then was lost (a broker restart, no worker)
+
+
 def actions_abandoned(*, older_than_seconds: int) -> int:
-    """Actions left running by a worker that died: failed, with the reason, so the operator can retry them."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    return Action.objects.filter(status=ActionStatus.RUNNING, started_at__lt=cutoff).update(
+    """Actions left running by a worker that died, and requests no worker ever took: failed, with the reason, so a
+    job is never stuck behind them and the operator can request them again."""
+    now = timezone.now()
+    died = Action.objects.filter(
+        status=ActionStatus.RUNNING, started_at__lt=now - timedelta(seconds=older_than_seconds)
+    ).update(
         status=ActionStatus.FAILED,
-        finished_at=timezone.now(),
+        finished_at=now,
         outcome="The worker running this action stopped before it finished; it is safe to request it again.",
     )
+    lost = Action.objects.filter(status=ActionStatus.PENDING, requested_at__lt=now - PENDING_LIMIT).update(
+        status=ActionStatus.FAILED,
+        finished_at=now,
+        outcome=f"No worker took this request within {PENDING_LIMIT.seconds // 60} minutes (is a Celery worker "
+        "running?); nothing was done, it is safe to request it again.",
+    )
+    return died + lost

@@ -31,6 +31,25 @@ FIRING, RESOLVED = "firing", "resolved"
 SOURCE_WINDOW = timedelta(seconds=30)  # source lag samples judged for a job that is not running
 
 
+DROP_JUMP = 10  # a batch dropping this many times the average of the batches before it
+DROP_SHARE = 0.01  # and at least this share of its input
+
+
+def watermark_jump(recent: list[dict[str, Any]]) -> str | None:
+    """Late rows dropped by the watermark jumped in the newest batch: late data, or an event time that moved the
+    watermark forward (a producer's clock)."""
+    newest, before = recent[-1], recent[:-1]
+    dropped = newest.get("dropped") or 0
+    usual = sum(p.get("dropped") or 0 for p in before) / len(before) if before else 0.0
+    if dropped <= 0 or dropped <= DROP_JUMP * usual or dropped < DROP_SHARE * (newest.get("rows") or 0):
+        return None
+    share = f"{dropped / newest['rows']:.0%} of its input; " if newest.get("rows") else ""
+    return (
+        f"{dropped} rows dropped by the watermark in batch {newest['batch']} ({share}the batches before dropped "
+        f"{usual:.1f} on average): late data, or an event time that moved the watermark ahead"
+    )
+
+
 def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int | None]]:
     """Each alert kind's condition on this job now: a message while it holds, None when it does not."""
     found: dict[str, tuple[str | None, int | None]] = {kind: (None, None) for kind in AlertKind.values}
@@ -54,6 +73,7 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
             status = lag_status(recent, trigger, now)
             if status.status in LAG_ALERTS:
                 found[LAG_ALERTS[status.status]] = (f"lag {status.status}: {status.reason}", None)
+            found[AlertKind.WATERMARK_DROPS] = (watermark_jump(recent), None)
     elif run is None:
         # not running: progress events say nothing, the source does; lag that keeps growing is the on-call's business
         samples = list(job.source_lag.filter(sampled_at__gte=now - SOURCE_WINDOW).order_by("sampled_at"))

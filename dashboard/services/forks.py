@@ -25,7 +25,7 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
-from dashboard.services.action_steps import action_progress, active_run, run_state_tool
+from dashboard.services.action_steps import action_progress, active_run, refuse_while_alive, run_state_tool
 from dashboard.services.errors import ActionFailed
 from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import MANIFEST
@@ -127,14 +127,9 @@ def _start_on_fork(action: Action, fork: str, check: Preview) -> tuple[Run, str,
     return run, previous, replay
 
 
-def _refuse_if_running(job: Job) -> None:
-    if active_run(job) is not None:
-        raise ActionFailed(f"{job.name} is running: stop it (or stop with a savepoint) before restoring.")
-
-
 def restore_action(action: Action) -> str:
     job = action.job
-    _refuse_if_running(job)
+    refuse_while_alive(job, "restoring a savepoint (or stop it with a savepoint)")
     savepoint = job.savepoints.filter(id=action.params.get("savepoint")).first()
     if savepoint is None:
         raise ActionFailed("That savepoint does not exist.")
@@ -161,7 +156,7 @@ def restore_action(action: Action) -> str:
 
 def rollback_action(action: Action) -> str:
     job = action.job
-    _refuse_if_running(job)
+    refuse_while_alive(job, "rolling back")
     batch = int(action.params["batch"])
     check = rollback_preview(job, batch)
     if check.refusal:
@@ -201,6 +196,7 @@ def old_checkpoints(job: Job) -> list[OldCheckpoint]:
 
 def discard_action(action: Action) -> str:
     job = action.job
+    refuse_while_alive(job, "discarding a checkpoint directory")
     name = str(action.params.get("directory", ""))
     if name not in {old.name for old in old_checkpoints(job)}:
         raise ActionFailed(f"{name!r} is not an old checkpoint directory of {job.name}; nothing was deleted.")

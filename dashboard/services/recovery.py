@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches
-from dashboard.models import Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
+from dashboard.models import IN_FLIGHT_ACTIONS, Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
 from dashboard.selectors.incidents import recovery_incidents
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
@@ -102,6 +102,10 @@ def recoveries_supervise() -> list[str]:
         )
     for recovery in Recovery.objects.filter(gave_up=False, restart_run=None, restart_at__lte=now).select_related("job"):
         job = recovery.job
+        if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first():
+            # a restore, rollback or rescale owns the job now (and starts it itself): the restart waits for it
+            notes.append(f"{job.name}: restart waits for {busy.get_kind_display().lower()} #{busy.id}")
+            continue
         restart: Run | None
         try:
             restart = job_request_start(job=job)

@@ -9,11 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, IN_FLIGHT_ACTIONS, Job, Run, RunStatus
@@ -188,10 +190,26 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+LAUNCH_LIMIT = timedelta(minutes=10)  # a start no worker launched by then was lost
+
+
 def runs_supervise() -> list[str]:
-    """Mark runs whose driver is gone as lost; kill drivers that ignored a stop request past the grace period."""
+    """Mark runs whose driver is gone as lost; kill drivers that ignored a stop request past the grace period; expire
+    starts that never got a driver (a lost task, a worker that died between the lease and the process)."""
     notes = []
     now = timezone.now()
+    stale = Run.objects.filter(
+        Q(status=RunStatus.PENDING) | Q(status=RunStatus.STARTING, pid__isnull=True),
+        requested_at__lt=now - LAUNCH_LIMIT,
+    )
+    for run in stale:
+        run_finish(
+            run_id=run.id,
+            status=RunStatus.FAILED,
+            message=f"No driver was launched for this start within {LAUNCH_LIMIT.seconds // 60} minutes (is a Celery "
+            "worker running?); start the job again.",
+        )
+        notes.append(f"run {run.id} expired: never launched")
     for run in (
         Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exclude(status=RunStatus.PENDING).select_related("job")
     ):

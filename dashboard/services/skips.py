@@ -10,15 +10,14 @@ import json
 from dashboard.checkpoint_dir.files import planned_batch
 from dashboard.connections import redis_client
 from dashboard.models import Action
-from dashboard.services.action_steps import action_progress, active_run
-from dashboard.services.errors import ActionFailed, ActionRefused
+from dashboard.services.action_steps import action_progress, refuse_while_alive
+from dashboard.services.errors import ActionFailed
 from dashboard.services.runs import job_request_start
 
 
 def skip_action(action: Action) -> str:
     job = action.job
-    if (run := active_run(job)) is not None:
-        raise ActionRefused(f"{job.name} has run #{run.id} alive: entries are skipped only while the job is down.")
+    refuse_while_alive(job, "skipping entries")
     planned = planned_batch(job.checkpoint_location)
     wanted = action.params.get("batch")
     if planned is None or planned.batch != wanted:

@@ -16,6 +16,7 @@ from django.conf import settings
 from dashboard.checkpoint_dir.disk import file_batch, scan
 from dashboard.checkpoint_dir.files import CheckpointError, directory_bytes, latest_committed, remove_tree
 from dashboard.models import Action, Job, SavepointStatus
+from dashboard.services.action_steps import refuse_while_alive
 from dashboard.services.errors import ActionFailed
 
 
@@ -118,6 +119,7 @@ def clean_orphans_action(action: Action) -> str:
     """Delete the orphans the operator confirmed, each only if it is still an orphan now and inside the job's
     directory."""
     job = action.job
+    refuse_while_alive(job, "removing orphaned files")
     confirmed = [str(n) for n in action.params.get("orphans", [])]
     if not confirmed:
         raise ActionFailed("No orphan was confirmed; nothing was deleted.")

@@ -29,7 +29,7 @@
   // from the server (dashboard/records.py), so the charts call a figure what the tables call it
   const charts = [
     ["chart-lag", "Consumer lag", "records", "seconds", [["lag (records)", "lag", "scatter", "y"], ["lag (seconds)", "lag_s", "scatter", "y2"]]],
-    ["chart-rates", "Input against processed rate", "rows / s", null, [[null, "in_rate", "scatter", "y"], [null, "proc_rate", "scatter", "y"]]],
+    ["chart-rates", "Input against processed rate", "rows / s", "rows dropped", [[null, "in_rate", "scatter", "y"], [null, "proc_rate", "scatter", "y"], [null, "dropped", "bar", "y2"]]],
     ["chart-duration", "Batch duration by part", "ms", null, [[null, "wal", "bar", "y"], [null, "add", "bar", "y"], [null, "commit", "bar", "y"], [null, "plan", "bar", "y"]]],
     ["chart-state", "State per operator", "rows", "bytes in memory", [[null, "state_rows", "scatter", "y"], [null, "state_mem", "scatter", "y2"]]],
     ["chart-size", "Checkpointed against full checkpoint size", "bytes", null, [[null, "ckpt", "bar", "y"], [null, "full", "scatter", "y"]]],
