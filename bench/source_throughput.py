@@ -23,13 +23,14 @@ from workers.spark.pipelines.url_counts import URLS, transform
 from workers.spark.session import build_session
 from workers.spark.sources.redis_streams import FORMAT_NAME, Field, PayloadFormat, RedisStreamDataSource
 
-PAYLOAD = PayloadFormat("json", (Field("url", "string"), Field("ts", "long")))
+# ts is the event time: the reader bounds it against each entry's arrival, as the shipped pipelines' readers do
+PAYLOAD = PayloadFormat("json", (Field("url", "string"), Field("ts", "long")), event_time="ts")
 
 
 def make_events(count: int) -> list[str]:
     rng = random.Random(1)
     now = int(time.time() * 1000)
-    return [json.dumps({"url": rng.choice(URLS), "ts": now + i}, separators=(",", ":")) for i in range(count)]
+    return [json.dumps({"url": rng.choice(URLS), "ts": now + i // 1000}, separators=(",", ":")) for i in range(count)]
 
 
 def run_query(spark: Any, frame: Any, checkpoint: Path) -> float:

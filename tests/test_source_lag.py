@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from dashboard.metrics import render_metrics
-from dashboard.models import AlertKind, Checkpoint, Job
+from dashboard.models import AlertKind, Checkpoint, Job, Run, RunStatus
 from dashboard.services.alerts import alerts_evaluate
 from dashboard.services.source_lag import source_lag_sample
 from tests.conftest import send_events
@@ -59,4 +59,15 @@ def test_a_stopped_job_whose_source_is_quiet_raises_nothing(make_job, redis, str
     for i in range(3):
         source_lag_sample(now + timedelta(seconds=5 * i))
     assert set(job.source_lag.values_list("lag_records", flat=True)) == {0}
+    assert alerts_evaluate(now + timedelta(seconds=11), deliver=lambda *_: None) == []
+
+
+def test_a_job_on_its_way_up_is_not_alerted_for_the_lag_it_has_yet_to_read(make_job, redis, stream_name):
+    job = make_job(name="starting")
+    stopped_after(job, redis, stream_name, 100)
+    Run.objects.create(job=job, status=RunStatus.STARTING)
+    now = timezone.now()
+    for i, more in enumerate((10, 20, 30)):
+        send_events(redis, stream_name, "url-counts", more, seed=i)
+        source_lag_sample(now + timedelta(seconds=5 * i))
     assert alerts_evaluate(now + timedelta(seconds=11), deliver=lambda *_: None) == []

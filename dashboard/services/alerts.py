@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.models import Alert, AlertKind, Job, Recovery, Run, RunStatus, SavepointStatus
+from dashboard.models import ACTIVE_RUN_STATUSES, Alert, AlertKind, Job, Recovery, Run, RunStatus, SavepointStatus
 from dashboard.records import parse_time
 from dashboard.selectors.charts import recent_points
 from dashboard.selectors.incidents import alert_incidents
@@ -74,8 +74,9 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
             if status.status in LAG_ALERTS:
                 found[LAG_ALERTS[status.status]] = (f"lag {status.status}: {status.reason}", None)
             found[AlertKind.WATERMARK_DROPS] = (watermark_jump(recent), None)
-    elif run is None:
-        # not running: progress events say nothing, the source does; lag that keeps growing is the on-call's business
+    elif not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+        # down (not starting or stopping either): progress events say nothing, the source does; lag that keeps
+        # growing is the on-call's business
         samples = list(job.source_lag.filter(sampled_at__gte=now - SOURCE_WINDOW).order_by("sampled_at"))
         if source_lag_growing(samples):
             newest = samples[-1]
