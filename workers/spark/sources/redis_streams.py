@@ -267,10 +267,6 @@ def dead_letter(client: Any, stream: str, dead: list[Rejected]) -> int:
     return int(client.eval(_DEAD_LETTER_ONCE, 2, stream, f"{stream}:seen", *args))
 
 
-def _arrival_ms(entry_id: bytes) -> int:
-    return int(entry_id.partition(b"-")[0] or 0)
-
-
 def parse_entries(entries: list[Any], fmt: PayloadFormat, limits: Limits = Limits()) -> tuple[Any, list[Rejected]]:
     """Turn raw XRANGE entries into one Arrow batch of valid rows, and the rejected rest."""
     import pyarrow as pa
@@ -294,15 +290,17 @@ def parse_entries(entries: list[Any], fmt: PayloadFormat, limits: Limits = Limit
             payloads.append(pairs[b"v"])
     if not raw_ids:
         return pa.RecordBatch.from_pylist([], schema=schema), dead
-    bad = _undecodable(payloads, limits)
+    # JSON is parsed from bytes (its reader and the per-entry check find invalid UTF-8 in the fields read); a regex
+    # runs on text, so its payloads are checked for UTF-8 first
+    bad = _undecodable(payloads, limits, utf8=fmt.kind == "regex")
     texts = [b"" if i in bad else p for i, p in enumerate(payloads)]
     parse = _parse_regex if fmt.kind == "regex" else _parse_json
     columns, found = parse(texts, fmt, set(bad))
     bad.update({i: reason for i, reason in found.items() if i not in bad})
-    bad.update({i: reason for i, reason in _out_of_bounds(columns, fmt, limits, raw_ids).items() if i not in bad})
+    ids = pa.array(raw_ids, pa.binary()).cast(pa.string())
+    bad.update({i: reason for i, reason in _out_of_bounds(columns, fmt, limits, ids).items() if i not in bad})
     for i, (stage, reason) in sorted(bad.items()):
         dead.append(Rejected(_s(raw_ids[i]), stage, reason, payloads[i]))
-    ids = pa.array(raw_ids, pa.binary()).cast(pa.string())
     if bad:
         keep = pa.array([i for i in range(len(raw_ids)) if i not in bad], pa.int64())
         columns = {name: col.take(keep) for name, col in columns.items()}
@@ -311,8 +309,8 @@ def parse_entries(entries: list[Any], fmt: PayloadFormat, limits: Limits = Limit
     return pa.RecordBatch.from_arrays(arrays, schema=schema), dead
 
 
-def _undecodable(payloads: list[bytes], limits: Limits) -> dict[int, tuple[str, str]]:
-    """Payloads too large, or not UTF-8: checked in bulk first, one by one only when something is wrong."""
+def _undecodable(payloads: list[bytes], limits: Limits, utf8: bool) -> dict[int, tuple[str, str]]:
+    """Payloads too large, or (``utf8``) not UTF-8: checked in bulk first, one by one only when something is wrong."""
     import pyarrow as pa
 
     bad = {
@@ -320,6 +318,8 @@ def _undecodable(payloads: list[bytes], limits: Limits) -> dict[int, tuple[str, 
         for i, p in enumerate(payloads)
         if len(p) > limits.max_payload_bytes
     }
+    if not utf8:
+        return bad
     try:
         pa.array(payloads, pa.binary()).cast(pa.string())
         return bad
@@ -335,9 +335,7 @@ def _undecodable(payloads: list[bytes], limits: Limits) -> dict[int, tuple[str, 
     return bad
 
 
-def _out_of_bounds(
-    columns: dict[str, Any], fmt: PayloadFormat, limits: Limits, raw_ids: list[bytes]
-) -> dict[int, tuple[str, str]]:
+def _out_of_bounds(columns: dict[str, Any], fmt: PayloadFormat, limits: Limits, ids: Any) -> dict[int, tuple[str, str]]:
     """Values that parsed but that a result, the state or the watermark cannot take: text longer than a result key
     holds or with a NUL (PostgreSQL text refuses it), NaN or infinite numbers, an event time far beyond the entry's
     arrival."""
@@ -366,7 +364,7 @@ def _out_of_bounds(
             numbers = column.cast(pa.float64())
             mark(pc.invert(pc.is_finite(numbers)), lambda i, f=f: f"field '{f.name}' is not a finite number")
     if fmt.event_time and limits.max_future_seconds > 0:
-        arrival = pa.array([_arrival_ms(i) for i in raw_ids], pa.int64())
+        arrival = pc.list_element(pc.split_pattern(ids, "-", max_splits=1), 0).cast(pa.int64())
         times = columns[fmt.event_time].cast(pa.int64())
         ahead = pc.subtract(times, arrival)
         mark(
@@ -431,51 +429,59 @@ def _parse_json(
             )
             if table.num_rows == len(payloads):
                 columns = {f.name: table.column(f.name).combine_chunks() for f in fmt.fields}
+                for f in fmt.fields:  # the reader copies bytes as they are: invalid UTF-8 is found here, in bulk
+                    if f.type == "string":
+                        columns[f.name].validate(full=True)
                 for f in fmt.fields:
                     if f.required and columns[f.name].null_count:
                         for i in pc.indices_nonzero(pc.is_null(columns[f.name])).to_pylist():
                             bad.setdefault(i, ("parse", f"missing field '{f.name}'"))
                 return columns, bad
         except pa.ArrowInvalid:
-            pass  # some line is not valid for the schema: find which, one by one
+            pass  # some line is not valid for the schema (or not UTF-8): find which, one by one
     rows: list[dict[str, Any]] = []
     for i, payload in enumerate(payloads):
-        row, reason = ({}, "") if i in skip else _check_json(payload, fmt)
-        if reason:
-            bad[i] = ("parse", reason)
+        row, failure = ({}, None) if i in skip else _check_json(payload, fmt)
+        if failure:
+            bad[i] = failure
         rows.append(row)
     return {f.name: pa.array([r.get(f.name) for r in rows], arrow_types[f.type]) for f in fmt.fields}, bad
 
 
-def _check_json(payload: bytes, fmt: PayloadFormat) -> tuple[dict[str, Any], str]:
+def _check_json(payload: bytes, fmt: PayloadFormat) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """One entry's row, or (stage, reason) when it cannot be one."""
     try:
-        obj = json.loads(payload)
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return {}, ("decode", f"not valid UTF-8: byte {payload[exc.start]:#04x} at position {exc.start}")
+    try:
+        obj = json.loads(text)
     except RecursionError:
-        return {}, "JSON nested too deeply to parse"
+        return {}, ("parse", "JSON nested too deeply to parse")
     except ValueError as exc:
-        return {}, f"not valid JSON: {exc}"
+        return {}, ("parse", f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
-        return {}, "not a JSON object"
+        return {}, ("parse", "not a JSON object")
     row: dict[str, Any] = {}
     for f in fmt.fields:
         value = obj.get(f.name)
         if value is None:
             if f.required:
-                return {}, f"missing field '{f.name}'"
+                return {}, ("parse", f"missing field '{f.name}'")
         elif f.type == "string" and not isinstance(value, str):
-            return {}, f"field '{f.name}' is not a string"
+            return {}, ("parse", f"field '{f.name}' is not a string")
         elif f.type == "string" and not _encodable(value):
-            return {}, f"field '{f.name}' holds a lone surrogate (e.g. \\ud800): not valid Unicode"
+            return {}, ("parse", f"field '{f.name}' holds a lone surrogate (e.g. \\ud800): not valid Unicode")
         elif f.type == "long" and (isinstance(value, bool) or not isinstance(value, int)):
-            return {}, f"field '{f.name}' is not an integer"
+            return {}, ("parse", f"field '{f.name}' is not an integer")
         elif f.type == "long" and not LONG_MIN <= value <= LONG_MAX:
-            return {}, f"field '{f.name}' is out of range for a 64-bit integer"
+            return {}, ("parse", f"field '{f.name}' is out of range for a 64-bit integer")
         elif f.type == "double" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            return {}, f"field '{f.name}' is not a number"
+            return {}, ("parse", f"field '{f.name}' is not a number")
         elif f.type == "double" and isinstance(value, int) and abs(value) > 2**1023:
-            return {}, f"field '{f.name}' is out of range for a double"
+            return {}, ("parse", f"field '{f.name}' is out of range for a double")
         row[f.name] = value
-    return row, ""
+    return row, None
 
 
 def _encodable(text: str) -> bool:
