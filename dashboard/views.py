@@ -78,7 +78,7 @@ def _job_tab(request: HttpRequest, job: Job, tab: str, context: dict[str, Any]) 
     """Render one tab of the job page under the header every tab shares."""
     header = {
         "run": job.runs.order_by("-id").first(),
-        "lag": lag.status_json(charts.recent_points(job), job.trigger_interval_seconds),
+        "lag": jobs.job_lag_status(job),
         "open_alerts": list(job.alerts.filter(resolved_at__isnull=True).order_by("-opened_at")),
         "action_in_flight": job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first(),
         "autoscale": window_advice(job) if job.autoscale_mode != AutoscaleMode.OFF else None,
@@ -397,7 +397,7 @@ def job_series(request: HttpRequest, name: str) -> JsonResponse:
             "labels": charts.LABELS,
             "source": lag.source_series(job, now - span),
             "incidents": incidents.incidents(job, now - span),
-            "status": lag.status_json(series.recent, job.trigger_interval_seconds, now),
+            "status": jobs.job_lag_status(job, now),
             "follow": _follow_position(),
             "trigger": job.trigger_interval_seconds,
         }
@@ -425,8 +425,8 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
                 await asyncio.sleep(2)
                 continue
             if not reply:
-                if window is not None:
-                    yield f"event: status\ndata: {json.dumps(window.status())}\n\n"
+                if job is not None:  # judged afresh: a job that went down says so from its source
+                    yield f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job))}\n\n"
                 else:
                     yield ": keep-alive\n\n"
                 continue

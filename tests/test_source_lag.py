@@ -47,9 +47,11 @@ def test_a_stopped_jobs_lag_grows_from_the_source_and_its_alert_fires(make_job, 
     assert 'statekeeper_job_lag_records{job="orders"} 60' in render_metrics()
     client.force_login(admin_user)
     assert ">60<br>" in client.get("/").content.decode(), "the job list shows the source's count"
-    assert "60 records" in client.get("/jobs/orders/").content.decode()
+    overview = client.get("/jobs/orders/").content.decode()
+    assert "60 records" in overview and "not running: 60 records waiting" in overview, "the header says STOP"
     series = client.get("/jobs/orders/series.json").json()
     assert [p["lag"] for p in series["source"]] == [10, 30, 60]
+    assert series["status"]["status"] == "STOP"
 
 
 def test_a_stopped_job_whose_source_is_quiet_raises_nothing(make_job, redis, stream_name):

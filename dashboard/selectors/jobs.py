@@ -3,7 +3,7 @@ queries, whatever the number of jobs or checkpoints."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.connections import redis_client
-from dashboard.models import Alert, Checkpoint, CheckpointRollup, Job, ResultRow, Run
+from dashboard.models import ACTIVE_RUN_STATUSES, Alert, Checkpoint, CheckpointRollup, Job, ResultRow, Run
+from dashboard.selectors import charts, lag
 
 
 def job_list() -> QuerySet[Job]:
@@ -52,12 +53,14 @@ def job_trends(jobs: list[Job]) -> dict[int, dict[str, list[Any]]]:
         newest[r[0]] = r[1] + timedelta(seconds=CheckpointRollup.MINUTE)
     tail_from = min(newest.values(), default=now - TREND_SPAN) if len(newest) == len(trends) else now - TREND_SPAN
     raw = Checkpoint.objects.filter(job__in=trends, committed_at__gte=tail_from).order_by("job", "committed_at")
-    for job_id, committed, lag, state in raw.values_list("job_id", "committed_at", "lag_records", "state_memory_bytes"):
+    for job_id, committed, lag_records, state in raw.values_list(
+        "job_id", "committed_at", "lag_records", "state_memory_bytes"
+    ):
         if committed < newest.get(job_id, tail_from):
             continue
         trend = trends[job_id]
         trend["t"].append(committed.isoformat())
-        trend["lag"].append(lag)
+        trend["lag"].append(lag_records)
         trend["state"].append(state)
     return trends
 
@@ -93,3 +96,15 @@ def job_results(*, job: Job, limit: int = 15) -> list[ResultTable]:
         ]
         tables.append(ResultTable(view.title, [h for h, _ in view.columns], rows, queryset.count()))
     return tables
+
+
+def job_lag_status(job: Job, now: datetime | None = None) -> dict[str, Any]:
+    """A job's lag status: Burrow's rules over its last checkpoints while it runs; while it is down, its source's
+    backlog says STOP as soon as records wait (no progress event can say it then)."""
+    now = now or timezone.now()
+    if not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+        sample = lag.latest_source_lag([job], now).get(job.id)
+        if sample is not None and sample.lag_records > 0:
+            oldest = f", the oldest waiting {sample.lag_seconds:.0f} s" if sample.lag_seconds else ""
+            return asdict(lag.LagStatus("STOP", f"not running: {sample.lag_records} records waiting{oldest}", None))
+    return lag.status_json(charts.recent_points(job), job.trigger_interval_seconds, now)
