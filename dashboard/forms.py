@@ -9,6 +9,7 @@ from dashboard import pipelines
 from dashboard.access import login_lockout
 from dashboard.models import Job, StateBackend
 from dashboard.services.audit import audit_record, client_address
+from dashboard.services.rescale import MEMORY_REPARTITION
 
 FROZEN = {
     "state_partitions": "the number of state partitions is frozen in the checkpoint at the first batch",
@@ -109,8 +110,6 @@ class RescaleForm(forms.Form):
             raise forms.ValidationError("That is the current scale: change the parallelism or the state partitions.")
         changes_partitions = data.get("state_partitions") not in (None, self.job.state_partitions)
         if changes_partitions and self.job.state_backend == "memory" and self.job.has_state():
-            from dashboard.services.rescale import MEMORY_REPARTITION
-
             self.add_error("state_partitions", MEMORY_REPARTITION)
         return data
 

@@ -16,6 +16,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from pyspark.sql import functions as F
+
+from workers.spark.session import build_session
+
 
 def _readers(spark: Any, path: str, batch: int) -> Iterator[tuple[Any, str, Any]]:
     """For each stateful operator in the checkpoint's metadata and each of its state variables: the operator's
@@ -66,8 +70,6 @@ def partition_rows(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
 
 
 def _reader(spark: Any, path: str, batch: int, operator: int, variable: str | None) -> Any:
-    from pyspark.sql import functions as F
-
     reader = spark.read.format("statestore").option("batchId", str(batch)).option("operatorId", str(operator))
     if variable:
         reader = reader.option("stateVarName", variable)
@@ -82,8 +84,6 @@ def _reader(spark: Any, path: str, batch: int, operator: int, variable: str | No
 def inspect(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
     """What the state inspector asks: the operators and state variables; a page of keys; the keys whose JSON contains
     a text; or the keys that were added, removed or changed between two batches."""
-    from pyspark.sql import functions as F
-
     mode = spec.get("mode", "variables")
     operators = []
     for row in spark.read.format("state-metadata").load(path).collect():
@@ -146,8 +146,6 @@ def describe(exc: Exception) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from workers.spark.session import build_session
-
     command, path, number = argv[1], argv[2], int(argv[3])
     spec = json.loads(argv[4]) if len(argv) > 4 else {}
     spark = build_session("statekeeper-state-tool", "local[1]", backend="rocksdb")
