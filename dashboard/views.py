@@ -197,12 +197,13 @@ def job_dead_letters(request: HttpRequest, name: str) -> HttpResponse | Streamin
         response["Content-Disposition"] = f'attachment; filename="{job.name}-dead-letters.jsonl"'
         return response
     try:
-        page = dead_letter_page(job, before=request.GET.get("before") or None)
+        try:
+            page = dead_letter_page(job, before=request.GET.get("before") or None)
+        except redis.ResponseError:  # not a stream id: a bad cursor shows the newest page, as the history does
+            page = dead_letter_page(job)
     except redis.RedisError as exc:
         messages.error(request, f"Redis cannot be read now ({exc}): the dead letters are not shown.")
         page = None
-    except redis.ResponseError:
-        raise Http404("no such page") from None
     return _job_tab(request, job, "dead-letters", {"page": page})
 
 

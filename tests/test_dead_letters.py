@@ -44,6 +44,8 @@ def test_browse_export_and_re_drive_the_dead_letters(operator, make_job, redis, 
     assert "the key is too long" in page.content.decode(), "newest first"
     older = operator.get(f"/jobs/orders/dead-letters?before={page.context['page'].older}").context["page"]
     assert len(older.letters) == 12
+    bad = operator.get("/jobs/orders/dead-letters?before=zzz")
+    assert bad.status_code == 200 and len(bad.context["page"].letters) == 50, "a bad cursor shows the newest page"
 
     lines = [json.loads(line) for line in b"".join(operator.get("/jobs/orders/dead-letters?format=jsonl")).splitlines()]
     assert len(lines) == 62 and lines[0]["payload"] == '{"bad": 0}'
