@@ -398,7 +398,7 @@ def job_series(request: HttpRequest, name: str) -> JsonResponse:
             "labels": charts.LABELS,
             "source": lag.source_series(job, now - span),
             "incidents": incidents.incidents(job, now - span),
-            "status": jobs.job_lag_status(job, now),
+            "status": jobs.job_lag_status(job, now, recent=series.recent),
             "follow": _follow_position(),
             "trigger": job.trigger_interval_seconds,
         }
