@@ -37,6 +37,16 @@ ensure_venv() {
     "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt
     cp requirements/lock.txt "$VENV/.installed"
   fi
+  # The example pipeline packages are installed like any user's package (editable, so an edit takes effect).
+  local example name
+  for example in examples/*/; do
+    name=$(basename "$example")
+    if ! cmp -s "$example/pyproject.toml" "$VENV/.example-$name" 2>/dev/null; then
+      say "installing the example pipeline package $example"
+      "$VENV/bin/pip" install -q --disable-pip-version-check -e "$example"
+      cp "$example/pyproject.toml" "$VENV/.example-$name"
+    fi
+  done
 }
 
 redis_up() { "$PY" -c "import redis,sys; redis.Redis(host='127.0.0.1', port=6379, socket_connect_timeout=1).ping()" 2>/dev/null; }
