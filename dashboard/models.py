@@ -171,6 +171,39 @@ class RunStatus(models.TextChoices):
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
 
 
+class Deploy(models.Model):
+    """What a job's driver ran: the pipeline, its code version, its Spark settings, and who started it. A start that
+    runs the same code with the same settings as the job's last deploy reuses it."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="deploys")
+    pipeline = models.CharField(max_length=40)
+    reference = models.CharField(max_length=300, help_text="module:attribute")
+    package = models.CharField(max_length=200, blank=True, help_text="the installed distribution and its version")
+    code_hash = models.CharField(max_length=64, help_text="sha256 of the pipeline module's source")
+    spark_conf = models.JSONField(default=dict)
+    spark_version = models.CharField(max_length=40, blank=True)
+    operator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    upgrade = models.ForeignKey(
+        "Action",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the upgrade that made it",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"deploy {self.pk}: {self.pipeline} {self.version}"
+
+    @property
+    def version(self) -> str:
+        return f"{self.package + ' ' if self.package else ''}#{self.code_hash[:10]}"
+
+
 class Run(models.Model):
     """One life of a job's driver process, from start request to exit."""
 
@@ -189,6 +222,7 @@ class Run(models.Model):
     message = models.TextField(blank=True)
     error = models.TextField(blank=True)
     log_path = models.CharField(max_length=500, blank=True)
+    deploy = models.ForeignKey(Deploy, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
 
     class Meta:
         ordering = ["-id"]
@@ -295,6 +329,9 @@ class ActionKind(models.TextChoices):
     INSPECT_STATE = "inspect-state", "Inspect state"
     SKIP_ENTRIES = "skip-entries", "Skip a failing batch's entries"
     REDRIVE_DEAD_LETTERS = "redrive-dead-letters", "Re-drive dead letters"
+    UPGRADE_PREVIEW = "upgrade-preview", "Preview an upgrade"
+    UPGRADE = "upgrade", "Upgrade"
+    UPGRADE_ROLLBACK = "upgrade-rollback", "Roll back an upgrade"
 
 
 class ActionStatus(models.TextChoices):
@@ -355,6 +392,7 @@ class Savepoint(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="savepoints")
     action = models.ForeignKey(Action, null=True, blank=True, on_delete=models.SET_NULL, related_name="savepoints")
     origin = models.CharField(max_length=24, default="user")
+    deploy = models.ForeignKey(Deploy, null=True, blank=True, on_delete=models.SET_NULL, related_name="savepoints")
     status = models.CharField(max_length=12, choices=SavepointStatus.choices, default=SavepointStatus.IN_PROGRESS)
     batch_id = models.BigIntegerField(null=True, blank=True)
     path = models.CharField(max_length=500, blank=True)

@@ -9,10 +9,12 @@ kept out of the registry; the rest still load.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import sys
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, packages_distributions, version
 from typing import Any
 
 from django.conf import settings
@@ -37,6 +39,17 @@ class Refused:
 class Registry:
     pipelines: dict[str, Any]
     refused: tuple[Refused, ...]
+    references: dict[str, str]  # name -> module:attribute
+
+
+@dataclass(frozen=True)
+class CodeVersion:
+    """Which code a pipeline is: where it was found, the installed distribution that holds it, and a hash of its
+    module's source (so an edit without a version bump is still seen)."""
+
+    reference: str
+    package: str
+    code_hash: str
 
 
 def _load(reference: str) -> Any:
@@ -70,6 +83,7 @@ def _references() -> list[str]:
 @cache
 def registry() -> Registry:
     pipelines: dict[str, Any] = {}
+    references: dict[str, str] = {}
     refused: list[Refused] = []
     for reference in _references():
         try:
@@ -83,7 +97,8 @@ def registry() -> Registry:
             refused.append(Refused(reference, f"the name {pipeline.name!r} is taken by another pipeline"))
         else:
             pipelines[pipeline.name] = pipeline
-    return Registry(pipelines, tuple(refused))
+            references[pipeline.name] = reference
+    return Registry(pipelines, tuple(refused), references)
 
 
 def names() -> list[str]:
@@ -100,3 +115,24 @@ def get(name: str) -> Any:
     if pipeline is None:
         raise UnknownPipeline(f"unknown pipeline {name!r}; the registry has {', '.join(sorted(names())) or 'none'}")
     return pipeline
+
+
+def reference(name: str) -> str:
+    get(name)
+    return registry().references[name]
+
+
+def code_version(name: str) -> CodeVersion:
+    """The code the registered pipeline ``name`` runs, as imported in this process."""
+    ref = reference(name)
+    module = sys.modules[ref.partition(":")[0]]
+    source = module.__spec__.origin if module.__spec__ and module.__spec__.origin else ""
+    try:
+        with open(source, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        digest = "unknown"
+    top = module.__name__.partition(".")[0]
+    dists = packages_distributions().get(top, [])
+    package = f"{dists[0]} {version(dists[0])}" if dists else ""
+    return CodeVersion(ref, package, digest)

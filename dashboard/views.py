@@ -33,6 +33,7 @@ from dashboard.forms import InspectForm, JobForm, RescaleForm
 from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, AutoscaleMode, Job, SavepointStatus
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
 from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_export
+from dashboard.selectors.deploys import deploy_history, upgrade_view
 from dashboard.selectors.exceptions import exception_history, failing_batch
 from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_request
@@ -45,6 +46,7 @@ from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
+from dashboard.services.upgrades import upgrade_refusal
 
 
 @login_required
@@ -67,6 +69,7 @@ JOB_TABS = (
     ("checkpoints", "Checkpoints", "dashboard:job_checkpoints"),
     ("state", "State", "dashboard:job_state"),
     ("savepoints", "Savepoints", "dashboard:job_savepoints"),
+    ("deploys", "Deploys", "dashboard:job_deploys"),
     ("runs", "Runs and recoveries", "dashboard:job_runs"),
     ("alerts", "Alerts", "dashboard:job_alerts"),
     ("dead-letters", "Dead letters", "dashboard:job_dead_letters"),
@@ -155,6 +158,39 @@ def job_savepoints(request: HttpRequest, name: str) -> HttpResponse:
         "old_checkpoints": old_checkpoints(job),
     }
     return _job_tab(request, job, "savepoints", context)
+
+
+@login_required
+def job_deploys(request: HttpRequest, name: str) -> HttpResponse:
+    """What each run ran, and the stateful upgrade to another pipeline: preview, upgrade, roll back."""
+    job = _listed_job(name)
+    context = {"deploys": deploy_history(job), "upgrade": upgrade_view(job)}
+    return _job_tab(request, job, "deploys", context)
+
+
+@require_POST
+@requires(OPERATOR)
+def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
+    """Preview (``step=preview``) or upgrade to the chosen pipeline; refused at once when it cannot even be tried."""
+    job = get_object_or_404(Job, name=name)
+    target = request.POST.get("pipeline", "")[:100]
+    kind = ActionKind.UPGRADE if request.POST.get("step") == "upgrade" else ActionKind.UPGRADE_PREVIEW
+    if refusal := upgrade_refusal(job, target):
+        messages.error(request, refusal)
+        return redirect("dashboard:job_deploys", name=job.name)
+    return _request_to(request, job, kind, {"pipeline": target}, "dashboard:job_deploys")
+
+
+@require_POST
+@requires(OPERATOR)
+def job_upgrade_rollback(request: HttpRequest, name: str) -> HttpResponse:
+    job = get_object_or_404(Job, name=name)
+    try:
+        upgrade = int(request.POST.get("upgrade", ""))
+    except ValueError:
+        messages.error(request, "Name the upgrade to roll back.")
+        return redirect("dashboard:job_deploys", name=job.name)
+    return _request_to(request, job, ActionKind.UPGRADE_ROLLBACK, {"upgrade": upgrade}, "dashboard:job_deploys")
 
 
 @login_required

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from pyspark.sql import Row
+from user_sessions import pipelines as user_sessions
 
 from workers.spark.pipelines import url_counts
 from workers.spark.pipelines.base import Result
@@ -20,3 +21,15 @@ def results(rows: list[Row]) -> Iterable[Result]:
 
 
 PIPELINE = replace(url_counts.PIPELINE, name="failing-urls", title="Requests per URL, but for /boom", results=results)
+
+
+def _fails_on_boom(rows: list[Row]) -> Iterable[Result]:
+    for kind, key, value in user_sessions.results(rows):
+        if key == "boom":
+            raise ValueError("cannot store the totals of user boom: a bug in version 2")
+        yield kind, key, value
+
+
+# Version 2 of the example's user sessions with a bug its upgrade preview cannot see: storing results fails for the
+# user "boom". Found through STATEKEEPER_PIPELINES in the processes a test starts.
+BROKEN_SESSIONS_V2 = replace(user_sessions.SESSIONS_V2, name="user-sessions-v2-broken", results=_fails_on_boom)

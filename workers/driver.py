@@ -27,6 +27,7 @@ from dashboard.checkpoint_dir.files import planned_batch
 from dashboard.failures import describe, root_cause
 from dashboard.models import Run, RunStatus
 from dashboard.services.checkpoints import journal_path
+from dashboard.services.deploys import deploy_record
 from dashboard.services.lease import lease_renew
 from dashboard.services.runs import run_finish, run_started
 from workers.progress import ProgressRecorder
@@ -131,6 +132,7 @@ class JobDriver:
             return RunStatus.REFUSED
         spec = self.spec()
         pipeline = pipelines.get(spec.pipeline)
+        deploy_record(run=self.run, spark_conf={**spec.session_conf(), **pipeline.conf})
         recorder = ProgressRecorder(
             job_id=self.job.id,
             run_id=self.run.id,

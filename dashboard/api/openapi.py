@@ -121,7 +121,10 @@ def _write(verb: str, summary: str, result: str) -> dict[str, Any]:
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            name: {"type": "integer", "minimum": lo, "maximum": hi} for name, (_, lo, hi, _) in fields.items()
+            name: {"type": "string", "minLength": lo, "maxLength": hi}
+            if kind is str
+            else {"type": "integer", "minimum": lo, "maximum": hi}
+            for name, (kind, lo, hi, _) in fields.items()
         },
         "required": [name for name, (_, _, _, required) in fields.items() if required],
     }
@@ -185,6 +188,15 @@ def schema() -> dict[str, Any]:
         "/api/v1/jobs/{name}/restore": _write("restore", "Restore a verified savepoint (job stopped)", "action"),
         "/api/v1/jobs/{name}/rollback": _write("rollback", "Roll back to a retained batch (job stopped)", "action"),
         "/api/v1/jobs/{name}/rescale": _write("rescale", "Change cores and/or state partitions", "action"),
+        "/api/v1/jobs/{name}/upgrade-preview": _write(
+            "upgrade-preview", "Check another pipeline against the job's state, on a scratch copy", "action"
+        ),
+        "/api/v1/jobs/{name}/upgrade": _write(
+            "upgrade", "Move the job to another pipeline with its state (refused when incompatible)", "action"
+        ),
+        "/api/v1/jobs/{name}/upgrade-rollback": _write(
+            "upgrade-rollback", "Roll the job's latest upgrade back from the savepoint it took", "action"
+        ),
     }
     return {
         "openapi": "3.0.3",

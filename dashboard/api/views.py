@@ -27,6 +27,7 @@ from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.upgrades import upgrade_refusal
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 500
@@ -233,6 +234,10 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     ActionKind.RESTORE: {"savepoint": (int, 1, 2**62, True)},
     ActionKind.ROLLBACK: {"batch": (int, 0, 2**62, True)},
     ActionKind.RESCALE: {"parallelism": (int, 1, 64, False), "state_partitions": (int, 1, 1024, False)},
+    # a string's bounds are its length
+    ActionKind.UPGRADE_PREVIEW: {"pipeline": (str, 1, 40, True)},
+    ActionKind.UPGRADE: {"pipeline": (str, 1, 40, True)},
+    ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
 }
 
 
@@ -251,13 +256,16 @@ def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
     if unknown:
         raise ApiError(400, f"Unknown field(s): {', '.join(map(str, unknown))[:200]}.")
     clean = {}
-    for field, (_, low, high, required) in spec.items():
+    for field, (kind, low, high, required) in spec.items():
         if field not in data:
             if required:
                 raise ApiError(400, f"{field} is required.")
             continue
         value = data[field]
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        if kind is str:
+            if not isinstance(value, str) or not low <= len(value) <= high:
+                raise ApiError(400, f"{field} must be a string of {low} to {high} characters.")
+        elif not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ApiError(400, f"{field} must be an integer from {low} to {high}.")
         clean[field] = value
     if verb == ActionKind.RESCALE and not clean:
@@ -316,14 +324,19 @@ def _perform(request: HttpRequest, job: Job, verb: str, params: dict[str, Any]) 
 
 
 def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
-    """Restore and rollback are refused up front, with the preview's reason, as in the console."""
+    """Restore, rollback and upgrade are refused up front, with the preview's reason, as in the console."""
     if verb == ActionKind.RESTORE:
         chosen = job.savepoints.filter(id=params["savepoint"]).first()
         if chosen is None:
             raise ApiError(404, f"No savepoint {params['savepoint']} of {job.name}.")
         if refused := savepoint_preview(job, chosen).refusal:
             raise ActionRefused(refused)
-    elif verb == ActionKind.ROLLBACK and (refused := rollback_preview(job, params["batch"]).refusal):
+    elif (
+        verb == ActionKind.ROLLBACK
+        and (refused := rollback_preview(job, params["batch"]).refusal)
+        or verb in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW)
+        and (refused := upgrade_refusal(job, params["pipeline"]))
+    ):
         raise ActionRefused(refused)
 
 
@@ -343,3 +356,6 @@ stop_with_savepoint = _writer(ActionKind.STOP_WITH_SAVEPOINT)
 restore = _writer(ActionKind.RESTORE)
 rollback = _writer(ActionKind.ROLLBACK)
 rescale = _writer(ActionKind.RESCALE)
+upgrade_preview = _writer(ActionKind.UPGRADE_PREVIEW)
+upgrade = _writer(ActionKind.UPGRADE)
+upgrade_rollback = _writer(ActionKind.UPGRADE_ROLLBACK)

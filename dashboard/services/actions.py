@@ -17,7 +17,17 @@ from django.utils import timezone
 
 from dashboard.models import Action, ActionKind, ActionStatus, Job
 from dashboard.selectors.incidents import action_incidents
-from dashboard.services import dead_letters, forks, inspector, partitions, rescale, savepoints, skips, storage
+from dashboard.services import (
+    dead_letters,
+    forks,
+    inspector,
+    partitions,
+    rescale,
+    savepoints,
+    skips,
+    storage,
+    upgrades,
+)
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import RUN_ACTION, enqueue
 from dashboard.services.errors import ActionFailed, ActionRefused
@@ -76,6 +86,9 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.INSPECT_STATE: inspector.inspect_action,
         ActionKind.SKIP_ENTRIES: skips.skip_action,
         ActionKind.REDRIVE_DEAD_LETTERS: dead_letters.redrive_action,
+        ActionKind.UPGRADE_PREVIEW: upgrades.upgrade_preview_action,
+        ActionKind.UPGRADE: upgrades.upgrade_action,
+        ActionKind.UPGRADE_ROLLBACK: upgrades.upgrade_rollback_action,
     }
     try:
         outcome = handlers[action.kind](action)

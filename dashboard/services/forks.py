@@ -127,6 +127,19 @@ def _start_on_fork(action: Action, fork: str, check: Preview) -> tuple[Run, str,
     return run, previous, replay
 
 
+def savepoint_fork(action: Action, savepoint: Savepoint, fork: str) -> None:
+    """Copy the savepoint into a new checkpoint directory of the job and check every file against its manifest."""
+    target = action.job.directory / fork
+    action_progress(action, f"copying savepoint #{savepoint.id} into {fork}")
+    remove_tree(target)
+    shutil.copytree(Path(savepoint.path) / "checkpoint", target)
+    manifest = json.loads((Path(savepoint.path) / MANIFEST).read_text())
+    problems = verify_files(target, manifest["files"])
+    if problems:
+        remove_tree(target)
+        raise ActionFailed(f"The savepoint's files do not match its manifest: {'; '.join(problems[:5])}")
+
+
 def restore_action(action: Action) -> str:
     job = action.job
     refuse_while_alive(job, "restoring a savepoint (or stop it with a savepoint)")
@@ -137,16 +150,7 @@ def restore_action(action: Action) -> str:
     if check.refusal:
         raise ActionFailed(check.refusal)
     fork = f"checkpoint-restore-{action.id}"
-    target = job.directory / fork
-    action_progress(action, f"copying savepoint #{savepoint.id} into {fork}")
-    source = Path(savepoint.path) / "checkpoint"
-    remove_tree(target)
-    shutil.copytree(source, target)
-    manifest = json.loads((Path(savepoint.path) / MANIFEST).read_text())
-    problems = verify_files(target, manifest["files"])
-    if problems:
-        remove_tree(target)
-        raise ActionFailed(f"The savepoint's files do not match its manifest: {'; '.join(problems[:5])}")
+    savepoint_fork(action, savepoint, fork)
     run, previous, replay = _start_on_fork(action, fork, check)
     return (
         f"Restored savepoint #{savepoint.id} (batch {savepoint.batch_id}) into {fork}; run #{run.id} starting. "

@@ -23,6 +23,7 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.models import Action, Job, Savepoint, SavepointStatus
 from dashboard.services.action_steps import action_progress, run_state_tool, wait_until_stopped
+from dashboard.services.deploys import deploy_of_batch
 from dashboard.services.errors import ActionFailed
 
 MANIFEST = "_manifest.json"
@@ -37,7 +38,8 @@ def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
         batch = latest_committed(source)
         folder = job.savepoint_root / f"sp-{savepoint.id}-batch-{batch}"
         savepoint.batch_id, savepoint.path = batch, str(folder)
-        savepoint.save(update_fields=["batch_id", "path"])
+        savepoint.deploy = deploy_of_batch(job, batch)
+        savepoint.save(update_fields=["batch_id", "path", "deploy"])
         action_progress(action, f"copying the checkpoint as of batch {batch}")
         entries = copy_checkpoint(source, folder / "checkpoint", batch)
         copied = time.monotonic()
@@ -45,6 +47,7 @@ def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
         manifest = {
             "job": job.name,
             "pipeline": job.pipeline,
+            "deploy": savepoint.deploy_id,
             "batch_id": batch,
             "source_stream": job.source_stream,
             "source_offsets": offsets["sources"],
@@ -144,10 +147,16 @@ def dispose_action(action: Action) -> str:
 
 
 def savepoints_retain(*, job: Job) -> list[int]:
-    """Dispose verified savepoints beyond the job's max count or max age; never the newest verified one."""
+    """Dispose verified savepoints beyond the job's max count or max age; never the newest verified one, nor the one
+    taken before the job's latest upgrade (the way back)."""
     verified = list(job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-id"))
     too_old = timezone.now() - timedelta(hours=job.savepoints_max_age_hours)
-    gone = [sp for i, sp in enumerate(verified) if i > 0 and (i >= job.savepoints_max_count or sp.created_at < too_old)]
+    way_back = next((sp.id for sp in verified if sp.origin == "before-upgrade"), None)  # the latest upgrade's
+    gone = [
+        sp
+        for i, sp in enumerate(verified)
+        if i > 0 and sp.id != way_back and (i >= job.savepoints_max_count or sp.created_at < too_old)
+    ]
     for savepoint in gone:
         savepoint_dispose(savepoint=savepoint)
     for failed in job.savepoints.filter(status=SavepointStatus.FAILED, disposed_at=None):

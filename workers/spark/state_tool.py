@@ -4,6 +4,8 @@
     python -m workers.spark.state_tool repartition PATH N     -> JSON: the batch the repartitioned state was written as
     python -m workers.spark.state_tool partition-rows PATH BATCH -> JSON: state rows per operator and partition
     python -m workers.spark.state_tool inspect PATH BATCH SPEC  -> JSON: variables, a page of keys, a lookup, or a diff
+    python -m workers.spark.state_tool plan PATH BATCH SPEC     -> JSON: the state schemas before and after another
+                                                                   pipeline re-ran the batch on this (scratch) copy
 
 Workers call it as a subprocess, so no Celery worker ever hosts a JVM. Exit 0 with JSON on the last line of stdout,
 or exit 2 with {"error": ...}.
@@ -11,13 +13,18 @@ or exit 2 with {"error": ...}.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session
 
 
@@ -133,6 +140,73 @@ def inspect(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     raise ValueError(f"unknown inspection {mode!r}")
 
 
+def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
+    """Each stateful operator with its output mode and, per state variable, the key and value schemas Spark reads
+    its state with at the batch."""
+    operators: dict[int, dict[str, Any]] = {}
+    for row, name, state in _readers(spark, path, batch):
+        props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
+        entry = operators.setdefault(
+            row["operatorId"],
+            {"id": row["operatorId"], "name": row["operatorName"], "output_mode": props.get("outputMode", ""),
+             "partitions": row["numPartitions"], "variables": {}},
+        )  # fmt: skip
+        fields = {f.name: f.dataType for f in state.schema.fields}
+        entry["variables"][name] = {
+            "key": fields["key"].jsonValue() if "key" in fields else None,
+            "value": fields["value"].jsonValue() if "value" in fields else None,
+        }
+    return list(operators.values())
+
+
+def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """Re-run committed batch ``batch`` of a scratch copy with the pipeline at ``spec["reference"]``, from the state
+    the batch started with, into a sink that only counts: Spark checks the new code against the old state as a
+    restart would, and writes the state schemas it would use from now on. Returns both sets of schemas."""
+    root = Path(path)
+    before = operator_schemas(spark, path, batch)
+    module, _, attribute = spec["reference"].partition(":")
+    pipeline = getattr(importlib.import_module(module), attribute)
+    # The batch is planned again, not committed; its operator metadata (which names the state schema files) is
+    # written again by the new code.
+    for folder in [root / "commits", *root.glob("state/*/_metadata/v2")]:
+        for name in (str(batch), f".{batch}.crc"):
+            (folder / name).unlink(missing_ok=True)
+    job = JobSpec(
+        job_id=0, name=f"upgrade-plan-{int(time.time())}", pipeline=pipeline.name, stream=spec["stream"],
+        redis_url=spec["redis_url"], backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"],
+        parallelism=1, checkpoint=path, batches_retained=1000, max_records=spec["max_records"],
+        dead_letter=spec["dead_letter"], skip_list=spec.get("skip_list", ""),
+        max_future_seconds=spec.get("max_future_seconds", 300),
+    )  # fmt: skip
+    rows: list[int] = []
+
+    def count(frame: DataFrame, batch_id: int) -> None:
+        rows.append(frame.count())
+
+    query = start_query(spark, job, pipeline, count)
+    deadline = time.monotonic() + float(spec.get("timeout", 600))
+    error = ""
+    try:
+        while not (root / "commits" / str(batch)).exists():
+            if not query.isActive:
+                failure = query.exception()
+                error = describe(failure) if failure is not None else "the query stopped"
+                break
+            if time.monotonic() > deadline:
+                error = f"the batch did not commit within {spec.get('timeout', 600)} s"
+                break
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    result: dict[str, Any] = {"before": before, "output_rows": sum(rows), "output_mode": pipeline.output_mode}
+    if error:
+        result["replay_error"] = error
+    else:
+        result["after"] = operator_schemas(spark, path, batch)
+    return result
+
+
 def describe(exc: Exception) -> str:
     """The message an operator can act on: for a JVM error, the Java exception, not Py4J's wrapper."""
     java = getattr(exc, "java_exception", None)
@@ -156,6 +230,8 @@ def main(argv: list[str]) -> int:
             result = {"batch": number, "operators": partition_rows(spark, path, number)}
         elif command == "inspect":
             result = {"batch": number, **inspect(spark, path, number, spec)}
+        elif command == "plan":
+            result = {"batch": number, **plan(spark, path, number, spec)}
         elif command == "repartition":
             spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
             result = {"repartitioned": number}

@@ -1,0 +1,43 @@
+"""Deploys and upgrades of a job, as the Deploys tab shows them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, Max, Min
+
+from dashboard import pipelines
+from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job
+
+
+def deploy_history(job: Job) -> list[Deploy]:
+    """Every deploy, newest first, with how many runs ran it and when."""
+    return list(
+        job.deploys.select_related("operator", "upgrade")
+        .annotate(run_count=Count("runs"), first_run=Min("runs__requested_at"), last_run=Max("runs__requested_at"))
+        .order_by("-id")
+    )
+
+
+@dataclass
+class UpgradeView:
+    targets: list[tuple[str, str]]  # (name, title) of every other registered pipeline
+    plan: Action | None  # the newest preview or upgrade with a plan
+    rollback: Action | None  # the latest succeeded upgrade, while the job still runs its target
+    history: list[Action]
+
+
+def upgrade_view(job: Job) -> UpgradeView:
+    kinds = [ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE, ActionKind.UPGRADE_ROLLBACK]
+    history = list(job.actions.filter(kind__in=kinds).select_related("requested_by").order_by("-id")[:20])
+    plan = next((a for a in history if a.kind != ActionKind.UPGRADE_ROLLBACK and a.params.get("plan")), None)
+    latest = next((a for a in history if a.kind == ActionKind.UPGRADE and a.status == ActionStatus.SUCCEEDED), None)
+    rolled_back = latest is not None and any(
+        a.kind == ActionKind.UPGRADE_ROLLBACK and a.status == ActionStatus.SUCCEEDED and a.id > latest.id
+        for a in history
+    )
+    rollback = latest if latest and not rolled_back and latest.params.get("pipeline") == job.pipeline else None
+    registry: dict[str, Any] = pipelines.registry().pipelines
+    targets = [(name, p.title) for name, p in registry.items() if name != job.pipeline]
+    return UpgradeView(targets, plan, rollback, history)

@@ -1,0 +1,149 @@
+"""Stateful upgrades of a pipeline from an installed package (examples/user_sessions): a compatible upgrade keeps the
+state and every total, an incompatible one is refused before anything stops, a failed one rolls itself back, and an
+upgrade can be rolled back on request."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from dashboard import pipelines
+from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus
+from dashboard.services.actions import action_request
+from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.upgrades import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
+from tests.conftest import wait_for
+from tests.test_chaos import running_with_progress
+
+
+def schema(**fields: str) -> dict:
+    return {
+        "type": "struct",
+        "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields.items()],
+    }
+
+
+def operator(key: dict, value: dict, variables: str = "totals", op_id: int = 0) -> dict:
+    return {"id": op_id, "name": "transformWithStateInPySparkExec", "output_mode": "Update",
+            "variables": {variables: {"key": key, "value": value}}}  # fmt: skip
+
+
+V1 = schema(events="long", amount="double")
+
+
+def verdicts(after: list[dict], new: str = "user-sessions-v2") -> list[tuple[str, str]]:
+    plan = {"before": [operator(schema(user="string"), V1)], "after": after}
+    found = compare(plan, pipelines.get("user-sessions"), pipelines.get(new))
+    return [(v.verdict, v.reason) for v in found]
+
+
+def test_the_example_package_registers_through_its_entry_points_only():
+    assert {"user-sessions", "user-sessions-v2", "user-sessions-by-region"} <= set(pipelines.names())
+    assert pipelines.reference("user-sessions") == "user_sessions.pipelines:SESSIONS"
+    code = pipelines.code_version("user-sessions")
+    assert code.package == "statekeeper-example-user-sessions 1.0.0" and len(code.code_hash) == 64
+
+
+def test_verdicts_per_state_variable():
+    same = verdicts([operator(schema(user="string"), V1)])
+    assert same == [(COMPATIBLE, "same key and value schema")]
+    added = verdicts([operator(schema(user="string"), schema(events="long", amount="double", largest="double"))])
+    assert added[0][0] == EVOLVES and "added largest" in added[0][1]
+    renamed_key = verdicts([operator(schema(region="string"), V1)])
+    assert renamed_key[0][0] == INCOMPATIBLE
+    assert "key schema changed: (user string) → (region string)" in renamed_key[0][1]
+    new_operator = verdicts([operator(schema(user="string"), V1), operator(schema(user="string"), V1, op_id=1)])
+    assert (INCOMPATIBLE, "operator added: it has no state to start from") in new_operator
+    removed_variable = verdicts([operator(schema(user="string"), V1, variables="other")])
+    assert (INCOMPATIBLE, "state variable removed: its state would be lost") in removed_variable
+    refused = compare({"replay_error": "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"}, None, pipelines.get("user-sessions"))
+    assert refused[0].verdict == INCOMPATIBLE and "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE" in refused[0].reason
+
+
+def send(redis, stream: str, count: int, seed: int, users: list[str] | None = None) -> int:
+    rng = random.Random(seed)
+    pipe = redis.pipeline(transaction=False)
+    for _ in range(count):
+        user = rng.choice(users) if users else f"u{rng.randrange(20)}"
+        pipe.xadd(stream, {"v": json.dumps({"user": user, "region": "eu", "amount": rng.randrange(1, 100)})})
+    pipe.execute()
+    return count
+
+
+def events_counted(job: Job) -> int:
+    return sum(int(row.value["events"]) for row in ResultRow.objects.filter(job=job, kind="totals"))
+
+
+def finished(action: Action, timeout: float = 400) -> Action:
+    wait_for(
+        lambda: Action.objects.filter(id=action.id, status__in=[ActionStatus.SUCCEEDED, ActionStatus.FAILED]).exists(),
+        timeout, 1, f"{action.get_kind_display()} #{action.id} to finish",
+    )  # fmt: skip
+    action.refresh_from_db()
+    return action
+
+
+def caught_up(job: Job, sent: int) -> bool:
+    return events_counted(job) == sent
+
+
+@pytest.fixture
+def broken_version_installed(monkeypatch):
+    """The processes the test starts (worker, drivers) also register the buggy version 2."""
+    monkeypatch.setenv("STATEKEEPER_PIPELINES", "tests.user_pipelines:BROKEN_SESSIONS_V2")
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_upgrade_keeps_the_state_refuses_a_changed_key_and_rolls_back(
+    broken_version_installed, make_job, redis, stream_name, celery_worker
+):
+    job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
+    sent = send(redis, stream_name, 300, seed=1)
+    job_request_start(job=job)
+    first = wait_for(lambda: running_with_progress(job), 180, 1, "version 1 to commit")
+    wait_for(lambda: caught_up(job, sent), 120, 1, "version 1 to count every event")
+
+    # An incompatible version is refused before anything stops.
+    refused = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-by-region"}))
+    assert refused.status == ActionStatus.FAILED
+    assert "Refused before anything stopped" in refused.outcome and "key schema changed" in refused.outcome
+    first.refresh_from_db()
+    assert first.status == RunStatus.RUNNING and Job.objects.get(id=job.id).pipeline == "user-sessions"
+
+    # A compatible one (a field added to the state's value) keeps every total.
+    upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2"}))
+    assert upgrade.status == ActionStatus.SUCCEEDED, upgrade.outcome
+    assert [v["verdict"] for v in upgrade.params["plan"]["verdicts"]] == [EVOLVES]
+    sent += send(redis, stream_name, 200, seed=2)
+    wait_for(lambda: caught_up(job, sent), 180, 1, "version 2 to count every event")
+    rows = ResultRow.objects.filter(job=job, kind="totals", value__has_key="largest")
+    assert rows.exists(), "version 2 writes the new field"
+    job.refresh_from_db()
+    deploys = list(job.deploys.order_by("id"))
+    assert [d.pipeline for d in deploys] == ["user-sessions", "user-sessions-v2"]
+    assert deploys[1].upgrade_id == upgrade.id and deploys[1].operator_id is None
+    way_back = job.savepoints.get(id=upgrade.params["savepoint"])
+    assert way_back.deploy_id == deploys[0].id, "the savepoint says which code wrote it"
+
+    # Rolled back on request: version 1 from the savepoint, which replays what version 2 read.
+    back = finished(action_request(job=job, kind=ActionKind.UPGRADE_ROLLBACK, params={"upgrade": upgrade.id}))
+    assert back.status == ActionStatus.SUCCEEDED, back.outcome
+    assert Job.objects.get(id=job.id).pipeline == "user-sessions"
+    sent += send(redis, stream_name, 100, seed=3)
+    wait_for(lambda: caught_up(job, sent), 180, 1, "version 1 to count every event after the rollback")
+
+    # A version that fails its first batch after the switch rolls back by itself, and says why.
+    failing = action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2-broken"})
+    wait_for(lambda: Job.objects.get(id=job.id).pipeline == "user-sessions-v2-broken", 300, 1, "the switch")
+    sent += send(redis, stream_name, 20, seed=4, users=["boom", "u1"])
+    failing = finished(failing)
+    assert failing.status == ActionStatus.FAILED
+    assert "rolled back by itself" in failing.outcome and "a bug in version 2" in failing.outcome, failing.outcome
+    assert Job.objects.get(id=job.id).pipeline == "user-sessions"
+    wait_for(lambda: caught_up(job, sent), 180, 1, "version 1 to count every event after the automatic rollback")
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    assert events_counted(job) == sent, "every event counted exactly once across every switch"
