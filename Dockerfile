@@ -5,6 +5,8 @@ WORKDIR /app
 COPY requirements/lock.txt requirements/lock.txt
 RUN pip install --no-cache-dir -r requirements/lock.txt
 COPY . .
+# The example pipeline package, registered through its entry points like any user's package.
+RUN pip install --no-cache-dir ./examples/user_sessions
 ENV DJANGO_SETTINGS_MODULE=statekeeper.settings PYTHONUNBUFFERED=1
 RUN python manage.py collectstatic --noinput -v 0
 EXPOSE 8000

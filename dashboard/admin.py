@@ -1,7 +1,9 @@
 from django.contrib import admin
 
-from dashboard.forms import JobForm
+from dashboard.forms import JobForm, ThrottledAdminLoginForm
 from dashboard.models import Checkpoint, Job, Run
+
+admin.site.login_form = ThrottledAdminLoginForm  # every login path counts failures and locks out the same way
 
 
 @admin.register(Job)

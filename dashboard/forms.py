@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from dashboard import pipelines
@@ -130,6 +131,10 @@ class ThrottledLoginForm(AuthenticationForm):
                 code="throttled",
             )
         return super().clean()
+
+
+class ThrottledAdminLoginForm(ThrottledLoginForm, AdminAuthenticationForm):
+    """The Django admin's login, throttled as the console's is: otherwise /admin/login/ would bypass the lockout."""
 
 
 class InspectForm(forms.Form):

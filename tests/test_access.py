@@ -118,6 +118,17 @@ def test_logins_are_throttled_per_user_name(client, django_user_model, settings)
     assert client.post("/login/", {"username": "oncall", "password": "right-password"}).status_code == 302
 
 
+def test_the_admin_login_is_throttled_like_the_consoles(client, django_user_model, settings):
+    settings.LOGIN_FAILURES_ALLOWED = 3
+    django_user_model.objects.create_superuser("root", password="right-password")
+    for _ in range(3):
+        assert client.post("/admin/login/", {"username": "root", "password": "guess"}).status_code == 200
+    refused = client.post("/admin/login/?next=/admin/", {"username": "root", "password": "right-password"})
+    assert refused.status_code == 200 and "Too many failed logins" in refused.content.decode()
+    assert client.get("/admin/").status_code == 302, "not logged in"
+    assert AuditEntry.objects.filter(verb="login", outcome="failed", username="root").count() == 3
+
+
 def test_actions_and_changes_are_in_the_audit_trail_with_who_where_and_what(as_role, make_job):
     make_job(name="orders")
     operator = as_role("operator", "alice")

@@ -95,54 +95,75 @@ def broken_version_installed(monkeypatch):
     monkeypatch.setenv("STATEKEEPER_PIPELINES", "tests.user_pipelines:BROKEN_SESSIONS_V2")
 
 
+def switched_to(job: Job, pipeline: str) -> bool:
+    return Job.objects.get(id=job.id).pipeline == pipeline
+
+
 @pytest.mark.spark
+@pytest.mark.browser
 @pytest.mark.django_db(transaction=True)
-def test_upgrade_keeps_the_state_refuses_a_changed_key_and_rolls_back(
-    broken_version_installed, make_job, redis, stream_name, celery_worker
+def test_an_operator_previews_upgrades_and_rolls_back_in_the_browser_and_a_failed_upgrade_rolls_itself_back(
+    broken_version_installed, live_server, browser_login, make_job, redis, stream_name, celery_worker, tmp_path
 ):
     job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
     sent = send(redis, stream_name, 300, seed=1)
     job_request_start(job=job)
     first = wait_for(lambda: running_with_progress(job), 180, 1, "version 1 to commit")
     wait_for(lambda: caught_up(job, sent), 120, 1, "version 1 to count every event")
+    page = browser_login(live_server.url, "oncall")
+    deploys = f"{live_server.url}/jobs/{job.name}/deploys"
 
-    # An incompatible version is refused before anything stops.
-    refused = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-by-region"}))
-    assert refused.status == ActionStatus.FAILED
-    assert "Refused before anything stopped" in refused.outcome and "key schema changed" in refused.outcome
+    def verdict_shown(text: str) -> bool:
+        page.goto(deploys)
+        return text in page.content() and page.locator("[data-verdict]").count() == 1
+
+    # Preview an incompatible version: refused with the reason; the job never stopped.
+    page.goto(deploys)
+    page.select_option("select[name=pipeline]", "user-sessions-by-region")
+    page.get_by_role("button", name="Preview").click()
+    wait_for(lambda: verdict_shown("key schema changed: (user string) → (region string)"), 240, 1, "the preview")
+    assert page.locator("[data-verdict]").get_attribute("data-verdict") == "incompatible"
+    page.screenshot(path=str(tmp_path / "preview-incompatible.png"), full_page=True)
     first.refresh_from_db()
-    assert first.status == RunStatus.RUNNING and Job.objects.get(id=job.id).pipeline == "user-sessions"
+    assert first.status == RunStatus.RUNNING and switched_to(job, "user-sessions")
 
-    # A compatible one (a field added to the state's value) keeps every total.
-    upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2"}))
+    # Upgrade to a compatible version (a field added to the state's value) while events arrive: every total kept.
+    page.select_option("select[name=pipeline]", "user-sessions-v2")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Upgrade", exact=True).click()
+    wait_for(lambda: switched_to(job, "user-sessions-v2"), 300, 1, "the switch to version 2")
+    sent += send(redis, stream_name, 200, seed=2)
+    upgrade = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE).latest("id"))
     assert upgrade.status == ActionStatus.SUCCEEDED, upgrade.outcome
     assert [v["verdict"] for v in upgrade.params["plan"]["verdicts"]] == [EVOLVES]
-    sent += send(redis, stream_name, 200, seed=2)
     wait_for(lambda: caught_up(job, sent), 180, 1, "version 2 to count every event")
-    rows = ResultRow.objects.filter(job=job, kind="totals", value__has_key="largest")
-    assert rows.exists(), "version 2 writes the new field"
-    job.refresh_from_db()
-    deploys = list(job.deploys.order_by("id"))
-    assert [d.pipeline for d in deploys] == ["user-sessions", "user-sessions-v2"]
-    assert deploys[1].upgrade_id == upgrade.id and deploys[1].operator_id is None
+    assert ResultRow.objects.filter(job=job, kind="totals", value__has_key="largest").exists(), "the new field"
+    history = list(job.deploys.order_by("id"))
+    assert [d.pipeline for d in history] == ["user-sessions", "user-sessions-v2"]
+    assert history[1].upgrade_id == upgrade.id
     way_back = job.savepoints.get(id=upgrade.params["savepoint"])
-    assert way_back.deploy_id == deploys[0].id, "the savepoint says which code wrote it"
+    assert way_back.deploy_id == history[0].id, "the savepoint says which code wrote it"
+    page.goto(deploys)
+    assert page.locator(f"#deploy-{history[1].id}").count() == 1 and "evolves" in page.content()
+    page.screenshot(path=str(tmp_path / "upgraded.png"), full_page=True)
 
-    # Rolled back on request: version 1 from the savepoint, which replays what version 2 read.
-    back = finished(action_request(job=job, kind=ActionKind.UPGRADE_ROLLBACK, params={"upgrade": upgrade.id}))
+    # Roll the upgrade back: version 1 from the savepoint replays what version 2 read.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Roll back the upgrade").click()
+    back = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE_ROLLBACK).latest("id"))
     assert back.status == ActionStatus.SUCCEEDED, back.outcome
-    assert Job.objects.get(id=job.id).pipeline == "user-sessions"
-    sent += send(redis, stream_name, 100, seed=3)
-    wait_for(lambda: caught_up(job, sent), 180, 1, "version 1 to count every event after the rollback")
+    assert switched_to(job, "user-sessions")
+    page.goto(deploys)
+    assert page.get_by_role("button", name="Roll back the upgrade").count() == 0, "nothing left to roll back"
 
     # A version that fails its first batch after the switch rolls back by itself, and says why.
     failing = action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2-broken"})
-    wait_for(lambda: Job.objects.get(id=job.id).pipeline == "user-sessions-v2-broken", 300, 1, "the switch")
+    wait_for(lambda: switched_to(job, "user-sessions-v2-broken"), 300, 1, "the switch to the broken version")
     sent += send(redis, stream_name, 20, seed=4, users=["boom", "u1"])
     failing = finished(failing)
     assert failing.status == ActionStatus.FAILED
     assert "rolled back by itself" in failing.outcome and "a bug in version 2" in failing.outcome, failing.outcome
-    assert Job.objects.get(id=job.id).pipeline == "user-sessions"
+    assert switched_to(job, "user-sessions")
     wait_for(lambda: caught_up(job, sent), 180, 1, "version 1 to count every event after the automatic rollback")
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
