@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from dashboard import pipelines
 from dashboard.access import login_lockout
-from dashboard.models import Job, StateBackend
+from dashboard.models import Job, SourceKind, StateBackend
 from dashboard.services.audit import audit_record, client_address
 from dashboard.services.rescale import MEMORY_REPARTITION
 
@@ -16,6 +19,8 @@ FROZEN = {
     "state_partitions": "the number of state partitions is frozen in the checkpoint at the first batch",
     "state_backend": "the state store provider is frozen in the checkpoint at the first batch",
     "name": "the name locates the checkpoint directory",
+    "source_kind": "the source's offsets are recorded in the checkpoint in its own form",
+    "source_path": "Spark's file source keeps the files it has read, by path, in the checkpoint",
 }
 
 
@@ -31,7 +36,10 @@ class JobForm(forms.ModelForm):
         fields = [
             "name",
             "pipeline",
+            "source_kind",
             "source_stream",
+            "source_path",
+            "source_format",
             "state_backend",
             "trigger_interval_seconds",
             "state_partitions",
@@ -47,22 +55,63 @@ class JobForm(forms.ModelForm):
             "autoscale_max_per_day",
             "autoscale_window_minutes",
         ]
-        labels = {"trigger_interval_seconds": "Trigger interval (seconds)"}
+        labels = {
+            "trigger_interval_seconds": "Trigger interval (seconds)",
+            "source_kind": "Source",
+            "source_stream": "Redis stream",
+            "source_path": "Directory (file source)",
+            "source_format": "File format",
+        }
 
     # settings with a default that a form (or a script posting one) may leave out: the job's value, or the default
-    OPTIONAL = ("max_future_seconds", "dead_letter_max_entries", "dead_letter_max_age_hours")
+    OPTIONAL = ("max_future_seconds", "dead_letter_max_entries", "dead_letter_max_age_hours", "source_kind",
+                "source_format")  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in self.OPTIONAL:
             self.fields[name].required = False
+        self.fields["source_stream"].required = False
+
+    def _clean_source(self, data: dict[str, Any], pipeline: Any) -> None:
+        """A Redis stream needs its key; a file source a directory under an allowed root, in a format the pipeline's
+        payload can take. A file source's dead letters go to Redis under ``files:<job name>``."""
+        if data.get("source_kind") != SourceKind.FILES:
+            if not data.get("source_stream") and "source_stream" not in self.errors:
+                self.add_error("source_stream", "Name the Redis stream the job reads.")
+            return
+        if not data.get("source_stream"):
+            data["source_stream"] = f"files:{data.get('name') or self.instance.name}"
+        raw = str(data.get("source_path") or "").strip()
+        if not raw or not os.path.isabs(raw):
+            self.add_error("source_path", "Give the absolute path of the directory Spark reads new files from.")
+            return
+        path = Path(raw).resolve()
+        roots = settings.FILE_SOURCE_ROOTS
+        if not any(path == root or root in path.parents for root in roots):
+            self.add_error(
+                "source_path",
+                f"File sources are read only under {', '.join(map(str, roots))} (STATEKEEPER_FILE_SOURCE_ROOTS).",
+            )
+        elif not path.is_dir():
+            self.add_error(
+                "source_path", f"{path} is not a directory (create it first; files are read as they arrive)."
+            )
+        data["source_path"] = str(path)
+        if pipeline is not None and pipeline.payload.kind != "json":
+            self.add_error(
+                "source_kind",
+                f"{pipeline.name} parses its events as {pipeline.payload.kind}; a file source gives rows of named "
+                "fields: choose a Redis stream, or a pipeline with a JSON payload.",
+            )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         for name in self.OPTIONAL:
-            if data.get(name) is None and name not in self.errors:
+            if data.get(name) in (None, "") and name not in self.errors:
                 data[name] = getattr(self.instance, name)
         pipeline = pipelines.find(data.get("pipeline") or "")
+        self._clean_source(data, pipeline)
         if (
             pipeline is not None
             and getattr(pipeline, "needs_rocksdb", False)
@@ -74,7 +123,8 @@ class JobForm(forms.ModelForm):
             )
         if self.instance.pk and self.instance.has_state():
             for field, reason in FROZEN.items():
-                if field in self.changed_data:
+                left_out = field in self.OPTIONAL and field not in self.data  # it keeps the job's value
+                if field in self.changed_data and not left_out:
                     self.add_error(
                         field,
                         f"Cannot change this on a job that has state: {reason}. Changing it needs a savepoint-based "

@@ -32,10 +32,30 @@ class RestartStrategy(models.TextChoices):
     EXPONENTIAL = "exponential", "Exponential back-off"
 
 
+class SourceKind(models.TextChoices):
+    REDIS = "redis-stream", "Redis stream"
+    FILES = "files", "Directory of files (Spark's file source)"
+
+
+class FileFormat(models.TextChoices):
+    JSON = "json", "JSON lines"
+    CSV = "csv", "CSV with a header line"
+    PARQUET = "parquet", "Parquet"
+
+
 class Job(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[JOB_NAME])
     pipeline = models.CharField(max_length=40, help_text="the name of a registered pipeline (dashboard/pipelines.py)")
-    source_stream = models.CharField(max_length=200, validators=[STREAM_NAME], help_text="Redis stream key")
+    source_kind = models.CharField(max_length=20, choices=SourceKind.choices, default=SourceKind.REDIS)
+    source_stream = models.CharField(
+        max_length=200,
+        validators=[STREAM_NAME],
+        help_text="Redis stream key (for a file source: the prefix of its dead-letter keys)",
+    )
+    source_path = models.CharField(
+        max_length=500, blank=True, help_text="for a file source: the directory Spark reads new files from"
+    )
+    source_format = models.CharField(max_length=10, choices=FileFormat.choices, default=FileFormat.JSON)
     state_backend = models.CharField(max_length=24, choices=StateBackend.choices, default=StateBackend.MEMORY)
     trigger_interval_seconds = models.FloatField(
         default=2.0, validators=[MinValueValidator(0.1), MaxValueValidator(3600)]
@@ -147,6 +167,15 @@ class Job(models.Model):
     def skip_list(self) -> str:
         """Entry ranges an operator chose to skip: the source sends them to the dead letter instead of the batch."""
         return f"{self.dead_letter_stream}:skip"
+
+    @property
+    def reads_files(self) -> bool:
+        return self.source_kind == SourceKind.FILES
+
+    @property
+    def lag_unit(self) -> str:
+        """What the job's lag counts: stream entries, or files not yet read."""
+        return "files" if self.reads_files else "records"
 
     def has_state(self) -> bool:
         """True once a batch has been committed to the checkpoint: from then on Spark has frozen its settings."""
@@ -330,6 +359,7 @@ class ActionKind(models.TextChoices):
     SKIP_ENTRIES = "skip-entries", "Skip a failing batch's entries"
     REDRIVE_DEAD_LETTERS = "redrive-dead-letters", "Re-drive dead letters"
     UPGRADE_PREVIEW = "upgrade-preview", "Preview an upgrade"
+    UPGRADE_SHADOW = "upgrade-shadow", "Shadow run of an upgrade"
     UPGRADE = "upgrade", "Upgrade"
     UPGRADE_ROLLBACK = "upgrade-rollback", "Roll back an upgrade"
 
@@ -493,6 +523,7 @@ class SourceLag(models.Model):
     committed_n = models.BigIntegerField(help_text="the job's committed offset, in the same count")
     lag_records = models.BigIntegerField()
     lag_seconds = models.FloatField(null=True, blank=True, help_text="age of the oldest entry not yet read")
+    lag_bytes = models.BigIntegerField(null=True, blank=True, help_text="for a file source: bytes not yet read")
 
     class Meta:
         ordering = ["job", "sampled_at"]

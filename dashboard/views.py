@@ -46,7 +46,7 @@ from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
-from dashboard.services.upgrades import upgrade_refusal
+from dashboard.services.upgrades import SHADOW_RECORDS, upgrade_refusal
 
 
 @login_required
@@ -171,14 +171,25 @@ def job_deploys(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 @requires(OPERATOR)
 def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
-    """Preview (``step=preview``) or upgrade to the chosen pipeline; refused at once when it cannot even be tried."""
+    """Preview (``step=preview``), shadow-run (``step=shadow``) or upgrade to the chosen pipeline; refused at once
+    when it cannot even be tried."""
     job = get_object_or_404(Job, name=name)
     target = request.POST.get("pipeline", "")[:100]
-    kind = ActionKind.UPGRADE if request.POST.get("step") == "upgrade" else ActionKind.UPGRADE_PREVIEW
+    steps = {"upgrade": ActionKind.UPGRADE, "shadow": ActionKind.UPGRADE_SHADOW}
+    kind = steps.get(request.POST.get("step", ""), ActionKind.UPGRADE_PREVIEW)
+    params: dict[str, Any] = {"pipeline": target}
+    if kind == ActionKind.UPGRADE_SHADOW:
+        try:
+            params["records"] = int(request.POST.get("records") or SHADOW_RECORDS)
+        except ValueError:
+            params["records"] = 0
+        if not 1 <= params["records"] <= 100_000:
+            messages.error(request, "A shadow run reads 1 to 100,000 records.")
+            return redirect("dashboard:job_deploys", name=job.name)
     if refusal := upgrade_refusal(job, target):
         messages.error(request, refusal)
         return redirect("dashboard:job_deploys", name=job.name)
-    return _request_to(request, job, kind, {"pipeline": target}, "dashboard:job_deploys")
+    return _request_to(request, job, kind, params, "dashboard:job_deploys")
 
 
 @require_POST

@@ -156,6 +156,12 @@ PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
 # Every committed batch is also pushed here for the browsers; its entry ids are the server-sent events' ids.
 LIVE_STREAM = env_str("STATEKEEPER_LIVE_STREAM", "statekeeper:live")
 # Every action off, whatever the role (a console for watching only, or a freeze during an incident review).
+# Where file sources may read from (comma-separated directories): a job reads a directory under one of them.
+FILE_SOURCE_ROOTS = [
+    Path(p.strip()).resolve()
+    for p in env_str("STATEKEEPER_FILE_SOURCE_ROOTS", str(BASE_DIR / "var" / "inbox")).split(",")
+    if p.strip()
+]
 READ_ONLY = env_str("STATEKEEPER_READ_ONLY", "") in ("1", "true", "yes")
 # Failed logins: after LOGIN_FAILURES_ALLOWED failures for a user name or from an address within LOGIN_LOCKOUT_SECONDS,
 # further attempts are refused until that window has passed.

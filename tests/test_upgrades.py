@@ -127,6 +127,28 @@ def test_an_operator_previews_upgrades_and_rolls_back_in_the_browser_and_a_faile
     first.refresh_from_db()
     assert first.status == RunStatus.RUNNING and switched_to(job, "user-sessions")
 
+    # A shadow run: version 2 and version 1 from the newest savepoint over the same 200 records, beside the live job.
+    assert finished(action_request(job=job, kind=ActionKind.SAVEPOINT)).status == ActionStatus.SUCCEEDED
+    shadow_users = ["u1", "u2", "u3"]
+    sent += send(redis, stream_name, 200, seed=5, users=shadow_users)
+    wait_for(lambda: caught_up(job, sent), 120, 1, "version 1 to count the shadow run's input")
+    page.goto(deploys)
+    page.select_option("select[name=pipeline]", "user-sessions-v2")
+    page.fill("input[name=records]", "200")
+    page.get_by_role("button", name="Shadow run").click()
+    shadow = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE_SHADOW).latest("id"))
+    assert shadow.status == ActionStatus.SUCCEEDED, shadow.outcome
+    page.goto(deploys)
+    # each user's row gains "largest" and keeps every other figure; nothing appears or disappears
+    assert page.locator("[data-shadow]").get_attribute("data-shadow") == "0/0/3"
+    changed = shadow.params["shadow"]["rows"]["changed"]
+    assert sorted(row["key"] for row in changed) == shadow_users
+    for row in changed:
+        assert {k: v for k, v in row["after"].items() if k != "largest"} == row["before"]
+    page.screenshot(path=str(tmp_path / "shadow.png"), full_page=True)
+    first.refresh_from_db()
+    assert first.status == RunStatus.RUNNING, "the live job ran through the shadow run"
+
     # Upgrade to a compatible version (a field added to the state's value) while events arrive: every total kept.
     page.select_option("select[name=pipeline]", "user-sessions-v2")
     page.once("dialog", lambda dialog: dialog.accept())
@@ -168,3 +190,15 @@ def test_an_operator_previews_upgrades_and_rolls_back_in_the_browser_and_a_faile
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
     assert events_counted(job) == sent, "every event counted exactly once across every switch"
+
+
+@pytest.mark.django_db
+def test_a_new_version_whose_driver_is_lost_or_never_runs_counts_as_failed(make_job):
+    from dashboard.models import Run
+    from dashboard.services.upgrades import _watch
+
+    job = make_job(pipeline="user-sessions", state_backend="rocksdb")
+    lost = Run.objects.create(job=job, status=RunStatus.LOST, message="The driver process exited without reporting.")
+    assert _watch(Action(job=job), lost, 3, 5) == "The driver process exited without reporting."
+    pending = Run.objects.create(job=job, status=RunStatus.PENDING)
+    assert _watch(Action(job=job), pending, 3, 1) == f"run #{pending.id} was still pending after 1 s"

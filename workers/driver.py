@@ -119,6 +119,9 @@ class JobDriver:
             dead_letter=job.dead_letter_stream,
             skip_list=job.skip_list,
             max_future_seconds=job.max_future_seconds,
+            source_kind=job.source_kind,
+            source_path=job.source_path,
+            source_format=job.source_format,
         )
 
     def execute(self) -> str:

@@ -191,6 +191,9 @@ def schema() -> dict[str, Any]:
         "/api/v1/jobs/{name}/upgrade-preview": _write(
             "upgrade-preview", "Check another pipeline against the job's state, on a scratch copy", "action"
         ),
+        "/api/v1/jobs/{name}/upgrade-shadow": _write(
+            "upgrade-shadow", "Run another pipeline beside the job from a savepoint and diff its results", "action"
+        ),
         "/api/v1/jobs/{name}/upgrade": _write(
             "upgrade", "Move the job to another pipeline with its state (refused when incompatible)", "action"
         ),

@@ -20,6 +20,7 @@ urlpatterns = [
     path("v1/jobs/<str:name>/rollback", views.rollback, name="rollback"),
     path("v1/jobs/<str:name>/rescale", views.rescale, name="rescale"),
     path("v1/jobs/<str:name>/upgrade-preview", views.upgrade_preview, name="upgrade_preview"),
+    path("v1/jobs/<str:name>/upgrade-shadow", views.upgrade_shadow, name="upgrade_shadow"),
     path("v1/jobs/<str:name>/upgrade", views.upgrade, name="upgrade"),
     path("v1/jobs/<str:name>/upgrade-rollback", views.upgrade_rollback, name="upgrade_rollback"),
 ]

@@ -236,6 +236,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     ActionKind.RESCALE: {"parallelism": (int, 1, 64, False), "state_partitions": (int, 1, 1024, False)},
     # a string's bounds are its length
     ActionKind.UPGRADE_PREVIEW: {"pipeline": (str, 1, 40, True)},
+    ActionKind.UPGRADE_SHADOW: {"pipeline": (str, 1, 40, True), "records": (int, 1, 100_000, False)},
     ActionKind.UPGRADE: {"pipeline": (str, 1, 40, True)},
     ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
 }
@@ -358,4 +359,5 @@ rollback = _writer(ActionKind.ROLLBACK)
 rescale = _writer(ActionKind.RESCALE)
 upgrade_preview = _writer(ActionKind.UPGRADE_PREVIEW)
 upgrade = _writer(ActionKind.UPGRADE)
+upgrade_shadow = _writer(ActionKind.UPGRADE_SHADOW)
 upgrade_rollback = _writer(ActionKind.UPGRADE_ROLLBACK)

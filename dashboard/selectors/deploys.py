@@ -24,14 +24,16 @@ def deploy_history(job: Job) -> list[Deploy]:
 class UpgradeView:
     targets: list[tuple[str, str]]  # (name, title) of every other registered pipeline
     plan: Action | None  # the newest preview or upgrade with a plan
+    shadow: Action | None  # the newest shadow run that finished with a diff
     rollback: Action | None  # the latest succeeded upgrade, while the job still runs its target
     history: list[Action]
 
 
 def upgrade_view(job: Job) -> UpgradeView:
-    kinds = [ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE, ActionKind.UPGRADE_ROLLBACK]
+    kinds = [ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW, ActionKind.UPGRADE, ActionKind.UPGRADE_ROLLBACK]
     history = list(job.actions.filter(kind__in=kinds).select_related("requested_by").order_by("-id")[:20])
-    plan = next((a for a in history if a.kind != ActionKind.UPGRADE_ROLLBACK and a.params.get("plan")), None)
+    plan = next((a for a in history if a.params.get("plan")), None)
+    shadow = next((a for a in history if a.params.get("shadow")), None)
     latest = next((a for a in history if a.kind == ActionKind.UPGRADE and a.status == ActionStatus.SUCCEEDED), None)
     rolled_back = latest is not None and any(
         a.kind == ActionKind.UPGRADE_ROLLBACK and a.status == ActionStatus.SUCCEEDED and a.id > latest.id
@@ -40,4 +42,4 @@ def upgrade_view(job: Job) -> UpgradeView:
     rollback = latest if latest and not rolled_back and latest.params.get("pipeline") == job.pipeline else None
     registry: dict[str, Any] = pipelines.registry().pipelines
     targets = [(name, p.title) for name, p in registry.items() if name != job.pipeline]
-    return UpgradeView(targets, plan, rollback, history)
+    return UpgradeView(targets, plan, shadow, rollback, history)

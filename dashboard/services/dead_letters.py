@@ -58,6 +58,11 @@ def redrive_action(action: Action) -> str:
     """Re-drive the chosen dead letters (params "ids"), or all of them ("all"), into the job's source stream.
     Results the sink refused are not events and stay."""
     job = action.job
+    if job.reads_files:
+        raise ActionFailed(
+            f"{job.name} reads files: its dead letters cannot be re-driven into {job.source_path}. Export them, fix "
+            "the rows, and drop them into the directory as a new file; nothing was moved."
+        )
     client = redis_client(timeout=30)
     if action.params.get("all"):
         ids = [i.decode() for i, _ in client.xrange(job.dead_letter_stream)]

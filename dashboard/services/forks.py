@@ -48,8 +48,10 @@ class Preview:
 
 
 def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at: datetime | None) -> Preview:
-    numbers = stream_head(job.source_stream)
     result = Preview(batch_id, committed_at, offset, None, None)
+    if job.reads_files:  # Spark's file source re-reads the files after the batch; they stay in the directory
+        return result
+    numbers = stream_head(job.source_stream)
     if numbers is None or not isinstance(offset, dict) or "n" not in offset:
         result.refusal = "" if numbers is not None else "Redis cannot be reached: the replay cannot be checked now."
         return result

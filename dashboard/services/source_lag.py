@@ -8,12 +8,14 @@ import contextlib
 import json
 import logging
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.utils import timezone
 
+from dashboard.checkpoint_dir.file_source import file_backlog
 from dashboard.connections import redis_client
 from dashboard.models import Job, SourceLag
 
@@ -29,9 +31,14 @@ def committed(job: Job) -> dict[str, Any]:
 def source_lag_sample(now: datetime | None = None) -> int:
     """Sample every job's source; two Redis round trips and one insert whatever the number of jobs."""
     now = now or timezone.now()
-    jobs = list(Job.objects.select_related("latest_checkpoint"))
+    every = list(Job.objects.select_related("latest_checkpoint"))
+    jobs = [job for job in every if not job.reads_files]
+    file_samples = [_file_sample(job, now) for job in every if job.reads_files]
+    if file_samples:
+        SourceLag.objects.bulk_create(file_samples)
+        _push(file_samples, now)
     if not jobs:
-        return 0
+        return len(file_samples)
     client = redis_client(timeout=5)
     offsets = [committed(job) for job in jobs]
     pipe = client.pipeline(transaction=False)
@@ -43,7 +50,7 @@ def source_lag_sample(now: datetime | None = None) -> int:
     except redis.RedisError as exc:
         log.warning("source lag not sampled: %s", exc)
         return 0
-    samples, pushed = [], client.pipeline(transaction=False)
+    samples = []
     for i, (job, offset) in enumerate(zip(jobs, offsets, strict=True)):
         info, first = replies[2 * i], replies[2 * i + 1]
         if isinstance(info, Exception):
@@ -61,11 +68,30 @@ def source_lag_sample(now: datetime | None = None) -> int:
             lag_seconds=oldest if lag else 0.0,
         )  # fmt: skip
         samples.append(sample)
-        body = {"job": job.id, "source": {"t": now.isoformat(), "lag": lag, "age": sample.lag_seconds}}
-        pushed.xadd(settings.LIVE_STREAM, {"data": json.dumps(body)}, maxlen=50_000, approximate=True)
     SourceLag.objects.bulk_create(samples)
-    with contextlib.suppress(redis.RedisError):  # the page reads the samples from the database on its next load
-        pushed.execute()
+    _push(samples, now)
     if now.second < 5:  # about once a minute: samples older than the raw checkpoints' retention go
         SourceLag.objects.filter(sampled_at__lt=now - timedelta(hours=settings.CHECKPOINT_RAW_RETENTION_HOURS)).delete()
-    return len(samples)
+    return len(samples) + len(file_samples)
+
+
+def _file_sample(job: Job, now: datetime) -> SourceLag:
+    """A file source's backlog: files in its directory that no batch has taken yet, and their bytes."""
+    backlog = file_backlog(Path(job.source_path), job.checkpoint_location)
+    oldest = backlog.oldest_unread_mtime
+    return SourceLag(
+        job=job, sampled_at=now, source_n=backlog.files, committed_n=backlog.read, lag_records=backlog.unread,
+        lag_seconds=max(0.0, round(now.timestamp() - oldest, 1)) if oldest is not None else 0.0,
+        lag_bytes=backlog.unread_bytes,
+    )  # fmt: skip
+
+
+def _push(samples: list[SourceLag], now: datetime) -> None:
+    """The samples to the live stream; the page reads them from the database on its next load if Redis is down."""
+    with contextlib.suppress(redis.RedisError):
+        pushed = redis_client(timeout=5).pipeline(transaction=False)
+        for sample in samples:
+            body = {"job": sample.job_id, "source": {"t": now.isoformat(), "lag": sample.lag_records,
+                                                     "age": sample.lag_seconds}}  # fmt: skip
+            pushed.xadd(settings.LIVE_STREAM, {"data": json.dumps(body)}, maxlen=50_000, approximate=True)
+        pushed.execute()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -66,6 +67,12 @@ def offset_id(value: object) -> str:
     if isinstance(value, dict):
         return f"{value.get('id', '?')} (#{value.get('n', '?')})"
     return "–" if value is None else str(value)
+
+
+@register.filter
+def compact_json(value: object) -> str:
+    """A result value as one line of JSON; "–" for none."""
+    return "–" if value is None else json.dumps(value, separators=(", ", ": "), sort_keys=True, default=str)
 
 
 @register.filter

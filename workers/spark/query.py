@@ -1,4 +1,4 @@
-"""Builds a job's streaming query: Redis stream -> pipeline transform -> a foreachBatch sink. No Django here."""
+"""Builds a job's streaming query: Redis stream or files -> pipeline transform -> a foreachBatch sink. No Django here."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from workers.spark.pipelines.base import Pipeline
 from workers.spark.session import backend_conf
+from workers.spark.sources.files import file_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
 
 
@@ -32,6 +33,11 @@ class JobSpec:
     dead_letter: str
     skip_list: str = ""
     max_future_seconds: float = 300
+    ending_offset: str = ""  # JSON {"id", "n"}: read up to there, then stop (with ``available_now``)
+    available_now: bool = False
+    source_kind: str = "redis-stream"  # or "files": Spark's file source on ``source_path``
+    source_path: str = ""
+    source_format: str = "json"
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -42,6 +48,11 @@ class JobSpec:
 
 
 def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> DataFrame:
+    if spec.source_kind == "files":
+        return file_events(
+            spark, spec.source_path, spec.source_format, pipeline.payload, spec.dead_letter, spec.redis_url,
+            spec.max_future_seconds,
+        )  # fmt: skip
     spark.dataSource.register(RedisStreamDataSource)
     return (
         spark.readStream.format(FORMAT_NAME)
@@ -53,6 +64,7 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
         .option("maxRecordsPerBatch", str(spec.max_records))
         .option("readPartitions", str(max(1, spec.parallelism)))
         .option("format", pipeline.payload.to_option())
+        .option("endingOffset", spec.ending_offset)
         .load()
     )
 
@@ -63,11 +75,12 @@ def start_query(
     for key, value in {**spec.session_conf(), **pipeline.conf}.items():
         spark.conf.set(key, value)
     output = pipeline.transform(events_frame(spark, spec, pipeline))
-    return (
+    writer = (
         output.writeStream.queryName(spec.name)
         .outputMode(pipeline.output_mode)
         .foreachBatch(sink)
         .option("checkpointLocation", spec.checkpoint)
-        .trigger(processingTime=f"{spec.trigger_seconds} seconds")
-        .start()
     )
+    if spec.available_now:
+        return writer.trigger(availableNow=True).start()
+    return writer.trigger(processingTime=f"{spec.trigger_seconds} seconds").start()

@@ -6,6 +6,9 @@
     python -m workers.spark.state_tool inspect PATH BATCH SPEC  -> JSON: variables, a page of keys, a lookup, or a diff
     python -m workers.spark.state_tool plan PATH BATCH SPEC     -> JSON: the state schemas before and after another
                                                                    pipeline re-ran the batch on this (scratch) copy
+    python -m workers.spark.state_tool shadow PATH BATCH SPEC   -> JSON: the results two pipelines produce from the
+                                                                   same savepoint copies (PATH/old, PATH/new) over the
+                                                                   same input range, and how they differ
 
 Workers call it as a subprocess, so no Celery worker ever hosts a JVM. Exit 0 with JSON on the last line of stdout,
 or exit 2 with {"error": ...}.
@@ -165,8 +168,7 @@ def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, A
     restart would, and writes the state schemas it would use from now on. Returns both sets of schemas."""
     root = Path(path)
     before = operator_schemas(spark, path, batch)
-    module, _, attribute = spec["reference"].partition(":")
-    pipeline = getattr(importlib.import_module(module), attribute)
+    pipeline = _load_pipeline(spec["reference"])
     # The batch is planned again, not committed; its operator metadata (which names the state schema files) is
     # written again by the new code.
     for folder in [root / "commits", *root.glob("state/*/_metadata/v2")]:
@@ -177,7 +179,8 @@ def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, A
         redis_url=spec["redis_url"], backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"],
         parallelism=1, checkpoint=path, batches_retained=1000, max_records=spec["max_records"],
         dead_letter=spec["dead_letter"], skip_list=spec.get("skip_list", ""),
-        max_future_seconds=spec.get("max_future_seconds", 300),
+        max_future_seconds=spec.get("max_future_seconds", 300), source_kind=spec.get("source_kind", "redis-stream"),
+        source_path=spec.get("source_path", ""), source_format=spec.get("source_format", "json"),
     )  # fmt: skip
     rows: list[int] = []
 
@@ -207,6 +210,72 @@ def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, A
     return result
 
 
+def _load_pipeline(reference: str) -> Any:
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _results_over_range(spark: Any, path: Path, spec: dict[str, Any], reference: str) -> dict[str, Any]:
+    """Run the pipeline on the checkpoint copy at ``path`` up to the spec's ending offset (Trigger.AvailableNow), and
+    keep its results as the sink would: upserted on (kind, key)."""
+    pipeline = _load_pipeline(reference)
+    job = JobSpec(
+        job_id=0, name=f"shadow-{path.name}-{int(time.time())}", pipeline=pipeline.name, stream=spec["stream"],
+        redis_url=spec["redis_url"], backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"],
+        parallelism=1, checkpoint=str(path), batches_retained=1000, max_records=spec["max_records"],
+        dead_letter=spec["dead_letter"], skip_list=spec.get("skip_list", ""),
+        max_future_seconds=spec.get("max_future_seconds", 300), source_kind=spec.get("source_kind", "redis-stream"),
+        source_path=spec.get("source_path", ""), source_format=spec.get("source_format", "json"), ending_offset=json.dumps(spec["ending"]),
+        available_now=True,
+    )  # fmt: skip
+    rows: dict[str, Any] = {}
+    batches: list[int] = []
+
+    def keep(frame: DataFrame, batch_id: int) -> None:
+        for kind, key, value in pipeline.results(frame.collect()):
+            rows[json.dumps([kind, key])] = value
+        batches.append(batch_id)
+
+    query = start_query(spark, job, pipeline, keep)
+    if not query.awaitTermination(int(spec.get("timeout", 600))):
+        query.stop()
+        raise TimeoutError(f"{pipeline.name} did not read the range within {spec.get('timeout', 600)} s")
+    if failure := query.exception():
+        raise RuntimeError(f"{pipeline.name} failed on the range: {describe(failure)}")
+    return {"rows": rows, "batches": batches}
+
+
+def shadow(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """The new pipeline and the current one, each from its own copy of the same savepoint, over the same input: the
+    result rows the new one would add, remove or change. Beside the live job, so its timing is not a difference."""
+    root = Path(path)
+    old = _results_over_range(spark, root / "old", spec, spec["old_reference"])
+    new = _results_over_range(spark, root / "new", spec, spec["new_reference"])
+    before, after = old["rows"], new["rows"]
+    limit = int(spec.get("limit", 50))
+    changes: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}
+    counts = dict.fromkeys(changes, 0)
+    for name in sorted(before.keys() | after.keys()):
+        kind, key = json.loads(name)
+        if name not in before:
+            change, row = "added", {"kind": kind, "key": key, "after": after[name]}
+        elif name not in after:
+            change, row = "removed", {"kind": kind, "key": key, "before": before[name]}
+        elif before[name] != after[name]:
+            change, row = "changed", {"kind": kind, "key": key, "before": before[name], "after": after[name]}
+        else:
+            continue
+        counts[change] += 1
+        if len(changes[change]) < limit:
+            changes[change].append(row)
+    return {
+        "counts": counts,
+        "rows": changes,
+        "same": sum(1 for name in before.keys() & after.keys() if before[name] == after[name]),
+        "batches": {"old": len(old["batches"]), "new": len(new["batches"])},
+    }
+
+
 def describe(exc: Exception) -> str:
     """The message an operator can act on: for a JVM error, the Java exception, not Py4J's wrapper."""
     java = getattr(exc, "java_exception", None)
@@ -232,6 +301,8 @@ def main(argv: list[str]) -> int:
             result = {"batch": number, **inspect(spark, path, number, spec)}
         elif command == "plan":
             result = {"batch": number, **plan(spark, path, number, spec)}
+        elif command == "shadow":
+            result = {"batch": number, **shadow(spark, path, number, spec)}
         elif command == "repartition":
             spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
             result = {"repartitioned": number}

@@ -181,6 +181,8 @@ class RedisStreamReader(DataSourceStreamReader):
         self.max_records = int(options.get("maxrecordsperbatch", "0"))
         self.read_partitions = max(1, int(options.get("readpartitions", "2")))
         self.starting = options.get("startingposition", "earliest")
+        # {"id", "n"}: read no further (an upgrade's shadow run reads a fixed range beside the live job)
+        self.ending = json.loads(options["endingoffset"]) if options.get("endingoffset") else None
         self.format_option = options["format"]
         self.limits = Limits(
             max_string_chars=int(options.get("maxstringchars", MAX_STRING_CHARS)),
@@ -199,6 +201,8 @@ class RedisStreamReader(DataSourceStreamReader):
         client = _connect(self.url)
         latest = stream_position(client, self.stream)
         self._latest = latest
+        if self.ending is not None and parse_id(latest["id"]) > parse_id(self.ending["id"]):
+            latest = self.ending
         if isinstance(limit, ReadMaxRows) and latest["n"] - start["n"] > limit.max_rows:
             # Only a backlog larger than the limit needs the id of the limit-th entry, which only a read can tell.
             entries = client.xrange(self.stream, min=f"({start['id']}", count=limit.max_rows)

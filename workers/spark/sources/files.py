@@ -1,0 +1,111 @@
+"""Spark's file source: a directory of JSON-lines, CSV or Parquet files, read as new files arrive.
+
+Every row goes through the same checks as a Redis stream entry (``parse_entries``: size, UTF-8, JSON, required
+fields, numbers, text bounds, event time against the arrival), as the JSON text of its row: a row that fails is
+written to the job's dead-letter stream with the reason and never reaches the pipeline. A row's entry id is
+``<file modification ms>-<sequence>``, so pipelines that order by entry id order by file arrival, and a replayed batch
+gives the same ids (its dead letters are written once).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from workers.spark.sources.redis_streams import Limits, PayloadFormat, Rejected, dead_letter, parse_entries
+
+FORMATS = ("json", "csv", "parquet")
+MAX_FILES_PER_TRIGGER = 100
+CORRUPT = "_corrupt_record"
+SPARK_TYPES = {"string": "string", "long": "bigint", "double": "double"}
+CSV_MARK = "\x00csv:"  # before the text of a CSV line that did not parse (a NUL never starts JSON)
+
+
+def unsupported(payload: PayloadFormat, file_format: str) -> str:
+    """Why a pipeline with this payload cannot read files of this format; empty when it can."""
+    if file_format not in FORMATS:
+        return f"a file source reads {', '.join(FORMATS)}, not {file_format!r}"
+    if payload.kind != "json":
+        return f"its payload is parsed as {payload.kind}, and a file source gives rows of named fields (JSON's shape)"
+    return ""
+
+
+def _entry_ids(
+    paths: list[str], starts: list[int], mtimes: list[int], counters: dict[tuple[str, int], int]
+) -> list[bytes]:
+    """<file modification ms>-<24-bit hash of the file and its split><32-bit row in the split>: unique, and the
+    same when a batch is replayed (a split's rows come in order, in one partition)."""
+    ids = []
+    for path, start, mtime in zip(paths, starts, mtimes, strict=True):
+        row = counters.get((path, start), 0)
+        counters[(path, start)] = row + 1
+        split = zlib.crc32(f"{path}:{start}".encode()) & 0xFFFFFF
+        ids.append(f"{mtime}-{(split << 32) | row}".encode())
+    return ids
+
+
+def _rows(spark: SparkSession, path: str, file_format: str, payload: PayloadFormat) -> tuple[DataFrame, Column]:
+    """The files as rows, and each row's payload as text: the line for JSON; the row's JSON, or the raw text of a CSV
+    line that did not parse, otherwise."""
+    reader = spark.readStream.option("maxFilesPerTrigger", str(MAX_FILES_PER_TRIGGER))
+    if file_format == "json":
+        return reader.format("text").load(path), F.col("value")
+    columns = ", ".join(f"`{f.name}` {SPARK_TYPES[f.type]}" for f in payload.fields)
+    fields = F.to_json(F.struct(*[F.col(f"`{f.name}`") for f in payload.fields]))
+    if file_format == "csv":
+        frame = (
+            reader.format("csv").schema(f"{columns}, {CORRUPT} string").option("header", "true")
+            .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).load(path)
+        )  # fmt: skip
+        return frame, F.when(F.col(CORRUPT).isNotNull(), F.concat(F.lit(CSV_MARK), F.col(CORRUPT))).otherwise(fields)
+    return reader.format("parquet").schema(columns).load(path), fields
+
+
+def file_events(
+    spark: SparkSession, path: str, file_format: str, payload: PayloadFormat, dead_letters: str, redis_url: str,
+    max_future_seconds: float,
+) -> DataFrame:  # fmt: skip
+    """The directory as a stream of checked events with the payload's schema (``_id`` first), like the Redis
+    source's."""
+    if reason := unsupported(payload, file_format):
+        raise ValueError(f"This pipeline cannot read files: {reason}.")
+    rows, text = _rows(spark, path, file_format, payload)
+    entries = rows.select(
+        F.col("_metadata.file_path").alias("path"),
+        F.col("_metadata.file_block_start").alias("start"),
+        F.unix_millis(F.col("_metadata.file_modification_time")).alias("mtime"),
+        text.alias("v"),
+    )
+    option, limits = payload.to_option(), Limits(max_future_seconds=max_future_seconds)
+    mark, columns_named = CSV_MARK.encode(), ", ".join(f.name for f in payload.fields)
+
+    def check(batches: Iterator[Any]) -> Iterator[Any]:
+        import redis
+
+        fmt, client = PayloadFormat.from_option(option), None
+        counters: dict[tuple[str, int], int] = {}
+        for batch in batches:
+            columns = batch.to_pydict()
+            ids = _entry_ids(columns["path"], columns["start"], columns["mtime"], counters)
+            texts = [(t or "").encode("utf-8", "surrogatepass") for t in columns["v"]]
+            raw, dead = [], []
+            for entry, text in zip(ids, texts, strict=True):
+                if text.startswith(mark):
+                    dead.append(
+                        Rejected(entry.decode(), "parse", f"not a CSV row of {columns_named}", text[len(mark) :])
+                    )
+                else:
+                    raw.append((entry, [b"v", text]))
+            good, rejected = parse_entries(raw, fmt, limits)
+            dead += rejected
+            if dead:
+                client = client or redis.Redis.from_url(redis_url, socket_timeout=30)
+                dead_letter(client, dead_letters, dead)
+            if good.num_rows:
+                yield good
+
+    return entries.mapInArrow(check, payload.spark_schema())
