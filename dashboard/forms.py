@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
+import pyspark
 from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
@@ -14,6 +16,16 @@ from dashboard.access import login_lockout
 from dashboard.models import Job, SourceKind, StateBackend
 from dashboard.services.audit import audit_record, client_address
 from dashboard.services.rescale import MEMORY_REPARTITION
+
+KAFKA_SERVERS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}(,[A-Za-z0-9.\-\[\]:]+:\d{1,5})*$")
+
+
+def kafka_connector() -> bool:
+    """Whether Spark's Kafka source is on the class path: in pyspark's own jars, or in STATEKEEPER_SPARK_JARS."""
+    listed = [Path(p.strip()).name for p in os.environ.get("STATEKEEPER_SPARK_JARS", "").split(",") if p.strip()]
+    shipped = [p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")]
+    return any(name.startswith("spark-sql-kafka") for name in listed + shipped)
+
 
 FROZEN = {
     "state_partitions": "the number of state partitions is frozen in the checkpoint at the first batch",
@@ -76,6 +88,9 @@ class JobForm(forms.ModelForm):
     def _clean_source(self, data: dict[str, Any], pipeline: Any) -> None:
         """A Redis stream needs its key; a file source a directory under an allowed root, in a format the pipeline's
         payload can take. A file source's dead letters go to Redis under ``files:<job name>``."""
+        if data.get("source_kind") == SourceKind.KAFKA:
+            self._clean_kafka(data, pipeline)
+            return
         if data.get("source_kind") != SourceKind.FILES:
             if not data.get("source_stream") and "source_stream" not in self.errors:
                 self.add_error("source_stream", "Name the Redis stream the job reads.")
@@ -103,6 +118,27 @@ class JobForm(forms.ModelForm):
                 "source_kind",
                 f"{pipeline.name} parses its events as {pipeline.payload.kind}; a file source gives rows of named "
                 "fields: choose a Redis stream, or a pipeline with a JSON payload.",
+            )
+
+    def _clean_kafka(self, data: dict[str, Any], pipeline: Any) -> None:
+        """A topic, bootstrap servers, and Spark's Kafka connector on the class path: without it Spark cannot read
+        Kafka, and the job is refused here rather than failing at its first start."""
+        if not kafka_connector():
+            self.add_error(
+                "source_kind",
+                "Spark's Kafka connector is not on the class path: the pyspark wheel does not ship it. Put "
+                "spark-sql-kafka-0-10, spark-token-provider-kafka, kafka-clients and commons-pool2 jars matching "
+                "this Spark in STATEKEEPER_SPARK_JARS (comma-separated paths).",
+            )
+        if not data.get("source_stream") and "source_stream" not in self.errors:
+            self.add_error("source_stream", "Name the Kafka topic the job reads.")
+        servers = str(data.get("source_path") or "").strip()
+        if not KAFKA_SERVERS.match(servers):
+            self.add_error("source_path", "Give the bootstrap servers as host:port[,host:port...].")
+        if pipeline is not None and pipeline.payload.kind != "json":
+            self.add_error(
+                "source_kind",
+                f"{pipeline.name} parses its events as {pipeline.payload.kind}; Kafka values are read as JSON.",
             )
 
     def clean(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class RestartStrategy(models.TextChoices):
 class SourceKind(models.TextChoices):
     REDIS = "redis-stream", "Redis stream"
     FILES = "files", "Directory of files (Spark's file source)"
+    KAFKA = "kafka", "Kafka topic (needs Spark's Kafka connector jars)"
 
 
 class FileFormat(models.TextChoices):
@@ -50,10 +51,12 @@ class Job(models.Model):
     source_stream = models.CharField(
         max_length=200,
         validators=[STREAM_NAME],
-        help_text="Redis stream key (for a file source: the prefix of its dead-letter keys)",
+        help_text="Redis stream key, or Kafka topic (for a file source: the prefix of its dead-letter keys)",
     )
     source_path = models.CharField(
-        max_length=500, blank=True, help_text="for a file source: the directory Spark reads new files from"
+        max_length=500,
+        blank=True,
+        help_text="a file source's directory, or a Kafka source's bootstrap servers (host:port,...)",
     )
     source_format = models.CharField(max_length=10, choices=FileFormat.choices, default=FileFormat.JSON)
     state_backend = models.CharField(max_length=24, choices=StateBackend.choices, default=StateBackend.MEMORY)
@@ -171,6 +174,11 @@ class Job(models.Model):
     @property
     def reads_files(self) -> bool:
         return self.source_kind == SourceKind.FILES
+
+    @property
+    def reads_redis(self) -> bool:
+        """Whether the source is a Redis stream the console can read itself (sample lag, replay, re-drive)."""
+        return self.source_kind == SourceKind.REDIS
 
     @property
     def lag_unit(self) -> str:

@@ -43,15 +43,30 @@ def _rate(value: Any) -> float:
     return rate if rate == rate and rate not in (float("inf"), float("-inf")) else 0.0  # NaN and inf are no rate
 
 
+def _lag(end: Any, latest: Any) -> int | None:
+    """Records between a batch's end and the source's latest offset: a Redis stream's {"id", "n"}, or a Kafka
+    source's {topic: {partition: offset}} summed over partitions; None for a source that says neither."""
+    if not isinstance(end, dict) or not isinstance(latest, dict):
+        return None
+    if "n" in end and "n" in latest:
+        return max(0, int(latest["n"]) - int(end["n"]))
+    try:
+        return sum(
+            max(0, int(offset) - int(end.get(topic, {}).get(partition, 0)))
+            for topic, partitions in latest.items()
+            for partition, offset in partitions.items()
+        )
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, Any]:
     """The checkpoint record of one committed batch, from its progress event and what it added to disk."""
     durations = progress.get("durationMs", {})
     operators = progress.get("stateOperators", [])
     source = (progress.get("sources") or [{}])[0]
     start, end, latest = (_offset(source.get(k)) for k in ("startOffset", "endOffset", "latestOffset"))
-    lag = None
-    if isinstance(end, dict) and isinstance(latest, dict) and "n" in end and "n" in latest:
-        lag = max(0, int(latest["n"]) - int(end["n"]))
+    lag = _lag(end, latest)
     return {
         "batch_id": progress["batchId"],
         "committed_at": progress["timestamp"],

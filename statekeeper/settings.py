@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from celery.schedules import crontab
@@ -104,7 +105,12 @@ TEMPLATES = [
 ASGI_APPLICATION = "statekeeper.asgi.application"
 DATABASES = {"default": database_from_url(env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/statekeeper"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+AUTH_PASSWORD_VALIDATORS: list[dict[str, Any]] = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LANGUAGE_CODE = "en"
 TIME_ZONE = "UTC"
 USE_TZ = True

@@ -301,6 +301,20 @@ def grant(user: Any, role: str) -> Any:
 
 
 @pytest.fixture
+def as_role(client: Any, django_user_model: Any) -> Callable[..., Any]:
+    """The test client, logged in as a new user with one of the console's roles."""
+
+    def login(role: str, name: str | None = None) -> Any:
+        user = django_user_model.objects.create_user(name or role, password="pw-for-tests")
+        if role != "viewer":
+            grant(user, role)
+        client.force_login(user)
+        return client
+
+    return login
+
+
+@pytest.fixture
 def browser_login(django_user_model: Any, monkeypatch: Any) -> Iterator[Callable[[str, str], Any]]:
     """Debian's chromium, logged in to the console at a base URL as a new user; call it once per test."""
     playwright = pytest.importorskip("playwright.sync_api")

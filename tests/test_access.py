@@ -16,18 +16,6 @@ from tests.conftest import grant
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def as_role(client, django_user_model):
-    def login(role: str, name: str | None = None):
-        user = django_user_model.objects.create_user(name or role, password="pw-for-tests")
-        if role != "viewer":
-            grant(user, role)
-        client.force_login(user)
-        return client
-
-    return login
-
-
 def test_a_viewer_is_refused_every_action_on_the_server(as_role, make_job):
     job = make_job(name="orders")
     viewer = as_role("viewer")
@@ -276,3 +264,25 @@ def test_the_inspector_refuses_a_typed_batch_that_the_chosen_savepoint_does_not_
     assert not job.actions.exists(), "nothing is read when the choice is ambiguous"
     assert operator.post("/jobs/orders/inspect", {"mode": "keys", "batch": "7"}).status_code == 302
     assert job.actions.get().params == {"mode": "keys", "batch": 7}
+
+
+def test_the_first_admin_gets_a_random_password_kept_for_its_owner_only(db, tmp_path, monkeypatch, client):
+    from django.core.management import CommandError, call_command
+
+    kept = tmp_path / "admin-password"
+    monkeypatch.setenv("STATEKEEPER_ADMIN_PASSWORD_FILE", str(kept))
+    monkeypatch.delenv("STATEKEEPER_ADMIN_PASSWORD", raising=False)
+    out = io.StringIO()
+    call_command("ensure_admin", stdout=out)
+    password = kept.read_text().strip()
+    assert len(password) >= 20 and password in out.getvalue() and password != "statekeeper"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert client.login(username="admin", password=password)
+    assert not client.login(username="admin", password="statekeeper")
+    again = io.StringIO()
+    call_command("ensure_admin", stdout=again)
+    assert password not in again.getvalue() and kept.read_text().strip() == password, "made once, never shown again"
+    monkeypatch.setenv("STATEKEEPER_ADMIN_USER", "root")
+    monkeypatch.setenv("STATEKEEPER_ADMIN_PASSWORD", "statekeeper")
+    with pytest.raises(CommandError, match="too weak"):
+        call_command("ensure_admin", stdout=io.StringIO())

@@ -12,7 +12,7 @@ import pytest
 from dashboard.models import Job, ResultRow, SourceLag
 from dashboard.services.checkpoints import progress_stream_ingest
 from dashboard.services.source_lag import source_lag_sample
-from tests.conftest import grant, wait_for
+from tests.conftest import wait_for
 from tests.test_job_form import VALID
 
 
@@ -25,8 +25,8 @@ def inbox(settings, tmp_path) -> Path:
 
 
 @pytest.mark.django_db
-def test_the_job_form_takes_a_directory_under_the_allowed_roots_only(client, django_user_model, inbox, tmp_path):
-    client.force_login(grant(django_user_model.objects.create_user("operator", password="x"), "admin"))
+def test_the_job_form_takes_a_directory_under_the_allowed_roots_only(as_role, inbox):
+    client = as_role("admin")
     files = {**VALID, "pipeline": "dedup", "source_kind": "files", "source_stream": "", "source_format": "json"}
     outside = client.post("/jobs/new", {**files, "source_path": "/etc"})
     assert "File sources are read only under" in outside.content.decode()
@@ -66,7 +66,8 @@ def test_a_job_reads_new_files_dead_letters_bad_rows_and_counts_its_backlog_in_f
     assert driver.stop() == "stopped"
     reasons = {d["payload"][:12]: d["reason"] for d in dead_letters(redis, job)}
     assert "it would move the watermark" in reasons['{"event_id":'], reasons
-    assert reasons["not json"].startswith("not valid JSON") and reasons[""], reasons
+    assert reasons["not json"].startswith("not valid JSON") and reasons["not json"].endswith("(in a.json)"), reasons
+    assert reasons[""], reasons
     progress_stream_ingest(client=redis)
 
     second = inbox / "b.json"

@@ -63,6 +63,8 @@ def redrive_action(action: Action) -> str:
             f"{job.name} reads files: its dead letters cannot be re-driven into {job.source_path}. Export them, fix "
             "the rows, and drop them into the directory as a new file; nothing was moved."
         )
+    if not job.reads_redis:
+        raise ActionFailed(f"{job.name} reads Kafka: export the dead letters and produce them to the topic again.")
     client = redis_client(timeout=30)
     if action.params.get("all"):
         ids = [i.decode() for i, _ in client.xrange(job.dead_letter_stream)]

@@ -49,7 +49,7 @@ class Preview:
 
 def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at: datetime | None) -> Preview:
     result = Preview(batch_id, committed_at, offset, None, None)
-    if job.reads_files:  # Spark's file source re-reads the files after the batch; they stay in the directory
+    if not job.reads_redis:  # files stay in their directory, and Kafka keeps its log: nothing to count here
         return result
     numbers = stream_head(job.source_stream)
     if numbers is None or not isinstance(offset, dict) or "n" not in offset:

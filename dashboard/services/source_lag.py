@@ -32,7 +32,7 @@ def source_lag_sample(now: datetime | None = None) -> int:
     """Sample every job's source; two Redis round trips and one insert whatever the number of jobs."""
     now = now or timezone.now()
     every = list(Job.objects.select_related("latest_checkpoint"))
-    jobs = [job for job in every if not job.reads_files]
+    jobs = [job for job in every if job.reads_redis]  # a Kafka job's lag comes from its progress events
     file_samples = [_file_sample(job, now) for job in every if job.reads_files]
     if file_samples:
         SourceLag.objects.bulk_create(file_samples)

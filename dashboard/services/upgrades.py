@@ -186,10 +186,10 @@ def _scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
 
 def shadow_range(job: Job, savepoint: Savepoint, records: int) -> dict[str, Any]:
     """The source offset ``records`` entries after the savepoint's (or the stream's head, if nearer)."""
-    if job.reads_files:
+    if not job.reads_redis:
         raise ActionFailed(
-            "A shadow run reads a fixed range of a Redis stream beside the live job; a file source has no such range "
-            "yet. Preview the upgrade instead."
+            "A shadow run reads a fixed range of a Redis stream beside the live job; this job's source has no such "
+            "range yet. Preview the upgrade instead."
         )
     start = (savepoint.manifest.get("source_offsets") or [None])[0]
     if not isinstance(start, dict) or "id" not in start:

@@ -11,6 +11,7 @@ from pyspark.sql.streaming import StreamingQuery
 from workers.spark.pipelines.base import Pipeline
 from workers.spark.session import backend_conf
 from workers.spark.sources.files import file_events
+from workers.spark.sources.kafka import kafka_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
 
 
@@ -35,7 +36,7 @@ class JobSpec:
     max_future_seconds: float = 300
     ending_offset: str = ""  # JSON {"id", "n"}: read up to there, then stop (with ``available_now``)
     available_now: bool = False
-    source_kind: str = "redis-stream"  # or "files": Spark's file source on ``source_path``
+    source_kind: str = "redis-stream"  # "files": Spark's file source on ``source_path``; "kafka": topic ``stream``
     source_path: str = ""
     source_format: str = "json"
 
@@ -48,6 +49,11 @@ class JobSpec:
 
 
 def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> DataFrame:
+    if spec.source_kind == "kafka":
+        return kafka_events(
+            spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,
+            spec.max_future_seconds, spec.max_records,
+        )  # fmt: skip
     if spec.source_kind == "files":
         return file_events(
             spark, spec.source_path, spec.source_format, pipeline.payload, spec.dead_letter, spec.redis_url,

@@ -25,6 +25,12 @@ def backend_conf(backend: str) -> dict[str, str]:
     raise ValueError(f"unknown state backend {backend!r}")
 
 
+def jars() -> dict[str, str]:
+    """More jars for the driver and executors (e.g. Spark's Kafka connector), from STATEKEEPER_SPARK_JARS."""
+    listed = os.environ.get("STATEKEEPER_SPARK_JARS", "").strip()
+    return {"spark.jars": listed} if listed else {}
+
+
 def build_session(
     app_name: str,
     master: str = "local[2]",
@@ -48,6 +54,7 @@ def build_session(
         # progress events for idle triggers are not checkpoints; keep them rare
         "spark.sql.streaming.noDataProgressEventInterval": "60000",
         **backend_conf(backend),
+        **jars(),
         **(extra or {}),
     }
     builder = SparkSession.builder.appName(app_name).master(master)

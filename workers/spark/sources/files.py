@@ -12,11 +12,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from workers.spark.sources.redis_streams import Limits, PayloadFormat, Rejected, dead_letter, parse_entries
+from workers.spark.sources.checks import Entries, check_batches
+from workers.spark.sources.redis_streams import Limits, PayloadFormat, Rejected
 
 FORMATS = ("json", "csv", "parquet")
 MAX_FILES_PER_TRIGGER = 100
@@ -83,29 +85,25 @@ def file_events(
     option, limits = payload.to_option(), Limits(max_future_seconds=max_future_seconds)
     mark, columns_named = CSV_MARK.encode(), ", ".join(f.name for f in payload.fields)
 
-    def check(batches: Iterator[Any]) -> Iterator[Any]:
-        import redis
+    def entries_of(batch: Any, counters: dict[tuple[str, int], int], where: dict[str, str]) -> Entries:
+        columns = batch.to_pydict()
+        ids = _entry_ids(columns["path"], columns["start"], columns["mtime"], counters)
+        raw: list[tuple[bytes, list[bytes]]] = []
+        dead: list[Rejected] = []
+        for entry, value, path in zip(ids, columns["v"], columns["path"], strict=True):
+            where[entry.decode()] = unquote(path.rpartition("/")[2])
+            text = (value or "").encode("utf-8", "surrogatepass")
+            if text.startswith(mark):
+                dead.append(Rejected(entry.decode(), "parse", f"not a CSV row of {columns_named}", text[len(mark) :]))
+            else:
+                raw.append((entry, [b"v", text]))
+        return raw, dead
 
-        fmt, client = PayloadFormat.from_option(option), None
-        counters: dict[tuple[str, int], int] = {}
-        for batch in batches:
-            columns = batch.to_pydict()
-            ids = _entry_ids(columns["path"], columns["start"], columns["mtime"], counters)
-            texts = [(t or "").encode("utf-8", "surrogatepass") for t in columns["v"]]
-            raw, dead = [], []
-            for entry, text in zip(ids, texts, strict=True):
-                if text.startswith(mark):
-                    dead.append(
-                        Rejected(entry.decode(), "parse", f"not a CSV row of {columns_named}", text[len(mark) :])
-                    )
-                else:
-                    raw.append((entry, [b"v", text]))
-            good, rejected = parse_entries(raw, fmt, limits)
-            dead += rejected
-            if dead:
-                client = client or redis.Redis.from_url(redis_url, socket_timeout=30)
-                dead_letter(client, dead_letters, dead)
-            if good.num_rows:
-                yield good
+    def check(batches: Iterator[Any]) -> Iterator[Any]:
+        counters: dict[tuple[str, int], int] = {}  # rows seen per file split, in this partition
+        where: dict[str, str] = {}  # entry id -> file name, for the dead letters' reasons
+        yield from check_batches(
+            batches, option, limits, dead_letters, redis_url, lambda b: entries_of(b, counters, where), where
+        )
 
     return entries.mapInArrow(check, payload.spark_schema())

@@ -1,1 +1,0 @@
-"""An example of a pipeline package that Statekeeper operates without knowing it: see ``pipelines.py``."""

@@ -1,0 +1,38 @@
+"""The checks every source's rows pass, on an executor: the Redis source's ``parse_entries`` (size, UTF-8, JSON,
+required fields, numbers, text bounds, event time against the arrival), with the rejected rows written to the job's
+dead-letter stream (each once: a replayed batch rejects them again)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from workers.spark.sources.redis_streams import Limits, PayloadFormat, Rejected, dead_letter, parse_entries
+
+# (entry id, [b"v", payload]) pairs to check, and the rows already rejected on the way
+Entries = tuple[list[tuple[bytes, list[bytes]]], list[Rejected]]
+
+
+def check_batches(
+    batches: Iterator[Any], payload_option: str, limits: Limits, dead_letters: str, redis_url: str,
+    entries_of: Callable[[Any], Entries], where: dict[str, str] | None = None,
+) -> Iterator[Any]:  # fmt: skip
+    """Arrow batches of a source's rows in, Arrow batches of checked events (``_id`` first) out. ``where`` (filled by
+    ``entries_of``) names where an entry came from, for its dead letter's reason."""
+    import redis
+
+    fmt, client = PayloadFormat.from_option(payload_option), None
+    for batch in batches:
+        raw, dead = entries_of(batch)
+        good, rejected = parse_entries(raw, fmt, limits)
+        dead += rejected
+        if dead and where:
+            dead = [replace(r, reason=f"{r.reason} (in {where[r.entry]})") if r.entry in where else r for r in dead]
+        if where:
+            where.clear()
+        if dead:
+            client = client or redis.Redis.from_url(redis_url, socket_timeout=30)
+            dead_letter(client, dead_letters, dead)
+        if good.num_rows:
+            yield good

@@ -1,0 +1,45 @@
+"""A Kafka topic through Spark's own Kafka source, where its connector jars are on the class path (the pyspark wheel
+does not ship them: set STATEKEEPER_SPARK_JARS). Each record's value passes the same checks as a Redis stream entry;
+its entry id is ``<record timestamp ms>-<partition << 40 | offset>``, unique and the same on a replay. Lag comes from
+the progress events (the latest offsets against the batch's end, per partition)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from workers.spark.sources.checks import Entries, check_batches
+from workers.spark.sources.redis_streams import Limits, PayloadFormat
+
+
+def kafka_events(
+    spark: SparkSession, servers: str, topic: str, payload: PayloadFormat, dead_letters: str, redis_url: str,
+    max_future_seconds: float, max_records: int,
+) -> DataFrame:  # fmt: skip
+    if payload.kind != "json":
+        raise ValueError(f"This pipeline parses its events as {payload.kind}; a Kafka source checks JSON values.")
+    reader = (
+        spark.readStream.format("kafka").option("kafka.bootstrap.servers", servers).option("subscribe", topic)
+        .option("startingOffsets", "earliest").option("failOnDataLoss", "true")
+    )  # fmt: skip
+    if max_records > 0:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_records))
+    entries = reader.load().select(
+        F.format_string(
+            "%d-%d", F.unix_millis("timestamp"), F.shiftleft(F.col("partition").cast("long"), 40) + F.col("offset")
+        ).alias("_id"),
+        F.col("value").alias("v"),
+    )
+    option, limits = payload.to_option(), Limits(max_future_seconds=max_future_seconds)
+
+    def entries_of(batch: Any) -> Entries:
+        columns = batch.to_pydict()
+        return [(i.encode(), [b"v", v or b""]) for i, v in zip(columns["_id"], columns["v"], strict=True)], []
+
+    def check(batches: Iterator[Any]) -> Iterator[Any]:
+        yield from check_batches(batches, option, limits, dead_letters, redis_url, entries_of)
+
+    return entries.mapInArrow(check, payload.spark_schema())
