@@ -29,6 +29,7 @@ from pathlib import Path
 
 os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/12"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
+os.environ.setdefault("STATEKEEPER_ENV", "development")  # a local measurement
 ROOT = Path(tempfile.mkdtemp(prefix="sk-bench-history-"))
 os.environ["STATEKEEPER_CHECKPOINT_ROOT"] = str(ROOT / "checkpoints")
 os.environ["STATEKEEPER_LOG_ROOT"] = str(ROOT / "logs")

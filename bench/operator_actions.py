@@ -27,6 +27,7 @@ from typing import Any
 
 os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/13"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
+os.environ.setdefault("STATEKEEPER_ENV", "development")  # a local measurement
 ROOT = Path(tempfile.mkdtemp(prefix="sk-bench-actions-"))
 os.environ["STATEKEEPER_CHECKPOINT_ROOT"] = str(ROOT / "checkpoints")
 

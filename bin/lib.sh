@@ -5,6 +5,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
+# A local run: the embedded defaults (a development secret key) are accepted only with this set.
+export STATEKEEPER_ENV=${STATEKEEPER_ENV:-development}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*"; }

@@ -23,7 +23,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from dashboard.models import AuditEntry
-from dashboard.services.audit import audit_record
+from dashboard.services.audit import audit_record, login_name
 
 VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 ROLES = (VIEWER, OPERATOR, ADMIN)
@@ -94,10 +94,11 @@ def context(request: HttpRequest) -> dict[str, Any]:
 def login_lockout(username: str, address: str) -> int:
     """Seconds until this user name or address may try again; 0 when it may. Failures are counted from the audit
     trail (durable: a restart forgets nothing), for a user name since its last successful login."""
+    username = login_name(username)
     now = timezone.now()
     window_start = now - timedelta(seconds=settings.LOGIN_LOCKOUT_SECONDS)
     logins = AuditEntry.objects.filter(verb="login", at__gte=window_start)
-    last_success = logins.filter(username=username, outcome="succeeded").aggregate(at=Max("at"))["at"]
+    last_success = logins.filter(username__iexact=username, outcome="succeeded").aggregate(at=Max("at"))["at"]
     by_name = logins.filter(username=username, outcome="failed")
     if last_success:
         by_name = by_name.filter(at__gt=last_success)

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 
-from dashboard.services.audit import audit_record
+from dashboard.services.audit import audit_record, login_name
 
 
 @receiver(user_logged_in)
@@ -18,8 +18,9 @@ def _logged_in(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
 @receiver(user_login_failed)
 def _login_failed(sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any) -> None:
     name = str(credentials.get("username", ""))[:150]
-    # the user name tried is the entry's user name: it is what login throttling counts per name
-    audit_record(request, verb="login", username=name, target=name, outcome="failed", origin="anonymous")
+    # the entry's user name is the name tried, normalised: login throttling counts it per name (the target keeps it
+    # as typed)
+    audit_record(request, verb="login", username=login_name(name), target=name, outcome="failed", origin="anonymous")
 
 
 @receiver(user_logged_out)

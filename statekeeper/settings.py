@@ -61,11 +61,62 @@ def database_from_url(url: str) -> dict[str, object]:
     raise ImproperlyConfigured(f"DATABASE_URL must start with postgres:// or sqlite://, not {url!r}")
 
 
+# bin/dev and the tests run with STATEKEEPER_ENV=development; anything else is a deployment, which must be configured.
+DEVELOPMENT = env_str("STATEKEEPER_ENV", "production") == "development"
+DEV_SECRET = "dev-only-not-secret"
 DEBUG = env_bool("STATEKEEPER_DEBUG", False)
-SECRET_KEY = env_str("STATEKEEPER_SECRET_KEY", "dev-only-not-secret")
-if not DEBUG and SECRET_KEY == "dev-only-not-secret" and env_bool("STATEKEEPER_REQUIRE_SECRET", False):
-    raise ImproperlyConfigured("STATEKEEPER_SECRET_KEY must be set in production")
-ALLOWED_HOSTS = env_str("STATEKEEPER_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+SECRET_KEY = env_str("STATEKEEPER_SECRET_KEY", DEV_SECRET)
+ALLOWED_HOSTS = [h.strip() for h in env_str("STATEKEEPER_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+
+
+def deployment_problems(secret: str, debug: bool, hosts: list[str]) -> list[str]:
+    """What makes these settings unsafe outside development."""
+    problems = []
+    if secret == DEV_SECRET or len(secret) < 32:
+        problems.append("STATEKEEPER_SECRET_KEY is unset or shorter than 32 characters")
+    if debug:
+        problems.append("STATEKEEPER_DEBUG is on (it shows settings and code to anyone who hits an error)")
+    if not hosts or "*" in hosts:
+        problems.append("STATEKEEPER_ALLOWED_HOSTS is empty or '*'")
+    return problems
+
+
+if not DEVELOPMENT and (unsafe := deployment_problems(SECRET_KEY, DEBUG, ALLOWED_HOSTS)):
+    raise ImproperlyConfigured(
+        "Refusing to start with unsafe settings: " + "; ".join(unsafe) + ". Set them, or STATEKEEPER_ENV=development "
+        "for a local run (bin/dev does)."
+    )
+
+# Behind HTTPS (STATEKEEPER_HTTPS=1): cookies only over HTTPS, HSTS; a proxy that terminates TLS is trusted for the
+# scheme only when named (STATEKEEPER_PROXY_SSL_HEADER=1: it sets X-Forwarded-Proto and strips the client's).
+HTTPS = env_bool("STATEKEEPER_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env_int("STATEKEEPER_HSTS_SECONDS", 31_536_000) if HTTPS else 0
+SECURE_SSL_REDIRECT = HTTPS and env_bool("STATEKEEPER_SSL_REDIRECT", True)
+if env_bool("STATEKEEPER_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Proxies whose X-Forwarded-For is believed (addresses, comma-separated); none by default.
+TRUSTED_PROXIES = frozenset(p.strip() for p in env_str("STATEKEEPER_TRUSTED_PROXIES", "").split(",") if p.strip())
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("STATEKEEPER_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Only the console's own scripts run: the templates have no inline scripts or handlers (keep it that way); Plotly
+# injects style elements, hence inline styles.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -75,6 +126,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "dashboard",
+    "csp",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -85,6 +137,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
 ROOT_URLCONF = "statekeeper.urls"
 TEMPLATES = [

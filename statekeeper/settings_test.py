@@ -6,6 +6,7 @@ Processes the tests start (Celery worker, drivers) inherit STATEKEEPER_TEST_PROC
 import os
 
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("STATEKEEPER_ENV", "development")
 
 from statekeeper.settings import *  # noqa: E402,F403
 from statekeeper.settings import DATABASES, env_str  # noqa: E402

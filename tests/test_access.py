@@ -286,3 +286,24 @@ def test_the_first_admin_gets_a_random_password_kept_for_its_owner_only(db, tmp_
     monkeypatch.setenv("STATEKEEPER_ADMIN_PASSWORD", "statekeeper")
     with pytest.raises(CommandError, match="too weak"):
         call_command("ensure_admin", stdout=io.StringIO())
+
+
+def test_variants_of_a_user_name_are_throttled_as_one(client, django_user_model, settings):
+    settings.LOGIN_FAILURES_ALLOWED = 3
+    django_user_model.objects.create_user("oncall", password="right-password")
+    for variant in ("oncall ", "ONCALL", "ｏｎｃａｌｌ"):  # a trailing space, upper case, full-width letters
+        client.post("/login/", {"username": variant, "password": "guess"})
+    refused = client.post("/login/", {"username": "oncall", "password": "right-password"})
+    assert "Too many failed logins" in refused.content.decode()
+
+
+def test_a_forwarded_address_counts_only_from_a_trusted_proxy(client, settings):
+    from django.test import RequestFactory
+
+    from dashboard.services.audit import client_address
+
+    forged = RequestFactory().get("/", REMOTE_ADDR="203.0.113.9", HTTP_X_FORWARDED_FOR="10.0.0.1")
+    assert client_address(forged) == "203.0.113.9", "no proxy is trusted by default"
+    settings.TRUSTED_PROXIES = frozenset({"10.9.9.9"})
+    proxied = RequestFactory().get("/", REMOTE_ADDR="10.9.9.9", HTTP_X_FORWARDED_FOR="1.2.3.4, 198.51.100.7")
+    assert client_address(proxied) == "198.51.100.7", "the hop the trusted proxy saw, not what the client wrote"

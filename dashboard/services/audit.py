@@ -5,18 +5,36 @@ from __future__ import annotations
 
 import csv
 import json
+import unicodedata
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 
 from dashboard.models import AuditEntry
 
 
 def client_address(request: HttpRequest | None) -> str:
-    # REMOTE_ADDR only: X-Forwarded-For is the client's to write, so it is not evidence
-    return str(request.META.get("REMOTE_ADDR", "")) if request is not None else ""
+    """The client's address: REMOTE_ADDR, unless that is one of STATEKEEPER_TRUSTED_PROXIES; then the nearest address
+    in X-Forwarded-For that is not a trusted proxy (the rest of that header is the client's to write)."""
+    if request is None:
+        return ""
+    address = str(request.META.get("REMOTE_ADDR", ""))
+    trusted = settings.TRUSTED_PROXIES
+    if address not in trusted:
+        return address
+    hops = [h.strip() for h in str(request.META.get("HTTP_X_FORWARDED_FOR", "")).split(",") if h.strip()]
+    for hop in reversed(hops):
+        if hop not in trusted:
+            return hop[:100]
+    return address
+
+
+def login_name(raw: str) -> str:
+    """A user name as login throttling counts it: trailing spaces, case and Unicode forms are one name."""
+    return unicodedata.normalize("NFKC", raw).strip().casefold()[:150]
 
 
 def audit_record(
