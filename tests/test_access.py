@@ -307,3 +307,23 @@ def test_a_forwarded_address_counts_only_from_a_trusted_proxy(client, settings):
     settings.TRUSTED_PROXIES = frozenset({"10.9.9.9"})
     proxied = RequestFactory().get("/", REMOTE_ADDR="10.9.9.9", HTTP_X_FORWARDED_FOR="1.2.3.4, 198.51.100.7")
     assert client_address(proxied) == "198.51.100.7", "the hop the trusted proxy saw, not what the client wrote"
+
+
+def test_the_admin_obeys_read_only_mode_audits_its_changes_and_cannot_edit_a_run(
+    client, django_user_model, settings, make_job
+):
+    job = make_job(name="orders")
+    run = Run.objects.create(job=job, status="running", pid=4242, fencing_token=7)
+    client.force_login(django_user_model.objects.create_superuser("root", password="x"))
+    page = client.get(f"/admin/dashboard/run/{run.id}/change/").content.decode()
+    assert 'name="pid"' not in page and 'name="fencing_token"' not in page and 'name="status"' not in page
+    form = client.get(f"/admin/dashboard/job/{job.id}/change/")
+    assert form.status_code == 200
+    client.post(f"/admin/dashboard/job/{job.id}/delete/", {"post": "yes"})
+    assert not Job.objects.filter(id=job.id).exists()
+    entry = AuditEntry.objects.get(verb="admin-delete")
+    assert (entry.job, entry.target, entry.username, entry.origin) == ("orders", f"job #{job.id}", "root", "admin")
+    settings.READ_ONLY = True
+    again = make_job(name="clicks")
+    assert client.post(f"/admin/dashboard/job/{again.id}/delete/", {"post": "yes"}).status_code == 403
+    assert Job.objects.filter(id=again.id).exists()

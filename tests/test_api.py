@@ -105,6 +105,17 @@ def test_bad_bodies_get_a_clear_400(client, token, make_job):
         "/api/v1/jobs/orders/savepoint", "{not json", content_type="application/json", HTTP_AUTHORIZATION=operator
     )
     assert raw.status_code == 400 and raw.json() == {"error": "The body must be JSON."}
+    deep = client.post(
+        "/api/v1/jobs/orders/savepoint", "[" * 100_000 + "]" * 100_000, content_type="application/json",
+        HTTP_AUTHORIZATION=operator,
+    )  # fmt: skip
+    assert deep.status_code == 400 and deep.json() == {"error": "The body is nested too deeply."}
+    upgrade = call(client, "POST", "/api/v1/jobs/orders/upgrade", operator, {"pipeline": "no-such-pipeline"})
+    assert (
+        upgrade.status_code == 409 and "There is no registered pipeline 'no-such-pipeline'" in upgrade.json()["error"]
+    )
+    shadow = call(client, "POST", "/api/v1/jobs/orders/upgrade-shadow", operator, {"pipeline": "x" * 41})
+    assert shadow.status_code == 400 and "pipeline must be a string of 1 to 40 characters" in shadow.json()["error"]
 
 
 def test_metrics_for_prometheus(client, token, make_job):

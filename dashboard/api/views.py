@@ -250,6 +250,8 @@ def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
             data = json.loads(request.body)
         except (ValueError, UnicodeDecodeError):
             raise ApiError(400, "The body must be JSON.") from None
+        except RecursionError:
+            raise ApiError(400, "The body is nested too deeply.") from None
     if not isinstance(data, dict):
         raise ApiError(400, "The body must be a JSON object.")
     spec = BODIES[verb]
