@@ -1,4 +1,5 @@
-"""Create the two demo jobs (memory and RocksDB-incremental) and request their start."""
+"""Create the demo jobs and request the start of the first two (memory and RocksDB-incremental); the third, on the
+example package's user-sessions pipeline, waits to be started and upgraded (Deploys tab)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Job, StateBackend
 from dashboard.services.audit import audit_record
 from dashboard.services.runs import job_request_start
@@ -27,6 +29,15 @@ DEMO_JOBS = [
         "parallelism": 1,
         "trigger_interval_seconds": 2,
     },
+    {
+        "name": "sessions-rocksdb",
+        "pipeline": "user-sessions",
+        "source_stream": "events:sessions",
+        "state_backend": StateBackend.ROCKSDB,
+        "parallelism": 1,
+        "trigger_interval_seconds": 2,
+        "start": False,
+    },
 ]
 
 
@@ -37,10 +48,15 @@ class Command(BaseCommand):
         parser.add_argument("--no-start", action="store_true")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        for spec in DEMO_JOBS:
+        for demo in DEMO_JOBS:
+            spec = {k: v for k, v in demo.items() if k != "start"}
+            if pipelines.find(str(spec["pipeline"])) is None:
+                self.stdout.write(f"skipped job {spec['name']}: its pipeline {spec['pipeline']} is not installed")
+                continue
             job, created = Job.objects.get_or_create(name=spec["name"], defaults=spec)
             self.stdout.write(f"{'created' if created else 'found'} job {job.name}")
-            if not opts["no_start"] and not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+            wanted = demo.get("start", True) and not opts["no_start"]
+            if wanted and not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
                 run = job_request_start(job=job)
                 self.stdout.write(f"  start requested: run #{run.id}")
                 audit_record(
