@@ -59,6 +59,10 @@ class Job(models.Model):
         help_text="a file source's directory, or a Kafka source's bootstrap servers (host:port,...)",
     )
     source_format = models.CharField(max_length=10, choices=FileFormat.choices, default=FileFormat.JSON)
+    start_offset = models.JSONField(
+        null=True, blank=True, editable=False,
+        help_text="where a new checkpoint starts reading the stream ({id, n}); set by an upgrade with empty state",
+    )  # fmt: skip
     state_backend = models.CharField(max_length=24, choices=StateBackend.choices, default=StateBackend.MEMORY)
     trigger_interval_seconds = models.FloatField(
         default=2.0, validators=[MinValueValidator(0.1), MaxValueValidator(3600)]

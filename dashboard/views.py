@@ -178,6 +178,8 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
     steps = {"upgrade": ActionKind.UPGRADE, "shadow": ActionKind.UPGRADE_SHADOW}
     kind = steps.get(request.POST.get("step", ""), ActionKind.UPGRADE_PREVIEW)
     params: dict[str, Any] = {"pipeline": target}
+    if kind == ActionKind.UPGRADE and request.POST.get("empty_state"):
+        params["empty_state"] = 1
     if kind == ActionKind.UPGRADE_SHADOW:
         try:
             params["records"] = int(request.POST.get("records") or SHADOW_RECORDS)

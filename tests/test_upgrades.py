@@ -102,8 +102,8 @@ def switched_to(job: Job, pipeline: str) -> bool:
 @pytest.mark.spark
 @pytest.mark.browser
 @pytest.mark.django_db(transaction=True)
-def test_an_operator_previews_upgrades_and_rolls_back_in_the_browser_and_a_failed_upgrade_rolls_itself_back(
-    broken_version_installed, live_server, browser_login, make_job, redis, stream_name, celery_worker, tmp_path
+def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and_rolls_back_in_the_browser(
+    live_server, browser_login, make_job, redis, stream_name, celery_worker, tmp_path
 ):
     job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
     sent = send(redis, stream_name, 300, seed=1)
@@ -117,13 +117,16 @@ def test_an_operator_previews_upgrades_and_rolls_back_in_the_browser_and_a_faile
         page.goto(deploys)
         return text in page.content() and page.locator("[data-verdict]").count() == 1
 
-    # Preview an incompatible version: refused with the reason; the job never stopped.
+    # Upgrade to an incompatible version: refused before anything stopped, with the preview's verdict on the tab.
     page.goto(deploys)
     page.select_option("select[name=pipeline]", "user-sessions-by-region")
-    page.get_by_role("button", name="Preview").click()
-    wait_for(lambda: verdict_shown("key schema changed: (user string) → (region string)"), 240, 1, "the preview")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Upgrade", exact=True).click()
+    refused = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE).latest("id"))
+    assert refused.status == ActionStatus.FAILED and "Refused before anything stopped" in refused.outcome
+    assert verdict_shown("key schema changed: (user string) → (region string)")
     assert page.locator("[data-verdict]").get_attribute("data-verdict") == "incompatible"
-    page.screenshot(path=str(tmp_path / "preview-incompatible.png"), full_page=True)
+    page.screenshot(path=str(tmp_path / "refused-incompatible.png"), full_page=True)
     first.refresh_from_db()
     assert first.status == RunStatus.RUNNING and switched_to(job, "user-sessions")
 
@@ -178,6 +181,30 @@ def test_an_operator_previews_upgrades_and_rolls_back_in_the_browser_and_a_faile
     page.goto(deploys)
     assert page.get_by_role("button", name="Roll back the upgrade").count() == 0, "nothing left to roll back"
 
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    assert events_counted(job) == sent, "every event counted exactly once across every switch"
+
+
+def user_events(job: Job) -> int:
+    rows = ResultRow.objects.filter(job=job, kind="totals")
+    return sum(int(r.value["events"]) for r in rows if r.key == "boom" or r.key[1:].isdigit())
+
+
+def region_events(job: Job) -> int:
+    return sum(int(r.value["events"]) for r in ResultRow.objects.filter(job=job, kind="totals", key__in=["eu", "us"]))
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_with_empty_state(
+    broken_version_installed, make_job, redis, stream_name, celery_worker
+):
+    job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
+    sent = send(redis, stream_name, 100, seed=1)
+    job_request_start(job=job)
+    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event")
+
     # A version that fails its first batch after the switch rolls back by itself, and says why.
     failing = action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2-broken"})
     wait_for(lambda: switched_to(job, "user-sessions-v2-broken"), 300, 1, "the switch to the broken version")
@@ -186,10 +213,47 @@ def test_an_operator_previews_upgrades_and_rolls_back_in_the_browser_and_a_faile
     assert failing.status == ActionStatus.FAILED
     assert "rolled back by itself" in failing.outcome and "a bug in version 2" in failing.outcome, failing.outcome
     assert switched_to(job, "user-sessions")
-    wait_for(lambda: caught_up(job, sent), 180, 1, "version 1 to count every event after the automatic rollback")
+    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event after the automatic rollback")
+
+    # An incompatible version, chosen with empty state: it reads on from where version 1 stopped, from nothing.
+    regional = action_request(
+        job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-by-region", "empty_state": 1}
+    )
+    wait_for(lambda: switched_to(job, "user-sessions-by-region"), 300, 1, "the switch with empty state")
+    after = send(redis, stream_name, 30, seed=6)
+    regional = finished(regional)
+    assert regional.status == ActionStatus.SUCCEEDED, regional.outcome
+    assert "started with empty state (0 transformWithStateInPySparkExec)" in regional.outcome
+    wait_for(lambda: region_events(job) == after, 180, 1, "the regions to count only what came after the switch")
+    assert user_events(job) == sent, "version 1's results stay as they were"
+    sent += after
+
+    # Its way back: version 1 from the savepoint, which replays what the regional version read.
+    back = finished(action_request(job=job, kind=ActionKind.UPGRADE_ROLLBACK, params={"upgrade": regional.id}))
+    assert back.status == ActionStatus.SUCCEEDED, back.outcome
+    assert Job.objects.get(id=job.id).start_offset is None
+    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event again")
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
-    assert events_counted(job) == sent, "every event counted exactly once across every switch"
+    assert user_events(job) == sent, "every event counted exactly once by version 1 across every switch"
+
+
+@pytest.mark.django_db
+def test_each_upgrade_button_requests_its_action(as_role, make_job):
+    job = make_job(name="sessions", pipeline="user-sessions", state_backend="rocksdb")
+    client = as_role("operator")
+    for step, kind, extra in (
+        ("preview", ActionKind.UPGRADE_PREVIEW, {}),
+        ("shadow", ActionKind.UPGRADE_SHADOW, {"records": 300}),
+        ("upgrade", ActionKind.UPGRADE, {"empty_state": 1}),
+    ):
+        client.post(f"/jobs/{job.name}/upgrade", {"pipeline": "user-sessions-v2", "step": step, **extra})
+        action = Action.objects.get(job=job, kind=kind)
+        assert action.params == {"pipeline": "user-sessions-v2", **extra}
+        Action.objects.filter(id=action.id).update(status=ActionStatus.FAILED)  # one action at a time per job
+    refused = client.post(f"/jobs/{job.name}/upgrade", {"pipeline": "no-such", "step": "preview"}, follow=True)
+    assert "There is no registered pipeline &#x27;no-such&#x27;" in refused.content.decode()
+    assert not Action.objects.filter(params__pipeline="no-such").exists()
 
 
 @pytest.mark.django_db

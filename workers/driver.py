@@ -122,6 +122,7 @@ class JobDriver:
             source_kind=job.source_kind,
             source_path=job.source_path,
             source_format=job.source_format,
+            starting_offset=json.dumps(job.start_offset) if job.start_offset else "",
         )
 
     def execute(self) -> str:

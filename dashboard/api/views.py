@@ -237,7 +237,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     # a string's bounds are its length
     ActionKind.UPGRADE_PREVIEW: {"pipeline": (str, 1, 40, True)},
     ActionKind.UPGRADE_SHADOW: {"pipeline": (str, 1, 40, True), "records": (int, 1, 100_000, False)},
-    ActionKind.UPGRADE: {"pipeline": (str, 1, 40, True)},
+    ActionKind.UPGRADE: {"pipeline": (str, 1, 40, True), "empty_state": (int, 0, 1, False)},
     ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
 }
 

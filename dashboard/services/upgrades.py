@@ -301,7 +301,7 @@ def _roll_back(action: Action, savepoint: Savepoint | None, to_pipeline: str, st
         fork = f"checkpoint-upgrade-rollback-{action.id}"
         savepoint_fork(action, savepoint, fork)
         switch_to_fork(job, fork)
-    Job.objects.filter(id=job.id).update(pipeline=to_pipeline, updated_at=timezone.now())
+    Job.objects.filter(id=job.id).update(pipeline=to_pipeline, start_offset=None, updated_at=timezone.now())
     job.pipeline = to_pipeline
     where = f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning"
     if not start:
@@ -310,30 +310,60 @@ def _roll_back(action: Action, savepoint: Savepoint | None, to_pipeline: str, st
     return f"{to_pipeline} from {where}, run #{run.id} starting"
 
 
+def _start_empty(action: Action, savepoint: Savepoint) -> str:
+    """Point the job at a new, empty checkpoint directory that starts reading where the savepoint's batch ended."""
+    job = action.job
+    offset = (savepoint.manifest.get("source_offsets") or [None])[0]
+    if not isinstance(offset, dict) or "id" not in offset:
+        raise ActionFailed(f"Savepoint #{savepoint.id} does not say where {job.source_stream} was read to.")
+    fork = f"checkpoint-upgrade-{action.id}"
+    remove_tree(job.directory / fork)
+    switch_to_fork(job, fork)
+    Job.objects.filter(id=job.id).update(start_offset={"id": offset["id"], "n": int(offset["n"])})
+    operators = sorted(
+        {v["operator"] for v in action.params.get("plan", {}).get("verdicts", []) if v["operator"] != "query"}
+    )
+    return (
+        f"; started with empty state ({', '.join(operators) or 'every operator'}) in {fork}, reading on from "
+        f"entry {offset['id']}"
+    )
+
+
 def upgrade_action(action: Action) -> str:
     job = action.job
     target = str(action.params.get("pipeline", ""))
     source = job.pipeline
+    empty = bool(action.params.get("empty_state"))
     plan = upgrade_plan(action, target)
     _remember(action, plan=plan, from_pipeline=source)
-    if plan["incompatible"]:
-        raise ActionFailed(f"Refused before anything stopped. {plan['summary']}")
+    if plan["incompatible"] and not empty:
+        raise ActionFailed(
+            f"Refused before anything stopped. {plan['summary']}. To run it anyway, upgrade with empty state: the new "
+            f"version starts from where {source} stopped, with nothing in its state, and {source}'s state stays in "
+            "the savepoint."
+        )
+    if empty and not job.reads_redis:
+        raise ActionFailed("Starting with empty state needs a Redis stream source (a start offset); nothing stopped.")
     was_running = alive_run(job) is not None
     wait_until_stopped(action, job)
     savepoint = None
     if committed_batches(job.checkpoint_location):
         savepoint = savepoint_take(job=job, action=action, origin="before-upgrade")
         _remember(action, savepoint=savepoint.id, from_deploy=savepoint.deploy_id)
+    emptied = ""
+    if empty and savepoint is not None:
+        emptied = _start_empty(action, savepoint)
     Job.objects.filter(id=job.id).update(pipeline=target, updated_at=timezone.now())
     job.pipeline = target
     kept = f"savepoint #{savepoint.id} of {source} kept as the way back" if savepoint else "no state to keep"
+    kept += emptied
     if not was_running and not action.params.get("start"):
         return f"Switched {job.name} from {source} to {target}; {kept}. The job stays stopped: its next start runs {target}."
     run = job_request_start(job=job, requested_by=action.requested_by)
     _remember(action, run=run.id)
     action_progress(action, f"run #{run.id} of {target} starting: waiting for its first batch")
     watch = float(action.params.get("watch_seconds") or max(WATCH_MIN_SECONDS, 10 * job.trigger_interval_seconds))
-    failure = _watch(action, run, savepoint.batch_id if savepoint else None, watch)
+    failure = _watch(action, run, savepoint.batch_id if savepoint and not emptied else None, watch)
     if failure:
         action_progress(action, f"{target} failed: rolling back to {source}")
         back = _roll_back(action, savepoint, source, start=True)

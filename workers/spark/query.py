@@ -39,6 +39,7 @@ class JobSpec:
     source_kind: str = "redis-stream"  # "files": Spark's file source on ``source_path``; "kafka": topic ``stream``
     source_path: str = ""
     source_format: str = "json"
+    starting_offset: str = ""  # JSON {"id", "n"}: where a new checkpoint starts reading the stream
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -71,6 +72,7 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
         .option("readPartitions", str(max(1, spec.parallelism)))
         .option("format", pipeline.payload.to_option())
         .option("endingOffset", spec.ending_offset)
+        .option("startingPosition", spec.starting_offset or "earliest")
         .load()
     )
 

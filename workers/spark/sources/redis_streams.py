@@ -190,8 +190,13 @@ class RedisStreamReader(DataSourceStreamReader):
         )
 
     def initialOffset(self) -> dict:
+        """Where a new checkpoint starts: the beginning, the stream's end ("latest"), or a given offset (JSON
+        {"id", "n"}: an upgrade that starts with empty state goes on from where the old version stopped)."""
         if self.starting == "latest":
             return stream_position(_connect(self.url), self.stream)
+        if self.starting.startswith("{"):
+            given = json.loads(self.starting)
+            return {"id": str(given["id"]), "n": int(given["n"])}
         return {"id": "0-0", "n": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
