@@ -311,6 +311,9 @@ class Checkpoint(models.Model):
     state_rows_updated = models.BigIntegerField(default=0)
     state_rows_removed = models.BigIntegerField(default=0)
     state_memory_bytes = models.BigIntegerField(default=0)
+    state_sst_bytes = models.BigIntegerField(
+        null=True, blank=True, help_text="RocksDB's own size of the state: its SST files (none for the memory backend)"
+    )
     rows_dropped_by_watermark = models.BigIntegerField(default=0, help_text="late rows the watermark discarded")
     checkpointed_bytes = models.BigIntegerField(default=0, help_text="bytes this batch added to the checkpoint")
     full_size_bytes = models.BigIntegerField(default=0, help_text="checkpoint directory size after this batch")
@@ -511,6 +514,7 @@ class CheckpointRollup(models.Model):
     end_n_last = models.BigIntegerField(null=True)
     state_rows_last = models.BigIntegerField()
     state_memory_bytes_last = models.BigIntegerField()
+    state_sst_bytes_last = models.BigIntegerField(null=True, blank=True)
     rows_dropped_by_watermark_sum = models.BigIntegerField(default=0)
     checkpointed_bytes_sum = models.BigIntegerField()
     full_size_bytes_last = models.BigIntegerField()

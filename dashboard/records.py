@@ -60,6 +60,14 @@ def _lag(end: Any, latest: Any) -> int | None:
         return None
 
 
+def _sst_bytes(operators: list[dict[str, Any]]) -> int | None:
+    """RocksDB's size of the state (its SST files, from Spark's custom metrics); None when no operator reports it.
+    Spark's memoryUsedBytes for RocksDB is the memtables' and pinned blocks' memory, which comes and goes."""
+    sizes = [(op.get("customMetrics") or {}).get("rocksdbSstFileSize") for op in operators]
+    found = [int(size) for size in sizes if isinstance(size, int | float)]
+    return sum(found) if found else None
+
+
 def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, Any]:
     """The checkpoint record of one committed batch, from its progress event and what it added to disk."""
     durations = progress.get("durationMs", {})
@@ -84,6 +92,7 @@ def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, 
         "state_rows_updated": sum(op.get("numRowsUpdated", 0) for op in operators),
         "state_rows_removed": sum(op.get("numRowsRemoved", 0) for op in operators),
         "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in operators),
+        "state_sst_bytes": _sst_bytes(operators),
         "rows_dropped_by_watermark": sum(op.get("numRowsDroppedByWatermark", 0) for op in operators),
         "checkpointed_bytes": disk.added_bytes,
         "full_size_bytes": disk.full_bytes,
@@ -152,9 +161,12 @@ MEASURES: tuple[Measure, ...] = (
             metric_help="state commit time of the last batch"),
     Measure("state_rows", "state rows", "rows", "state_rows_total", rollups=(("state_rows_last", "last"),),
             metric="statekeeper_job_state_rows", metric_help="state rows of all stateful operators"),
-    Measure("state_mem", "state memory", "bytes", "state_memory_bytes", rollups=(("state_memory_bytes_last", "last"),),
-            metric="statekeeper_job_state_memory_bytes",
-            metric_help="state bytes in memory of all stateful operators"),
+    Measure("state_mem", "state memory (Spark's memoryUsedBytes)", "bytes", "state_memory_bytes",
+            rollups=(("state_memory_bytes_last", "last"),), metric="statekeeper_job_state_memory_bytes",
+            metric_help="state bytes in memory of all stateful operators (for RocksDB: memtables and pinned blocks)"),
+    Measure("state_sst", "state on RocksDB (SST files)", "bytes", "state_sst_bytes",
+            rollups=(("state_sst_bytes_last", "last"),), metric="statekeeper_job_state_sst_bytes",
+            metric_help="RocksDB's own size of the state: its SST files"),
     Measure("rows", "Input rows", "rows", "input_rows", rollups=(("input_rows", "sum"),), summary=True),
     Measure("dropped", "rows dropped by the watermark", "rows", "rows_dropped_by_watermark",
             rollups=(("rows_dropped_by_watermark_sum", "sum"),),

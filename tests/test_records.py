@@ -57,3 +57,13 @@ def test_a_chart_point_a_rollup_point_and_the_api_carry_every_measure():
     assert {m.point for m in MEASURES} <= set(rollup_point(bucket))
     api = checkpoint_json(Checkpoint(batch_id=7, **{m.column: 1 for m in MEASURES if m.column}))
     assert {m.column for m in MEASURES if m.column} <= set(api)
+
+
+def test_a_rocksdb_jobs_state_size_is_its_sst_files_not_sparks_memory_figure():
+    rocksdb = dict(PROGRESS, stateOperators=[
+        {"numRowsTotal": 9, "memoryUsedBytes": 0, "customMetrics": {"rocksdbSstFileSize": 52_000, "rocksdbGetCount": 3}},
+        {"numRowsTotal": 1, "memoryUsedBytes": 0, "customMetrics": {"rocksdbSstFileSize": 8_000}},
+    ])  # fmt: skip
+    record = checkpoint_record(rocksdb, Measurement(120, 4000, False))
+    assert (record["state_sst_bytes"], record["state_memory_bytes"]) == (60_000, 0)
+    assert checkpoint_record(PROGRESS, Measurement(120, 4000, False))["state_sst_bytes"] is None, "the memory backend"
