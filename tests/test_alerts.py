@@ -14,7 +14,17 @@ from django.conf import settings as django_settings
 from django.core import mail
 from django.utils import timezone
 
-from dashboard.models import Alert, AlertKind, Checkpoint, Recovery, Run, RunStatus, Savepoint, SavepointStatus
+from dashboard.models import (
+    Alert,
+    AlertKind,
+    Checkpoint,
+    Recovery,
+    Run,
+    RunStatus,
+    Savepoint,
+    SavepointStatus,
+    SourceLag,
+)
 from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate, job_conditions
 from dashboard.services.runs import run_finish, run_started
 
@@ -131,13 +141,18 @@ def test_stalled_offsets_and_a_checkpoint_stall(make_job, webhook, settings):
     commits(stalled, [40, 40, 40], ends=[500, 500, 500])
     silent = make_job(name="silent", trigger_interval_seconds=2)
     running(silent, started_seconds_ago=45)  # no batch in 45 s, the limit is max(30, 10 x 2 s)
+    SourceLag.objects.create(job=silent, source_n=90, committed_n=70, lag_records=20)
     stopped = make_job(name="stopped", trigger_interval_seconds=1)
     Run.objects.create(job=stopped, status=RunStatus.STOPPED)  # a stopped job is not stuck
+    idle = make_job(name="idle", trigger_interval_seconds=2)
+    running(idle, started_seconds_ago=45)  # no batch either, but its source has nothing waiting: Spark is idle
+    SourceLag.objects.create(job=idle, source_n=70, committed_n=70, lag_records=0)
 
     fired = sorted(evaluate()[0])
     assert fired == [(AlertKind.CHECKPOINT_STALL, "firing"), (AlertKind.LAG_STALL, "firing")]
     assert Alert.objects.get(kind=AlertKind.CHECKPOINT_STALL).job == silent
-    assert "no checkpoint for 45 s since the run started" in Alert.objects.get(job=silent).message
+    message = Alert.objects.get(job=silent).message
+    assert "no checkpoint for 45 s since the run started, with 20 records waiting" in message
 
 
 def test_a_restart_loop_and_a_failed_savepoint(make_job, webhook, settings):

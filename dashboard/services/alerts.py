@@ -21,7 +21,7 @@ from dashboard.models import ACTIVE_RUN_STATUSES, Alert, AlertKind, Job, Recover
 from dashboard.records import parse_time
 from dashboard.selectors.charts import recent_points
 from dashboard.selectors.incidents import alert_incidents
-from dashboard.selectors.lag import lag_status, source_lag_growing
+from dashboard.selectors.lag import lag_status, latest_source_lag, source_lag_growing
 from dashboard.services.enqueue import DELIVER_ALERT, enqueue
 from dashboard.services.incidents import incidents_publish
 
@@ -62,10 +62,14 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
         last_commit = parse_time(recent[-1]["t"]) if recent else run.started_at
         quiet = (now - last_commit).total_seconds()
         allowed = max(30.0, settings.ALERT_CHECKPOINT_STALL_TRIGGERS * trigger)
-        if quiet > allowed:
+        # Spark commits only batches with input: an idle job is quiet, not stalled, when its source says nothing waits
+        sample = latest_source_lag([job], now).get(job.id)
+        idle = sample is not None and sample.lag_records == 0
+        if quiet > allowed and not idle:
             since = "since the run started" if not recent else f"since batch {recent[-1]['batch']}"
+            waiting = f", with {sample.lag_records} {job.lag_unit} waiting" if sample is not None else ""
             message = (
-                f"no checkpoint for {quiet:.0f} s {since} (trigger {trigger:g} s; the limit is "
+                f"no checkpoint for {quiet:.0f} s {since}{waiting} (trigger {trigger:g} s; the limit is "
                 f"{settings.ALERT_CHECKPOINT_STALL_TRIGGERS} triggers, at least 30 s)"
             )
             found[AlertKind.CHECKPOINT_STALL] = (message, None)
