@@ -44,9 +44,10 @@ from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.shadow import SHADOW_RECORDS
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
-from dashboard.services.upgrades import SHADOW_RECORDS, upgrade_refusal
+from dashboard.services.upgrades import upgrade_refusal
 
 
 @login_required

@@ -24,6 +24,7 @@ from dashboard.services import (
     partitions,
     rescale,
     savepoints,
+    shadow,
     skips,
     storage,
     upgrades,
@@ -87,7 +88,7 @@ def action_execute(*, action_id: int) -> Action:
         ActionKind.SKIP_ENTRIES: skips.skip_action,
         ActionKind.REDRIVE_DEAD_LETTERS: dead_letters.redrive_action,
         ActionKind.UPGRADE_PREVIEW: upgrades.upgrade_preview_action,
-        ActionKind.UPGRADE_SHADOW: upgrades.upgrade_shadow_action,
+        ActionKind.UPGRADE_SHADOW: shadow.upgrade_shadow_action,
         ActionKind.UPGRADE: upgrades.upgrade_action,
         ActionKind.UPGRADE_ROLLBACK: upgrades.upgrade_rollback_action,
     }

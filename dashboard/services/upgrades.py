@@ -12,11 +12,9 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from contextlib import suppress
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -31,7 +29,7 @@ from dashboard.services.action_steps import action_progress, alive_run, run_stat
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import savepoint_fork, switch_to_fork
 from dashboard.services.runs import job_request_start
-from dashboard.services.savepoints import savepoint_newest_verified, savepoint_take
+from dashboard.services.savepoints import savepoint_take
 
 COMPATIBLE, EVOLVES, INCOMPATIBLE = "compatible", "evolves", "incompatible"
 WATCH_MIN_SECONDS = 120  # how long the new version gets to commit its first batch (at least 10 triggers)
@@ -146,7 +144,7 @@ def upgrade_plan(action: Action, target: str) -> dict[str, Any]:
         action_progress(action, f"copying the checkpoint as of batch {batch} into a scratch directory")
         copy_checkpoint(job.checkpoint_location, scratch, batch)
         action_progress(action, f"re-running batch {batch} with {target} on the scratch copy")
-        spec = _scratch_spec(job, dead_letters) | {"reference": pipelines.reference(target)}
+        spec = scratch_spec(job, dead_letters) | {"reference": pipelines.reference(target)}
         result = run_state_tool("plan", scratch, batch, spec=spec)
     except CheckpointError as exc:
         raise ActionFailed(f"The checkpoint cannot be copied for the preview: {exc}") from None
@@ -171,10 +169,7 @@ def upgrade_plan(action: Action, target: str) -> dict[str, Any]:
             "summary": summary}  # fmt: skip
 
 
-SHADOW_RECORDS = 5000  # input a shadow run reads by default, from the savepoint's offset on
-
-
-def _scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
+def scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
     """What the state tool needs to read the job's source beside it, with rejects going to a scratch key."""
     return {
         "stream": job.source_stream, "redis_url": settings.REDIS_URL, "backend": job.state_backend,
@@ -184,83 +179,14 @@ def _scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def shadow_range(job: Job, savepoint: Savepoint, records: int) -> dict[str, Any]:
-    """The source offset ``records`` entries after the savepoint's (or the stream's head, if nearer)."""
-    if not job.reads_redis:
-        raise ActionFailed(
-            "A shadow run reads a fixed range of a Redis stream beside the live job; this job's source has no such "
-            "range yet. Preview the upgrade instead."
-        )
-    start = (savepoint.manifest.get("source_offsets") or [None])[0]
-    if not isinstance(start, dict) or "id" not in start:
-        raise ActionFailed(f"Savepoint #{savepoint.id} does not record where in {job.source_stream} it stands.")
-    try:
-        entries = redis_client().xrange(job.source_stream, min=f"({start['id']}", count=records)
-    except RedisError as exc:
-        raise ActionFailed(f"Redis cannot be reached, so the shadow run's input cannot be fixed: {exc}") from None
-    if not entries:
-        raise ActionFailed(
-            f"Nothing arrived in {job.source_stream} after savepoint #{savepoint.id}: no input to compare on yet."
-        )
-    last = entries[-1][0]
-    return {"id": last.decode() if isinstance(last, bytes) else str(last), "n": int(start["n"]) + len(entries)}
-
-
-def upgrade_shadow_action(action: Action) -> str:
-    """Run the new version and the current one from the same savepoint over the same input, on scratch copies beside
-    the live job, and keep the result rows the new one would add, remove or change."""
-    job = action.job
-    target = str(action.params.get("pipeline", ""))
-    if refusal := upgrade_refusal(job, target):
-        raise ActionFailed(refusal)
-    if pipelines.find(job.pipeline) is None:
-        raise ActionFailed(f"{job.pipeline}, which {job.name} runs now, is not registered: nothing to compare with.")
-    savepoint = savepoint_newest_verified(job)
-    if savepoint is None:
-        if not committed_batches(job.checkpoint_location):
-            raise ActionFailed(f"{job.name} has no state yet: there is nothing to shadow.")
-        savepoint = savepoint_take(job=job, action=action, origin="shadow")
-    records = min(int(action.params.get("records") or SHADOW_RECORDS), 100_000)
-    ending = shadow_range(job, savepoint, records)
-    scratch = job.directory / f"upgrade-shadow-{action.id}"
-    dead_letters = f"{job.dead_letter_stream}:shadow-{action.id}"
-    remove_tree(scratch)
-    try:
-        for side in ("old", "new"):
-            action_progress(action, f"copying savepoint #{savepoint.id} for the {side} version")
-            shutil.copytree(Path(savepoint.path) / "checkpoint", scratch / side)
-        action_progress(
-            action,
-            f"running {job.pipeline} and {target} over {ending['n'] - int(savepoint.manifest['source_offsets'][0]['n'])} records",
-        )
-        spec = _scratch_spec(job, dead_letters) | {
-            "old_reference": pipelines.reference(job.pipeline), "new_reference": pipelines.reference(target),
-            "ending": ending, "limit": 50,
-        }  # fmt: skip
-        result = run_state_tool("shadow", scratch, int(savepoint.batch_id or 0), spec=spec)
-    finally:
-        remove_tree(scratch)
-        with suppress(RedisError):
-            redis_client().delete(dead_letters)
-    read = ending["n"] - int(savepoint.manifest["source_offsets"][0]["n"])
-    shadow = {"target": target, "current": job.pipeline, "savepoint": savepoint.id, "records": read, **result}
-    _remember(action, shadow=shadow)
-    counts = result["counts"]
-    return (
-        f"Shadow run of {target} beside {job.pipeline}, from savepoint #{savepoint.id} over the next {read} records: "
-        f"{counts['added']} result rows added, {counts['removed']} removed, {counts['changed']} changed, "
-        f"{result['same']} the same."
-    )
-
-
-def _remember(action: Action, **params: Any) -> None:
+def remember(action: Action, **params: Any) -> None:
     action.params = {**action.params, **params}
     Action.objects.filter(id=action.id).update(params=action.params)
 
 
 def upgrade_preview_action(action: Action) -> str:
     plan = upgrade_plan(action, str(action.params.get("pipeline", "")))
-    _remember(action, plan=plan)
+    remember(action, plan=plan)
     return str(plan["summary"])
 
 
@@ -335,7 +261,7 @@ def upgrade_action(action: Action) -> str:
     source = job.pipeline
     empty = bool(action.params.get("empty_state"))
     plan = upgrade_plan(action, target)
-    _remember(action, plan=plan, from_pipeline=source)
+    remember(action, plan=plan, from_pipeline=source)
     if plan["incompatible"] and not empty:
         raise ActionFailed(
             f"Refused before anything stopped. {plan['summary']}. To run it anyway, upgrade with empty state: the new "
@@ -349,7 +275,7 @@ def upgrade_action(action: Action) -> str:
     savepoint = None
     if committed_batches(job.checkpoint_location):
         savepoint = savepoint_take(job=job, action=action, origin="before-upgrade")
-        _remember(action, savepoint=savepoint.id, from_deploy=savepoint.deploy_id)
+        remember(action, savepoint=savepoint.id, from_deploy=savepoint.deploy_id)
     emptied = ""
     if empty and savepoint is not None:
         emptied = _start_empty(action, savepoint)
@@ -360,7 +286,7 @@ def upgrade_action(action: Action) -> str:
     if not was_running and not action.params.get("start"):
         return f"Switched {job.name} from {source} to {target}; {kept}. The job stays stopped: its next start runs {target}."
     run = job_request_start(job=job, requested_by=action.requested_by)
-    _remember(action, run=run.id)
+    remember(action, run=run.id)
     action_progress(action, f"run #{run.id} of {target} starting: waiting for its first batch")
     watch = float(action.params.get("watch_seconds") or max(WATCH_MIN_SECONDS, 10 * job.trigger_interval_seconds))
     failure = _watch(action, run, savepoint.batch_id if savepoint and not emptied else None, watch)
