@@ -196,6 +196,7 @@ def region_events(job: Job) -> int:
 
 
 @pytest.mark.spark
+@pytest.mark.chaos  # a broken version and four switches: about five minutes, beyond the default suite's budget
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_with_empty_state(
     broken_version_installed, make_job, redis, stream_name, celery_worker
