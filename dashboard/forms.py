@@ -70,8 +70,8 @@ class JobForm(forms.ModelForm):
         labels = {
             "trigger_interval_seconds": "Trigger interval (seconds)",
             "source_kind": "Source",
-            "source_stream": "Redis stream",
-            "source_path": "Directory (file source)",
+            "source_stream": "Redis stream, or Kafka topic",
+            "source_path": "Directory (files), or bootstrap servers (Kafka)",
             "source_format": "File format",
         }
 

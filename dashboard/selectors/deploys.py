@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.db.models import Count, Max, Min
 
@@ -40,6 +39,12 @@ def upgrade_view(job: Job) -> UpgradeView:
         for a in history
     )
     rollback = latest if latest and not rolled_back and latest.params.get("pipeline") == job.pipeline else None
-    registry: dict[str, Any] = pipelines.registry().pipelines
-    targets = [(name, p.title) for name, p in registry.items() if name != job.pipeline]
+    found = pipelines.registry()
+    module = found.references.get(job.pipeline, "").partition(":")[0]
+    # versions from the same module first: the likely upgrades
+    others = sorted(
+        (name for name in found.pipelines if name != job.pipeline),
+        key=lambda name: (found.references[name].partition(":")[0] != module, name),
+    )
+    targets = [(name, found.pipelines[name].title) for name in others]
     return UpgradeView(targets, plan, shadow, rollback, history)
