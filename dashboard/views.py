@@ -3,7 +3,9 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import itertools
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -15,6 +17,7 @@ import redis.asyncio as aredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.core.paginator import Paginator
@@ -30,7 +33,7 @@ from dashboard.access import ADMIN, OPERATOR, requires
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
-from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AuditEntry, AutoscaleMode, Job, SavepointStatus
+from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AutoscaleMode, Job, SavepointStatus
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
 from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_export
 from dashboard.selectors.deploys import deploy_history, upgrade_view
@@ -505,11 +508,48 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
         await client.aclose()  # type: ignore[attr-defined]  # redis 5+ has aclose; the stubs predate it
 
 
-def _event_stream(request: HttpRequest, job: Job | None) -> HttpResponse | StreamingHttpResponse:
+STREAM_CURSOR = re.compile(r"^(\$|\d{1,20}(-\d{1,20})?)$")
+# Open live streams in this server process: (user id, a token) -> when it opened. A stream ends by itself after
+# LIVE_STREAM_SECONDS, so an entry older than that (a stream whose cleanup never ran) no longer counts.
+_open_streams: dict[tuple[int, int], float] = {}
+_stream_numbers = itertools.count()
+
+
+def _stream_slot(user_id: int) -> tuple[int, int] | str:
+    """A place for one more live stream of this user, or why there is none (per user, and in all)."""
+    now = time.monotonic()
+    for slot, opened in list(_open_streams.items()):
+        if now - opened > LIVE_STREAM_SECONDS + 30:
+            _open_streams.pop(slot, None)
+    mine = sum(1 for uid, _ in _open_streams if uid == user_id)
+    if mine >= settings.LIVE_STREAMS_PER_USER:
+        return f"{mine} live streams are open for you already (the limit is {settings.LIVE_STREAMS_PER_USER}): close a tab."
+    if len(_open_streams) >= settings.LIVE_STREAMS_TOTAL:
+        return f"The console serves {len(_open_streams)} live streams already (the limit): try again in a minute."
+    slot = (user_id, next(_stream_numbers))
+    _open_streams[slot] = now
+    return slot
+
+
+async def _counted(events: AsyncIterator[str], slot: tuple[int, int]) -> AsyncIterator[str]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        _open_streams.pop(slot, None)
+
+
+def _event_stream(request: HttpRequest, job: Job | None, user_id: int) -> HttpResponse | StreamingHttpResponse:
     if not isinstance(request, ASGIRequest):  # a WSGI server would hold a thread for as long as the browser watches
         return HttpResponse("Live updates need the ASGI server (uvicorn).", status=503, content_type="text/plain")
     cursor = request.headers.get("Last-Event-ID") or request.GET.get("after") or "$"
-    response = StreamingHttpResponse(_live_events(job, cursor), content_type="text/event-stream")
+    if not STREAM_CURSOR.match(cursor):  # answered once: a browser does not reconnect after an error status
+        return HttpResponse("after must be a stream entry id (such as 1700000000000-0) or $.", status=400,
+                            content_type="text/plain")  # fmt: skip
+    slot = _stream_slot(user_id)
+    if isinstance(slot, str):
+        return HttpResponse(slot, status=429, content_type="text/plain")
+    response = StreamingHttpResponse(_counted(_live_events(job, cursor), slot), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -521,13 +561,15 @@ async def job_live(request: HttpRequest, name: str) -> HttpResponse | StreamingH
     job = await sync_to_async(Job.objects.filter(name=name).first)()
     if job is None:
         raise Http404(name)
-    return _event_stream(request, job)
+    user = await request.auser()
+    return _event_stream(request, job, int(user.pk or 0))
 
 
 @login_required
 async def jobs_live(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """Server-sent events for the job list: every job's checkpoints."""
-    return _event_stream(request, None)
+    user = await request.auser()
+    return _event_stream(request, None, int(user.pk or 0))
 
 
 @login_required
@@ -576,10 +618,8 @@ def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     context = {
         "entries": Paginator(entries, 100).get_page(request.GET.get("page")),
         "jobs": Job.objects.order_by("name").values_list("name", flat=True),
-        "users": AuditEntry.objects.exclude(username="")
-        .order_by("username")
-        .values_list("username", flat=True)
-        .distinct(),
+        # real users only: a failed login's entry carries whatever name was tried
+        "users": get_user_model().objects.order_by("username").values_list("username", flat=True),
         "filters": {
             "job": job_name,
             "user": username,

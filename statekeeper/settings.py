@@ -221,6 +221,8 @@ FILE_SOURCE_ROOTS = [
     for p in env_str("STATEKEEPER_FILE_SOURCE_ROOTS", str(BASE_DIR / "var" / "inbox")).split(",")
     if p.strip()
 ]
+LIVE_STREAMS_PER_USER = env_int("STATEKEEPER_LIVE_STREAMS_PER_USER", 6)
+LIVE_STREAMS_TOTAL = env_int("STATEKEEPER_LIVE_STREAMS_TOTAL", 200)
 READ_ONLY = env_str("STATEKEEPER_READ_ONLY", "") in ("1", "true", "yes")
 # Failed logins: after LOGIN_FAILURES_ALLOWED failures for a user name or from an address within LOGIN_LOCKOUT_SECONDS,
 # further attempts are refused until that window has passed.

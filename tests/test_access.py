@@ -327,3 +327,11 @@ def test_the_admin_obeys_read_only_mode_audits_its_changes_and_cannot_edit_a_run
     again = make_job(name="clicks")
     assert client.post(f"/admin/dashboard/job/{again.id}/delete/", {"post": "yes"}).status_code == 403
     assert Job.objects.filter(id=again.id).exists()
+
+
+def test_the_audit_pages_user_filter_lists_real_users_only(as_role, client):
+    client.post("/login/", {"username": "attacker-made-this-up", "password": "guess"})
+    page = as_role("admin", "auditor").get("/audit/").content.decode()
+    assert "<option >auditor</option>" in page
+    assert "<option >attacker-made-this-up</option>" not in page, "a failed login's name is not a user"
+    assert "attacker-made-this-up" in page, "the attempt itself is still in the trail"

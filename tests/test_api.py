@@ -4,14 +4,16 @@ that the API keeps (fuzzed with schemathesis: no input gets a 5xx), and /metrics
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 import schemathesis
 from django.core.management import call_command
+from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
 from dashboard.api.tokens import token_create
-from dashboard.models import AuditEntry, Checkpoint, Run, RunStatus
+from dashboard.models import AuditEntry, Checkpoint, IdempotentRequest, Run, RunStatus
 from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
@@ -86,6 +88,21 @@ def test_a_retried_start_with_the_same_idempotency_key_acts_once(client, token, 
     assert second.status_code == 409 and "already has run" in second.json()["error"]
     entry = AuditEntry.objects.filter(verb="start", origin="api").order_by("id").first()
     assert (entry.username, entry.outcome) == ("deployer", "requested")
+
+
+def test_a_key_whose_first_attempt_failed_is_tried_again_and_an_old_key_expires(client, token, make_job):
+    make_job(name="orders")
+    operator = token("operator", "deployer")
+    missing = {"savepoint": 999}
+    for _ in range(2):  # a 404 on the first attempt must not leave the key "still being handled" for good
+        lost = call(client, "POST", "/api/v1/jobs/orders/restore", operator, missing, HTTP_IDEMPOTENCY_KEY="r-1")
+        assert lost.status_code == 404
+    first = call(client, "POST", "/api/v1/jobs/orders/start", operator, HTTP_IDEMPOTENCY_KEY="d-1")
+    IdempotentRequest.objects.filter(key="d-1").update(created_at=timezone.now() - timedelta(hours=25))
+    Run.objects.update(status=RunStatus.STOPPED)
+    again = call(client, "POST", "/api/v1/jobs/orders/start", operator, HTTP_IDEMPOTENCY_KEY="d-1")
+    assert first.status_code == again.status_code == 202 and "Idempotent-Replayed" not in again
+    assert Run.objects.count() == 2, "a day later the key is a new request"
 
 
 def test_bad_bodies_get_a_clear_400(client, token, make_job):

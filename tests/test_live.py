@@ -206,3 +206,24 @@ def test_the_chart_data_carries_the_incidents_on_the_same_axis(client, make_job,
     assert [e["kind"] for e in data["incidents"]] == ["start", "failure", "restart", "start", "rescale"]
     assert data["resolution"] == "batch"
     assert client.get("/jobs/orders/series.json?range=4w").json()["resolution"] == "hour"
+
+
+def test_a_bad_cursor_is_answered_once_and_open_streams_are_capped(make_job, django_user_model, settings, monkeypatch):
+    import time as clock
+
+    from dashboard import views
+
+    job = make_job()
+    user = django_user_model.objects.create_user("viewer", password="x")
+    client = AsyncClient()
+    client.force_login(user)
+    bad = async_to_sync(client.get)(f"/jobs/{job.name}/live?after=not-an-id")
+    assert bad.status_code == 400 and b"stream entry id" in bad.content
+    settings.LIVE_STREAMS_PER_USER = 1
+    monkeypatch.setattr(views, "_open_streams", {(user.pk, 1): clock.monotonic()})  # a tab already watching
+    capped = async_to_sync(client.get)(f"/jobs/{job.name}/live")
+    assert capped.status_code == 429 and b"1 live streams are open for you already" in capped.content
+    stale = clock.monotonic() - views.LIVE_STREAM_SECONDS - 60  # a stream whose clean-up never ran
+    monkeypatch.setattr(views, "_open_streams", {(user.pk, 1): stale})
+    slot = views._stream_slot(user.pk)
+    assert not isinstance(slot, str) and list(views._open_streams) == [slot], "the stale one no longer counts"

@@ -8,12 +8,14 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from functools import wraps
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from dashboard.access import OPERATOR, VIEWER, refusal
@@ -225,6 +227,8 @@ def action(request: HttpRequest, action_id: int) -> Any:
     return action_json(get_object_or_404(Action.objects.select_related("job"), id=action_id))
 
 
+IDEMPOTENCY_HOURS = 24
+
 # what each write takes in its JSON body: name -> (type, minimum, maximum, required)
 BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     "start": {},
@@ -285,6 +289,10 @@ def _act(request: HttpRequest, name: str, verb: str) -> JsonResponse:
     fingerprint = hashlib.sha256(request.body or b"").hexdigest()
     user_id = int(request.user.pk or 0)
     if key:
+        # a key is kept IDEMPOTENCY_HOURS: after that the same key is a new request
+        IdempotentRequest.objects.filter(
+            user_id=user_id, key=key, created_at__lt=timezone.now() - timedelta(hours=IDEMPOTENCY_HOURS)
+        ).delete()
         try:
             with transaction.atomic():
                 IdempotentRequest.objects.create(
@@ -300,7 +308,13 @@ def _act(request: HttpRequest, name: str, verb: str) -> JsonResponse:
             replay = JsonResponse(first.response, status=first.status)
             replay["Idempotent-Replayed"] = "true"
             return replay
-    status, body = _perform(request, found, verb, params)
+    try:
+        status, body = _perform(request, found, verb, params)
+    except BaseException:
+        # it did not act: a retry with the same key must be tried again, not answered 409 for good
+        if key:
+            IdempotentRequest.objects.filter(user_id=user_id, key=key, status=0).delete()
+        raise
     if key:
         IdempotentRequest.objects.filter(user_id=user_id, key=key).update(status=status, response=body)
     return JsonResponse(body, status=status)
