@@ -264,6 +264,6 @@ def test_a_new_version_whose_driver_is_lost_or_never_runs_counts_as_failed(make_
 
     job = make_job(pipeline="user-sessions", state_backend="rocksdb")
     lost = Run.objects.create(job=job, status=RunStatus.LOST, message="The driver process exited without reporting.")
-    assert _watch(Action(job=job), lost, 3, 5) == "The driver process exited without reporting."
+    assert _watch(lost, 3, 5) == "The driver process exited without reporting."
     pending = Run.objects.create(job=job, status=RunStatus.PENDING)
-    assert _watch(Action(job=job), pending, 3, 1) == f"run #{pending.id} was still pending after 1 s"
+    assert _watch(pending, 3, 1) == f"run #{pending.id} was still pending after 1 s"

@@ -156,7 +156,7 @@ def upgrade_plan(action: Action, target: str) -> dict[str, Any]:
     bad = [v for v in verdicts if v.verdict == INCOMPATIBLE]
     if bad:
         summary = f"Incompatible with {target}: " + "; ".join(
-            f"{v.operator} {v.variable}: {v.reason}".replace("  ", " ") for v in bad
+            f"{' '.join(filter(None, (v.operator, v.variable)))}: {v.reason}" for v in bad
         )
     else:
         evolving = sum(v.verdict == EVOLVES for v in verdicts)
@@ -190,7 +190,7 @@ def upgrade_preview_action(action: Action) -> str:
     return str(plan["summary"])
 
 
-def _watch(action: Action, run: Run, after_batch: int | None, seconds: float) -> str:
+def _watch(run: Run, after_batch: int | None, seconds: float) -> str:
     """'' when the new run committed a batch (or is running and healthy at the deadline, with no input to prove a
     batch), else why it failed: it ended (failed, lost, refused, stopped) or never started running."""
     deadline = time.monotonic() + seconds
@@ -289,7 +289,7 @@ def upgrade_action(action: Action) -> str:
     remember(action, run=run.id)
     action_progress(action, f"run #{run.id} of {target} starting: waiting for its first batch")
     watch = float(action.params.get("watch_seconds") or max(WATCH_MIN_SECONDS, 10 * job.trigger_interval_seconds))
-    failure = _watch(action, run, savepoint.batch_id if savepoint and not emptied else None, watch)
+    failure = _watch(run, savepoint.batch_id if savepoint and not emptied else None, watch)
     if failure:
         action_progress(action, f"{target} failed: rolling back to {source}")
         back = _roll_back(action, savepoint, source, start=True)

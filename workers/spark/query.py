@@ -1,4 +1,5 @@
-"""Builds a job's streaming query: Redis stream or files -> pipeline transform -> a foreachBatch sink. No Django here."""
+"""Builds a job's streaming query: a source (Redis stream, files, Kafka) -> the pipeline's transform -> a foreachBatch
+sink. No Django here."""
 
 from __future__ import annotations
 

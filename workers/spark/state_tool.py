@@ -162,6 +162,19 @@ def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
     return list(operators.values())
 
 
+def _scratch_job(spec: dict[str, Any], name: str, checkpoint: str, pipeline: Any, **extra: Any) -> JobSpec:
+    """A query on a scratch copy that reads the job's source as the job does (the dashboard's ``scratch_spec``), with
+    its rejects kept apart."""
+    return JobSpec(
+        job_id=0, name=name, pipeline=pipeline.name, stream=spec["stream"], redis_url=spec["redis_url"],
+        backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"], parallelism=1,
+        checkpoint=checkpoint, batches_retained=1000, max_records=spec["max_records"], dead_letter=spec["dead_letter"],
+        skip_list=spec.get("skip_list", ""), max_future_seconds=spec.get("max_future_seconds", 300),
+        source_kind=spec.get("source_kind", "redis-stream"), source_path=spec.get("source_path", ""),
+        source_format=spec.get("source_format", "json"), **extra,
+    )  # fmt: skip
+
+
 def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
     """Re-run committed batch ``batch`` of a scratch copy with the pipeline at ``spec["reference"]``, from the state
     the batch started with, into a sink that only counts: Spark checks the new code against the old state as a
@@ -174,14 +187,7 @@ def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, A
     for folder in [root / "commits", *root.glob("state/*/_metadata/v2")]:
         for name in (str(batch), f".{batch}.crc"):
             (folder / name).unlink(missing_ok=True)
-    job = JobSpec(
-        job_id=0, name=f"upgrade-plan-{int(time.time())}", pipeline=pipeline.name, stream=spec["stream"],
-        redis_url=spec["redis_url"], backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"],
-        parallelism=1, checkpoint=path, batches_retained=1000, max_records=spec["max_records"],
-        dead_letter=spec["dead_letter"], skip_list=spec.get("skip_list", ""),
-        max_future_seconds=spec.get("max_future_seconds", 300), source_kind=spec.get("source_kind", "redis-stream"),
-        source_path=spec.get("source_path", ""), source_format=spec.get("source_format", "json"),
-    )  # fmt: skip
+    job = _scratch_job(spec, f"upgrade-plan-{int(time.time())}", path, pipeline)
     rows: list[int] = []
 
     def count(frame: DataFrame, batch_id: int) -> None:
@@ -219,14 +225,9 @@ def _results_over_range(spark: Any, path: Path, spec: dict[str, Any], reference:
     """Run the pipeline on the checkpoint copy at ``path`` up to the spec's ending offset (Trigger.AvailableNow), and
     keep its results as the sink would: upserted on (kind, key)."""
     pipeline = _load_pipeline(reference)
-    job = JobSpec(
-        job_id=0, name=f"shadow-{path.name}-{int(time.time())}", pipeline=pipeline.name, stream=spec["stream"],
-        redis_url=spec["redis_url"], backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"],
-        parallelism=1, checkpoint=str(path), batches_retained=1000, max_records=spec["max_records"],
-        dead_letter=spec["dead_letter"], skip_list=spec.get("skip_list", ""),
-        max_future_seconds=spec.get("max_future_seconds", 300), source_kind=spec.get("source_kind", "redis-stream"),
-        source_path=spec.get("source_path", ""), source_format=spec.get("source_format", "json"), ending_offset=json.dumps(spec["ending"]),
-        available_now=True,
+    job = _scratch_job(
+        spec, f"shadow-{path.name}-{int(time.time())}", str(path), pipeline,
+        ending_offset=json.dumps(spec["ending"]), available_now=True,
     )  # fmt: skip
     rows: dict[str, Any] = {}
     batches: list[int] = []

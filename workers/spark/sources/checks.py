@@ -10,27 +10,25 @@ from typing import Any
 
 from workers.spark.sources.redis_streams import Limits, PayloadFormat, Rejected, dead_letter, parse_entries
 
-# (entry id, [b"v", payload]) pairs to check, and the rows already rejected on the way
-Entries = tuple[list[tuple[bytes, list[bytes]]], list[Rejected]]
+# (entry id, [b"v", payload]) pairs to check, the rows already rejected on the way, and where each entry came from
+# (entry id -> a place named in its dead letter's reason; empty when the id says enough)
+Entries = tuple[list[tuple[bytes, list[bytes]]], list[Rejected], dict[str, str]]
 
 
 def check_batches(
     batches: Iterator[Any], payload_option: str, limits: Limits, dead_letters: str, redis_url: str,
-    entries_of: Callable[[Any], Entries], where: dict[str, str] | None = None,
+    entries_of: Callable[[Any], Entries],
 ) -> Iterator[Any]:  # fmt: skip
-    """Arrow batches of a source's rows in, Arrow batches of checked events (``_id`` first) out. ``where`` (filled by
-    ``entries_of``) names where an entry came from, for its dead letter's reason."""
+    """Arrow batches of a source's rows in, Arrow batches of checked events (``_id`` first) out."""
     import redis
 
     fmt, client = PayloadFormat.from_option(payload_option), None
     for batch in batches:
-        raw, dead = entries_of(batch)
+        raw, dead, where = entries_of(batch)
         good, rejected = parse_entries(raw, fmt, limits)
         dead += rejected
-        if dead and where:
-            dead = [replace(r, reason=f"{r.reason} (in {where[r.entry]})") if r.entry in where else r for r in dead]
         if where:
-            where.clear()
+            dead = [replace(r, reason=f"{r.reason} (in {where[r.entry]})") if r.entry in where else r for r in dead]
         if dead:
             client = client or redis.Redis.from_url(redis_url, socket_timeout=30)
             dead_letter(client, dead_letters, dead)

@@ -85,11 +85,12 @@ def file_events(
     option, limits = payload.to_option(), Limits(max_future_seconds=max_future_seconds)
     mark, columns_named = CSV_MARK.encode(), ", ".join(f.name for f in payload.fields)
 
-    def entries_of(batch: Any, counters: dict[tuple[str, int], int], where: dict[str, str]) -> Entries:
+    def entries_of(batch: Any, counters: dict[tuple[str, int], int]) -> Entries:
         columns = batch.to_pydict()
         ids = _entry_ids(columns["path"], columns["start"], columns["mtime"], counters)
         raw: list[tuple[bytes, list[bytes]]] = []
         dead: list[Rejected] = []
+        where: dict[str, str] = {}  # entry id -> file name, for the dead letters' reasons
         for entry, value, path in zip(ids, columns["v"], columns["path"], strict=True):
             where[entry.decode()] = unquote(path.rpartition("/")[2])
             text = (value or "").encode("utf-8", "surrogatepass")
@@ -97,13 +98,10 @@ def file_events(
                 dead.append(Rejected(entry.decode(), "parse", f"not a CSV row of {columns_named}", text[len(mark) :]))
             else:
                 raw.append((entry, [b"v", text]))
-        return raw, dead
+        return raw, dead, where
 
     def check(batches: Iterator[Any]) -> Iterator[Any]:
         counters: dict[tuple[str, int], int] = {}  # rows seen per file split, in this partition
-        where: dict[str, str] = {}  # entry id -> file name, for the dead letters' reasons
-        yield from check_batches(
-            batches, option, limits, dead_letters, redis_url, lambda b: entries_of(b, counters, where), where
-        )
+        yield from check_batches(batches, option, limits, dead_letters, redis_url, lambda b: entries_of(b, counters))
 
     return entries.mapInArrow(check, payload.spark_schema())

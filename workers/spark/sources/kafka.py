@@ -37,7 +37,7 @@ def kafka_events(
 
     def entries_of(batch: Any) -> Entries:
         columns = batch.to_pydict()
-        return [(i.encode(), [b"v", v or b""]) for i, v in zip(columns["_id"], columns["v"], strict=True)], []
+        return [(i.encode(), [b"v", v or b""]) for i, v in zip(columns["_id"], columns["v"], strict=True)], [], {}
 
     def check(batches: Iterator[Any]) -> Iterator[Any]:
         yield from check_batches(batches, option, limits, dead_letters, redis_url, entries_of)
