@@ -95,6 +95,22 @@ PYEOF
   fi
 }
 
+app_database_url() {
+  # The same PostgreSQL database as the app role (STATEKEEPER_DB_APP_ROLE, STATEKEEPER_DB_APP_PASSWORD); SQLite as is.
+  "$PY" - "$1" <<'PYEOF'
+import os, sys
+from urllib.parse import quote, urlsplit, urlunsplit
+url = urlsplit(sys.argv[1])
+if url.scheme.startswith("postgres"):
+    user = quote(os.environ.get("STATEKEEPER_DB_APP_ROLE", "statekeeper_app"), safe="")
+    password = os.environ.get("STATEKEEPER_DB_APP_PASSWORD", "")
+    auth = user + (":" + quote(password, safe="") if password else "")
+    print(urlunsplit(url._replace(netloc=f"{auth}@{url.hostname}" + (f":{url.port}" if url.port else ""))))
+else:
+    print(sys.argv[1])
+PYEOF
+}
+
 ensure_chromium() {
   command -v chromium >/dev/null || { say "installing Debian's chromium (for browser tests)"; apt_install chromium; }
 }

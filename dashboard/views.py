@@ -612,8 +612,12 @@ def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     bad = [name for name in ("since", "until") if request.GET.get(name) and _moment(request.GET[name]) is None]
     entries = audit_filter(job=job_name, user=username, since=since, until=until)
     if request.GET.get("format") == "csv" and not bad:
-        response = StreamingHttpResponse(audit_csv(entries), content_type="text/csv; charset=utf-8")
+        cap, total = settings.AUDIT_CSV_MAX_ROWS, entries.count()
+        response = StreamingHttpResponse(audit_csv(entries, cap), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="statekeeper-audit-{timezone.now():%Y%m%d-%H%M%S}.csv"'
+        response["X-Statekeeper-Rows"] = str(min(cap, total))
+        if total > cap:  # the newest `cap` entries; the page says how to get the rest
+            response["X-Statekeeper-Truncated"] = f"{cap} of {total} entries: narrow the time range for the rest"
         return response
     context = {
         "entries": Paginator(entries, 100).get_page(request.GET.get("page")),
@@ -627,6 +631,7 @@ def audit_list(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
             "until": request.GET.get("until", ""),
         },
         "bad": bad,
+        "csv_cap": settings.AUDIT_CSV_MAX_ROWS,
         "query": urlencode({k: v for k, v in request.GET.items() if k in ("job", "user", "since", "until") and v}),
     }
     return render(request, "dashboard/audit_list.html", context, status=400 if bad else 200)

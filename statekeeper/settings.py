@@ -158,6 +158,10 @@ TEMPLATES = [
 ASGI_APPLICATION = "statekeeper.asgi.application"
 DATABASES = {"default": database_from_url(env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/statekeeper"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The role the running console connects as (web, workers, drivers): after every `migrate` the migrating owner grants it
+# what the app needs and nothing on the audit trail beyond SELECT and INSERT, so the app cannot rewrite its own history.
+DB_APP_ROLE = env_str("STATEKEEPER_DB_APP_ROLE", "statekeeper_app")
+DB_APP_PASSWORD = env_str("STATEKEEPER_DB_APP_PASSWORD", "")
 AUTH_PASSWORD_VALIDATORS: list[dict[str, Any]] = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
@@ -223,6 +227,8 @@ FILE_SOURCE_ROOTS = [
 ]
 LIVE_STREAMS_PER_USER = env_int("STATEKEEPER_LIVE_STREAMS_PER_USER", 6)
 LIVE_STREAMS_TOTAL = env_int("STATEKEEPER_LIVE_STREAMS_TOTAL", 200)
+# an audit export holds at most this many rows (the newest): narrow the time range for older ones
+AUDIT_CSV_MAX_ROWS = env_int("STATEKEEPER_AUDIT_CSV_MAX_ROWS", 100_000)
 READ_ONLY = env_str("STATEKEEPER_READ_ONLY", "") in ("1", "true", "yes")
 # Failed logins: after LOGIN_FAILURES_ALLOWED failures for a user name or from an address within LOGIN_LOCKOUT_SECONDS,
 # further attempts are refused until that window has passed.

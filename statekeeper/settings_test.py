@@ -1,6 +1,7 @@
 """Settings for the test suite: its own Redis database and PostgreSQL database, so a running console is untouched.
 
-Processes the tests start (Celery worker, drivers) inherit STATEKEEPER_TEST_PROCESS=1 and use the test database.
+Processes the tests start (Celery worker, drivers) inherit STATEKEEPER_TEST_PROCESS=1 and use the test database, as
+the app role.
 """
 
 import os
@@ -20,6 +21,9 @@ STOP_GRACE_SECONDS = 60
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if os.environ.get("STATEKEEPER_TEST_PROCESS") and str(DATABASES["default"]["ENGINE"]).endswith("postgresql"):
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]  # type: ignore[index]
+    # and connect as the app role, as a deployment does: the suite proves the grants are enough and no more
+    DATABASES["default"]["USER"] = DB_APP_ROLE  # noqa: F405
+    DATABASES["default"]["PASSWORD"] = DB_APP_PASSWORD  # noqa: F405
 CHECKPOINT_ROOT = Path(env_str("STATEKEEPER_CHECKPOINT_ROOT", "/tmp/statekeeper-tests/checkpoints")).resolve()  # noqa: F405
 LOG_ROOT = CHECKPOINT_ROOT.parent / "logs"
 # Tests serve static files from the apps' folders: no collectstatic step.

@@ -199,3 +199,35 @@ def test_no_input_makes_the_api_fail_with_a_server_error(case, wsgi_in_test_tran
     from schemathesis.checks import not_a_server_error
 
     case.call_and_validate(headers={"Authorization": operator_token}, checks=[not_a_server_error])
+
+
+def test_every_api_route_is_in_the_schema_and_so_fuzzed():
+    """A new endpoint that the schema forgets would escape the fuzzing above."""
+    from dashboard.api import urls
+
+    documented = {path.removeprefix("/api/") for path in schema.raw_schema["paths"]}
+    routes = {str(p.pattern).replace("<str:", "{").replace("<int:", "{").replace(">", "}") for p in urls.urlpatterns}
+    assert routes - {"openapi.json", "^"} == documented
+
+
+@pytest.mark.fuzz
+@schema.parametrize()
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+def test_long_fuzz_every_operation_keeps_its_schema(case, wsgi_in_test_transaction, operator_token):
+    """The long run (-m fuzz): more examples, and every answer checked against the schema, not only for 5xx."""
+    from schemathesis.checks import (
+        content_type_conformance,
+        not_a_server_error,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+    case.call_and_validate(headers={"Authorization": operator_token}, checks=checks)
+
+
+def test_a_path_the_api_does_not_have_is_a_json_404(client, token):
+    for path in ("/api/v1/actions/null,null", "/api/v2/jobs", "/api/v1/actions/0"):
+        answer = client.get(path, HTTP_AUTHORIZATION=token("viewer", f"v{len(path)}"))
+        assert answer.status_code == 404 and answer["Content-Type"] == "application/json", path
+        assert "error" in answer.json()

@@ -20,6 +20,11 @@ def test_docker_compose_runs_the_whole_stack_with_real_images():
     assert "celery" in services["worker"]["command"] and "beat" in services["beat"]["command"]
     assert services["worker"]["environment"]["STATEKEEPER_SPARK_MASTER"] == "spark://spark-master:7077"
     assert "org.apache.spark.deploy.master.Master" in services["spark-master"]["command"]
+    # migrations run as the owner; the console's processes as the app role, which cannot rewrite the audit trail
+    assert "migrate" in " ".join(services["migrate"]["command"])
+    assert services["migrate"]["environment"]["DATABASE_URL"].startswith("postgres://statekeeper:")
+    for name in ("web", "worker", "beat"):
+        assert services[name]["environment"]["DATABASE_URL"].startswith("postgres://statekeeper_app:"), name
 
 
 def test_the_image_installs_the_pinned_packages_and_java():

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from dashboard.api import openapi, views
 
@@ -23,4 +23,6 @@ urlpatterns = [
     path("v1/jobs/<str:name>/upgrade-shadow", views.upgrade_shadow, name="upgrade_shadow"),
     path("v1/jobs/<str:name>/upgrade", views.upgrade, name="upgrade"),
     path("v1/jobs/<str:name>/upgrade-rollback", views.upgrade_rollback, name="upgrade_rollback"),
+    # anything else under /api/ is a JSON 404, never the console's HTML page
+    re_path(r"^", views.not_found, name="not_found"),
 ]

@@ -13,8 +13,7 @@ from functools import wraps
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.http import HttpRequest, JsonResponse
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
@@ -73,6 +72,8 @@ def endpoint(methods: tuple[str, ...], role: str) -> Callable[[Callable[..., Any
                 result = view(request, *args, **kwargs)
             except ApiError as exc:
                 return _error(exc.status, str(exc))
+            except Http404 as exc:  # never Django's HTML page from the API
+                return _error(404, str(exc) or "Not found.")
             return result if isinstance(result, JsonResponse) else JsonResponse(result, safe=False)
 
         return wrapped
@@ -222,9 +223,17 @@ def actions(request: HttpRequest, name: str) -> Any:
     return {"actions": [action_json(a) for a in _job(name).actions.select_related("job")[:limit]]}
 
 
+@csrf_exempt
+def not_found(request: HttpRequest) -> JsonResponse:
+    return _error(404, f"No API endpoint at {request.path}; see /api/openapi.json.")
+
+
 @endpoint(("GET",), VIEWER)
 def action(request: HttpRequest, action_id: int) -> Any:
-    return action_json(get_object_or_404(Action.objects.select_related("job"), id=action_id))
+    found = Action.objects.select_related("job").filter(id=action_id).first()
+    if found is None:
+        raise ApiError(404, f"No action {action_id}.")
+    return action_json(found)
 
 
 IDEMPOTENCY_HOURS = 24

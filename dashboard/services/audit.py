@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -87,23 +87,26 @@ class _Echo:
         return value
 
 
-def audit_csv(entries: Any) -> Iterator[str]:
-    """CSV rows, streamed: an export of a year of entries never sits in memory."""
+def audit_row(e: AuditEntry) -> list[Any]:
+    return [
+        e.id,
+        e.at.isoformat(),
+        e.username,
+        e.address,
+        e.origin,
+        e.verb,
+        e.job,
+        e.target,
+        json.dumps(e.params, sort_keys=True),
+        e.outcome,
+        e.message,
+    ]
+
+
+async def audit_csv(entries: Any, cap: int) -> AsyncIterator[str]:
+    """CSV rows, newest first, at most `cap` of them, streamed asynchronously: under ASGI a synchronous iterator would
+    be read whole into memory before the first byte is sent, and would hold a worker thread for the whole export."""
     writer = csv.writer(_Echo())
     yield writer.writerow(COLUMNS)
-    for e in entries.iterator(chunk_size=2000):
-        yield writer.writerow(
-            [
-                e.id,
-                e.at.isoformat(),
-                e.username,
-                e.address,
-                e.origin,
-                e.verb,
-                e.job,
-                e.target,
-                json.dumps(e.params, sort_keys=True),
-                e.outcome,
-                e.message,
-            ]
-        )
+    async for e in entries[:cap].aiterator(chunk_size=2000):
+        yield writer.writerow(audit_row(e))
