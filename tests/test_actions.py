@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
-from dashboard.checkpoint_dir.files import committed_batches, verify_files
+from dashboard.checkpoint_dir.files import checkpoint_format, committed_batches, verify_files
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
 from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.drills import drills_run
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
+from dashboard.services.inspector import on_lineage
 from dashboard.services.storage import job_storage
 from tests.conftest import run_through, send_events, wait_for
 
@@ -144,6 +146,7 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     job = make_job(max_records_per_batch=300, state_partitions=2, state_backend="rocksdb")
     first = send_events(redis, stream_name, "url-counts", 600, seed=1)
     run_through(start_driver(job), redis, first)
+    assert checkpoint_format(job.checkpoint_location) == 2, "a new RocksDB checkpoint records its state file ids"
 
     action = execute(job, ActionKind.RESCALE, parallelism=1, state_partitions=3)
     job.refresh_from_db()
@@ -173,6 +176,14 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     newest = max(committed_batches(job.checkpoint_location))
     diff = execute(job, ActionKind.INSPECT_STATE, mode="diff", batch=newest, from_batch=newest - 1).params["result"]
     assert diff["total"] == sum(diff["counts"].values()) > 0 and set(diff["counts"]) <= {"added", "changed", "removed"}
+    # a state file of the newest version that no commit chose (a fenced driver's, say) is never read
+    assert checkpoint_format(job.checkpoint_location) == 2, "the savepoint copy and the repartition kept the format"
+    partition = job.checkpoint_location / "state" / "0" / "0"
+    committed = max(partition.glob("*.zip"), key=lambda z: int(z.name.split("_")[0]))
+    stray = partition / f"{committed.name.split('_')[0]}_{uuid.uuid4()}.zip"
+    stray.write_bytes(b"a zombie's half-written file")
+    assert on_lineage(job.checkpoint_location, partition, committed.name)
+    assert not on_lineage(job.checkpoint_location, partition, stray.name)
     raw = execute(job, ActionKind.INSPECT_STATE, mode="raw").params["result"]
     assert sum(f["keys"] for p in raw["partitions"] for f in p["families"].values()) == 8
     assert not list((settings.CHECKPOINT_ROOT / ".scratch").iterdir()), "scratch copies are removed"

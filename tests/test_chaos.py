@@ -4,6 +4,7 @@ form, with both backends and more kills, is selected with ``-m chaos``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -17,25 +18,45 @@ from django.db import connection
 from dashboard.models import Action, ActionKind, Checkpoint, ResultRow, Run, RunStatus
 from dashboard.services.actions import action_request
 from dashboard.services.errors import ActionRefused
-from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import send_events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Producer(threading.Thread):
-    """Writes url-counts events at a steady rate until stopped; ``sent`` is exact."""
+# What a broken or hostile producer writes among the access-log lines, one of every class: each must go to the dead
+# letter with its reason and stop nothing (a regex source sees JSON's classes as lines that do not match).
+GOOD_LINE = '10.0.0.1 - - [22/Nov/2026:10:00:00 +0000] "GET {url} HTTP/1.1" 200 512 "-" "demo/1.0"'
+POISON = [
+    GOOD_LINE.format(url="/\xff\xfe").encode("latin-1"),  # invalid UTF-8
+    GOOD_LINE.format(url="/surrogate").encode().replace(b"surrogate", b"\xed\xa0\x80"),  # a lone surrogate, encoded
+    b'{"order_id":"\\ud800","event":"created","ts":1}',  # JSON with a lone surrogate escape
+    b"{oops",  # not even JSON
+    b'{"k":' + b"[" * 5000 + b"]" * 5000 + b"}",  # deep JSON
+    GOOD_LINE.format(url="/" + "k" * 5000).encode(),  # a key the sink cannot store
+    GOOD_LINE.format(url="/nul\x00x").encode(),  # a NUL
+    GOOD_LINE.replace(" 200 ", " 99999999999999999999999 ").format(url="/big").encode(),  # a number out of range
+    b"x" * (2 << 20),  # a payload over the limit
+]
 
-    def __init__(self, redis, stream: str, rate: int = 150) -> None:
+
+class Producer(threading.Thread):
+    """Writes url-counts events at a steady rate until stopped, with a poison entry every ``poison_every`` ticks;
+    ``sent`` (good events) and ``poison`` (entry ids) are exact."""
+
+    def __init__(self, redis, stream: str, rate: int = 150, poison_every: int = 0) -> None:
         super().__init__(daemon=True)
-        self.redis, self.stream, self.rate = redis, stream, rate
-        self.sent, self.halt = 0, threading.Event()
+        self.redis, self.stream, self.rate, self.poison_every = redis, stream, rate, poison_every
+        self.sent, self.halt, self.poison = 0, threading.Event(), []
 
     def run(self) -> None:
         seed = 0
         while not self.halt.wait(0.2):
             seed += 1
             self.sent += send_events(self.redis, self.stream, "url-counts", self.rate // 5, seed=seed)
+            if self.poison_every and seed % self.poison_every == 0:
+                payload = POISON[len(self.poison) % len(POISON)]
+                self.poison.append(self.redis.xadd(self.stream, {"v": payload}).decode())
 
 
 def sink_total(job) -> int:
@@ -49,14 +70,32 @@ def running_with_progress(job, after_run: int = 0) -> Run | None:
     return None
 
 
-def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None) -> None:
+def pause_past_lease(job, run: Run) -> Run:
+    """SIGSTOP a driver until a successor commits, then wake it: it must be gone within 10 s, having written nothing."""
+    os.killpg(run.pid, signal.SIGSTOP)
+    successor = wait_for(lambda: running_with_progress(job, run.id), 180, 1, "a successor to the paused driver")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(run.pid, signal.SIGCONT)
+    wait_for(lambda: not pid_alive(run.pid), 10, 0.2, "the paused driver's process to be gone")
+    return successor
+
+
+def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None, pause_at: int | None = None) -> None:
+    """Events and poison flow while drivers are killed (and once paused past their lease) at random moments. The sink
+    must equal the good events, every poison entry must be in the dead letter with its reason, and no run may end
+    other than by the test's own hand: the job is never down for longer than a restart."""
     rng = random.Random(kills)
-    producer = Producer(redis, job.source_stream)
+    producer = Producer(redis, job.source_stream, poison_every=3)
     producer.start()
     job_request_start(job=job)
     run = wait_for(lambda: running_with_progress(job), 120, 1, "the first run to commit")
+    interrupted: list[int] = []
     for kill in range(kills):
         time.sleep(rng.uniform(0.5, 4))  # a random moment: between batches or in the middle of one
+        interrupted.append(run.id)
+        if kill == pause_at:
+            run = pause_past_lease(job, run)
+            continue
         os.killpg(run.pid, signal.SIGKILL)
         if kill == kill_worker_at:  # the supervisor dies too; a new worker must pick up where it left
             celery_worker.kill()
@@ -65,7 +104,7 @@ def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None) -> 
         run = wait_for(lambda last=run.id: running_with_progress(job, last), 180, 1, f"recovery after kill {kill + 1}")
     producer.halt.set()
     producer.join()
-    entries = producer.sent
+    entries = redis.xlen(job.source_stream)
     wait_for(
         lambda: (c := job.checkpoints.order_by("-committed_at").first()) and c.end_offset["n"] >= entries,
         180,
@@ -74,15 +113,22 @@ def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None) -> 
     )
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
-    assert sink_total(job) == producer.sent, "every event counted exactly once"
+    assert sink_total(job) == producer.sent, "every good event counted exactly once"
+    dead = {f[b"entry"].decode(): f for _, f in redis.xrange(job.dead_letter_stream)}
+    assert set(dead) == set(producer.poison) and len(producer.poison) >= len(POISON), "every poison entry, once"
+    assert all(f[b"stage"] in (b"decode", b"parse", b"validate") and f[b"reason"] for f in dead.values())
+    ended = {r.id: r.status for r in job.runs.all()}
+    assert {ended[i] for i in interrupted} == {RunStatus.LOST}, "only the runs the test killed or paused were lost"
+    others = {status for i, status in ended.items() if i not in interrupted}
+    assert others == {RunStatus.STOPPED}, "no run failed: no entry stopped the job"
     assert job.recoveries.count() == kills
     assert all(r.restart_run_id for r in job.recoveries.all())
 
 
 @pytest.mark.browser
-def test_kill_minus_nine_twice_loses_and_duplicates_nothing(make_job, redis, stream_name, celery_worker):
+def test_kill_minus_nine_a_pause_and_poison_lose_and_duplicate_nothing(make_job, redis, stream_name, celery_worker):
     job = make_job(parallelism=1, trigger_interval_seconds=1, restart_strategy="fixed-delay", restart_delay_seconds=1)
-    chaos(job, redis, celery_worker, kills=2, kill_worker_at=None)
+    chaos(job, redis, celery_worker, kills=3, kill_worker_at=None, pause_at=1)
 
 
 @pytest.mark.chaos
@@ -96,7 +142,7 @@ def test_long_chaos_with_a_worker_kill(make_job, redis, stream_name, celery_work
         restart_delay_seconds=1,
         failure_rate_max=20,
     )
-    chaos(job, redis, celery_worker, kills=6, kill_worker_at=2)
+    chaos(job, redis, celery_worker, kills=6, kill_worker_at=2, pause_at=4)
 
 
 def test_many_concurrent_restore_requests_start_exactly_one_action_and_one_driver(make_job):

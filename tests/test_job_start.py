@@ -15,7 +15,7 @@ from dashboard.services.errors import ActionRefused
 from dashboard.services.lease import lease_acquire, lease_renew
 from dashboard.services.runs import job_request_start, job_request_stop, run_launch, runs_supervise
 from tests.conftest import grant
-from workers.sink import Fenced, write_results
+from workers.sink import Fenced, batch_writer, write_results
 
 pytestmark = pytest.mark.django_db
 
@@ -191,3 +191,30 @@ def test_an_expired_lease_is_not_renewed_a_paused_driver_must_not_take_it_back(m
     assert lease_renew(job_id=job.id, token=token)
     Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert not lease_renew(job_id=job.id, token=token)
+
+
+@pytest.mark.spark
+def test_a_fenced_driver_does_not_even_compute_its_batch(make_job, spark, tmp_path):
+    """Computing a batch's frame runs its stateful operators, which write the batch's state files: a driver that lost
+    its lease is stopped before that, not only at the sink."""
+    from pyspark.sql import functions as F
+
+    from dashboard.pipelines import get as get_pipeline
+
+    job = make_job()
+    old = lease_acquire(job_id=job.id)
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert old is not None and lease_acquire(job_id=job.id) is not None
+    marker = tmp_path / "computed"
+
+    @F.udf("string")
+    def touched(url):  # no type hints: Spark would read them as a pandas UDF's
+        marker.write_text("the frame was computed")
+        return url
+
+    frame = spark.range(3).select(touched(F.concat(F.lit("/"), F.col("id").cast("string"))).alias("url"))
+    frame = frame.groupBy("url").agg(F.count(F.lit(1)).alias("requests"))
+    write = batch_writer(job_id=job.id, token=old, pipeline=get_pipeline("url-counts"))
+    with pytest.raises(Fenced, match="not running batch 5"):
+        write(frame, 5)
+    assert not marker.exists() and not job.results.exists()

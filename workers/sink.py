@@ -1,7 +1,8 @@
 """The results sink: keyed upserts into PostgreSQL, fenced by the checkpoint lease.
 
-A replayed batch writes the same keys with the same values, so it changes nothing. The fencing token is checked in the
-same transaction as the writes: a driver that lost its lease can never write, even if it still runs.
+A replayed batch writes the same keys with the same values, so it changes nothing. The fencing token is checked before
+the batch's frame is computed (computing it writes the state files) and again in the same transaction as the writes: a
+driver that lost its lease can never write, even if it still runs.
 
 A result the table cannot store (a key too long, a NUL, a lone surrogate, NaN, nesting past JSON's reach) is not
 written: it goes to the job's dead-letter stream with stage "sink", and the batch goes on.
@@ -51,19 +52,24 @@ def unstorable(key: Any, value: Any) -> str:
     return ""
 
 
+def lease_hold(cursor: Any, *, job_id: int, token: int, batch_id: int) -> None:
+    """Raise Fenced unless ``token`` still holds the job's lease; inside a transaction, holds it until the commit."""
+    lock = "" if connection.vendor == "sqlite" else " FOR SHARE"
+    cursor.execute(f"SELECT lease_token FROM dashboard_job WHERE id = %s{lock}", [job_id])
+    row = cursor.fetchone()
+    if row is None or int(row[0]) != token:
+        raise Fenced(
+            f"job {job_id}: fencing token {token} is stale (now {row and row[0]}); not running batch {batch_id}"
+        )
+
+
 def write_results(
     *, job_id: int, token: int, batch_id: int, results: Iterable[Result], rejected: list[Rejected] | None = None
 ) -> int:
     """Upsert the results; the ones that cannot be stored are appended to ``rejected`` instead."""
     written = 0
-    lock = "" if connection.vendor == "sqlite" else " FOR SHARE"
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"SELECT lease_token FROM dashboard_job WHERE id = %s{lock}", [job_id])
-        row = cursor.fetchone()
-        if row is None or int(row[0]) != token:
-            raise Fenced(
-                f"job {job_id}: fencing token {token} is stale (now {row and row[0]}); not writing batch {batch_id}"
-            )
+        lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
         iterator = iter(_storable(batch_id, results, rejected if rejected is not None else []))
         while chunk := list(islice(iterator, CHUNK)):
             cursor.executemany(
@@ -93,6 +99,9 @@ def batch_writer(
     client: list[Any] = []
 
     def write(frame: DataFrame, batch_id: int) -> None:
+        # before the frame is computed: computing it runs the stateful operators, which write the batch's state files
+        with connection.cursor() as cursor:
+            lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
         rejected: list[Rejected] = []
         write_results(
             job_id=job_id,

@@ -95,6 +95,38 @@ def planned_batch(root: Path) -> PlannedBatch | None:
     return PlannedBatch(batch, after, upto)
 
 
+def state_lineage(root: Path, batch: int) -> dict[tuple[int, int], str] | None:
+    """With checkpoint format version 2, the id of the state file each (operator, partition) committed at ``batch``
+    (state version batch + 1), from ``commits/<batch>``: a file of the same version with another id is a lineage no
+    commit chose (an aborted attempt, or a fenced driver's) and is never read. None for format version 1 (one file per
+    version, no id) or when the commit is gone."""
+    try:
+        lines = (root / "commits" / str(batch)).read_text().splitlines()
+        ids = json.loads(lines[1]).get("stateUniqueIds") if lines and lines[0] == "v2" and len(lines) > 1 else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ids, dict):
+        return None
+    return {
+        (int(op), part): str(unique[0])
+        for op, partitions in ids.items()
+        for part, unique in enumerate(partitions)
+        if isinstance(unique, list) and unique
+    }
+
+
+def checkpoint_format(root: Path) -> int:
+    """The state store checkpoint format of the newest commit: 2 records state file ids with each commit, 1 does not."""
+    batches = committed_batches(root)
+    if not batches:
+        return 0
+    try:
+        with open(root / "commits" / str(batches[-1])) as reader:
+            return 2 if reader.readline().strip() == "v2" else 1
+    except OSError:
+        return 0
+
+
 def frozen_settings(root: Path, batch: int) -> dict[str, str]:
     conf = batch_offsets(root, batch)["metadata"].get("conf", {})
     return {

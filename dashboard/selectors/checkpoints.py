@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import Q
 
-from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, committed_batches
+from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, checkpoint_format, committed_batches
 from dashboard.models import Checkpoint, Job
 from dashboard.records import SUMMARY_MEASURES
 from dashboard.stats import quantile
@@ -96,6 +96,7 @@ class FrozenConfiguration:
     batch: int | None  # the committed batch whose offsets file was read; None before the first commit
     conf: dict[str, str]
     problem: str = ""
+    state_format: int = 0  # the state store checkpoint format of the newest commit; 0 before the first
 
 
 def frozen_configuration(job: Job) -> FrozenConfiguration:
@@ -109,4 +110,4 @@ def frozen_configuration(job: Job) -> FrozenConfiguration:
         conf = batch_offsets(root, batches[-1])["metadata"].get("conf", {})
     except CheckpointError as exc:
         return FrozenConfiguration(batches[-1], {}, str(exc))
-    return FrozenConfiguration(batches[-1], dict(sorted(conf.items())))
+    return FrozenConfiguration(batches[-1], dict(sorted(conf.items())), state_format=checkpoint_format(root))

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from dashboard.checkpoint_dir.disk import state_version
-from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint
+from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, state_lineage
 from dashboard.models import Action, Job, SavepointStatus
 from dashboard.services.action_steps import action_progress, run_state_tool
 from dashboard.services.errors import ActionFailed
@@ -90,7 +90,11 @@ def rocksdb_stats(checkpoint: Path, batch: int, scratch: Path) -> list[dict[str,
     for partition in sorted((checkpoint / "state").glob("*/*"), key=lambda p: (p.parent.name, p.name)):
         if not partition.name.isdigit():
             continue
-        zips = {v: z for z in partition.glob("*.zip") if (v := state_version(z.name)) is not None and v <= version}
+        zips = {
+            v: z
+            for z in partition.glob("*.zip")
+            if (v := state_version(z.name)) is not None and v <= version and on_lineage(checkpoint, partition, z.name)
+        }
         if not zips:
             continue
         snapshot_version = max(zips)
@@ -131,3 +135,14 @@ def rocksdb_stats(checkpoint: Path, batch: int, scratch: Path) -> list[dict[str,
     if not found:
         raise ActionFailed("No RocksDB snapshot to read: raw statistics need a RocksDB-backed job.")
     return found
+
+
+def on_lineage(checkpoint: Path, partition: Path, name: str) -> bool:
+    """Whether a state file is the one its version's commit chose (always, for format version 1)."""
+    version, _, unique = name.split(".")[0].partition("_")
+    if not unique or not version.isdigit():
+        return True
+    lineage = state_lineage(checkpoint, int(version) - 1)
+    if lineage is None:  # the commit was cleaned up: then so were the files of versions before it
+        return True
+    return lineage.get((int(partition.parent.name), int(partition.name))) == unique

@@ -14,10 +14,17 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 def backend_conf(backend: str) -> dict[str, str]:
     """Spark settings for a Statekeeper state backend: memory, rocksdb or rocksdb-incremental."""
     if backend == "memory":
-        return {"spark.sql.streaming.stateStore.providerClass": HDFS_PROVIDER}
+        return {
+            "spark.sql.streaming.stateStore.providerClass": HDFS_PROVIDER,
+            "spark.sql.streaming.stateStore.checkpointFormatVersion": "1",
+        }
     if backend in ("rocksdb", "rocksdb-incremental"):
         return {
             "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+            # format version 2: each commit records the id of the state file every partition wrote, so files a fenced
+            # driver (or an aborted attempt) wrote for the same version are never read. A new checkpoint gets it; an
+            # existing one keeps the format it was started with. The memory (HDFS) store refuses it.
+            "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": str(
                 backend == "rocksdb-incremental"
             ).lower(),
