@@ -10,6 +10,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
+from django.db import connection
 
 from dashboard import pipelines
 from dashboard.access import login_lockout
@@ -66,8 +67,10 @@ class JobForm(forms.ModelForm):
             "autoscale_mode",
             "autoscale_max_per_day",
             "autoscale_window_minutes",
+            "standby",
         ]
         labels = {
+            "standby": "Warm standby driver",
             "trigger_interval_seconds": "Trigger interval (seconds)",
             "source_kind": "Source",
             "source_stream": "Redis stream, or Kafka topic",
@@ -148,6 +151,8 @@ class JobForm(forms.ModelForm):
                 data[name] = getattr(self.instance, name)
         pipeline = pipelines.find(data.get("pipeline") or "")
         self._clean_source(data, pipeline)
+        if data.get("standby") and connection.vendor != "postgresql":
+            self.add_error("standby", "A standby waits on a PostgreSQL lock: it needs the console on PostgreSQL.")
         if (
             pipeline is not None
             and getattr(pipeline, "needs_rocksdb", False)

@@ -126,6 +126,10 @@ class Job(models.Model):
     )
     failure_rate_window_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     failed_reason = models.TextField(blank=True, help_text="set when the restart strategy gave up; cleared by a start")
+    standby = models.BooleanField(
+        default=False,
+        help_text="keep a warm standby driver that takes over within seconds when the running driver dies",
+    )
     rolled_up_to = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="checkpoints recorded up to here are in the roll-ups"
     )
@@ -457,6 +461,39 @@ class Savepoint(models.Model):
 
     def __str__(self) -> str:
         return f"savepoint {self.pk} of {self.job_id} at batch {self.batch_id}"
+
+
+class StandbyStatus(models.TextChoices):
+    WARMING = "warming", "Warming up"
+    READY = "ready", "Ready"
+    ACTIVE = "active", "Took over"
+    ENDED = "ended", "Ended"
+
+
+class StandbyDriver(models.Model):
+    """A driver process kept warm (SparkSession started, pipeline run once on a scratch input) beside a running job.
+    It waits on the running driver's database lock and takes over, with a new fencing token, the moment that driver's
+    process dies."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="standbys")
+    status = models.CharField(max_length=12, choices=StandbyStatus.choices, default=StandbyStatus.WARMING)
+    pid = models.IntegerField(null=True, blank=True)
+    host = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    warmup_seconds = models.FloatField(null=True, blank=True)
+    rss_bytes = models.BigIntegerField(null=True, blank=True, help_text="the standby's processes (Python, JVM)")
+    built_for = models.JSONField(default=dict, help_text="the job settings its SparkSession was built with")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    message = models.TextField(blank=True)
+    log_path = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"standby {self.pk} of {self.job_id}"
 
 
 class Recovery(models.Model):

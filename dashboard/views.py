@@ -107,6 +107,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
     context = {
         "dead_letters": jobs.dead_letter_counts([job])[job.id],
         "source_lag": lag.latest_source_lag([job]).get(job.id),
+        "standby": job.standbys.first() if job.standby else None,
     }
     return _job_tab(request, job, "overview", context)
 

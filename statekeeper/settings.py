@@ -229,6 +229,8 @@ LIVE_STREAMS_PER_USER = env_int("STATEKEEPER_LIVE_STREAMS_PER_USER", 6)
 LIVE_STREAMS_TOTAL = env_int("STATEKEEPER_LIVE_STREAMS_TOTAL", 200)
 # an audit export holds at most this many rows (the newest): narrow the time range for older ones
 AUDIT_CSV_MAX_ROWS = env_int("STATEKEEPER_AUDIT_CSV_MAX_ROWS", 100_000)
+# a standby driver whose job has not been running for this long ends (the next running driver gets a new one)
+STANDBY_IDLE_SECONDS = env_int("STATEKEEPER_STANDBY_IDLE_SECONDS", 120)
 READ_ONLY = env_str("STATEKEEPER_READ_ONLY", "") in ("1", "true", "yes")
 # Failed logins: after LOGIN_FAILURES_ALLOWED failures for a user name or from an address within LOGIN_LOCKOUT_SECONDS,
 # further attempts are refused until that window has passed.

@@ -246,7 +246,7 @@ class CeleryWorkers:
 
 @pytest.fixture
 def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[CeleryWorkers]:
-    from dashboard.models import Run
+    from dashboard.models import Run, StandbyDriver
 
     workers = CeleryWorkers(checkpoint_root, tmp_path / "worker.log")
     yield workers
@@ -255,6 +255,9 @@ def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[CeleryWorke
     for run in Run.objects.exclude(pid=None):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
+    for standby in StandbyDriver.objects.exclude(pid=None):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(standby.pid, signal.SIGKILL)
 
 
 @pytest.fixture

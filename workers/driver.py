@@ -17,6 +17,7 @@ import time
 import traceback
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
@@ -30,6 +31,7 @@ from dashboard.services.checkpoints import journal_path
 from dashboard.services.deploys import deploy_record
 from dashboard.services.lease import lease_renew
 from dashboard.services.runs import run_finish, run_started
+from workers import job_lock
 from workers.progress import ProgressRecorder
 from workers.sink import batch_writer
 from workers.spark.query import JobSpec, start_query
@@ -243,6 +245,11 @@ def main(argv: list[str]) -> int:
     log.info("driver for %s run %s (pid %s, token %s)", job.name, run_id, os.getpid(), run.fencing_token)
     keeper = LeaseKeeper(job.id, int(run.fencing_token or 0))  # renewing from now on: the JVM takes seconds to start
     keeper.start()
+    try:  # held until the process ends: a standby waiting on it learns of this process's death at once
+        lock = job_lock.hold(job.id)
+    except (TimeoutError, psycopg.Error) as exc:
+        run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"The driver lock could not be taken: {exc}")
+        return 1
     try:
         spark = build_session(
             f"statekeeper-{job.name}",
@@ -266,4 +273,6 @@ def main(argv: list[str]) -> int:
     watchdog.start()
     spark.stop()
     watchdog.cancel()
+    if lock is not None:
+        lock.close()
     return 0 if status == RunStatus.STOPPED else 1

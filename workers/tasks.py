@@ -21,6 +21,7 @@ from dashboard.services.recovery import recoveries_supervise
 from dashboard.services.rollups import rollups_run
 from dashboard.services.runs import run_launch, runs_supervise
 from dashboard.services.source_lag import source_lag_sample
+from dashboard.services.standby import standbys_supervise
 
 
 @shared_task(time_limit=60, acks_late=True, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
@@ -69,6 +70,7 @@ def periodic_savepoints() -> list[int]:
 def supervise_jobs() -> list[str]:
     notes = runs_supervise()
     notes += recoveries_supervise()
+    notes += standbys_supervise()
     if abandoned := actions_abandoned(older_than_seconds=3700):
         notes.append(f"{abandoned} abandoned actions marked failed")
     recent = Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).select_related("job")

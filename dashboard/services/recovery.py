@@ -41,7 +41,7 @@ def in_flight_batches(job: Job) -> int:
     return max(0, (max(offsets) if offsets else -1) - (commits[-1] if commits else -1))
 
 
-def _record_failure(job: Job, run: Run) -> Recovery:
+def record_failure(job: Job, run: Run) -> Recovery:
     now = timezone.now()
     window_start = now - timedelta(minutes=job.failure_rate_window_minutes)
     earlier = job.recoveries.filter(failed_at__gte=window_start).count()
@@ -95,7 +95,7 @@ def recoveries_supervise() -> list[str]:
             continue
         if Recovery.objects.filter(failed_run=last).exists():
             continue
-        recovery = _record_failure(job, last)
+        recovery = record_failure(job, last)
         notes.append(
             f"{job.name}: run {last.id} failed, "
             + ("gave up" if recovery.gave_up else f"restart at {recovery.restart_at:%H:%M:%S}")

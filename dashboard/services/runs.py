@@ -223,7 +223,7 @@ def runs_supervise() -> list[str]:
             if not exited and local and run.pid and pid_alive(run.pid):
                 # alive but silent past its lease (paused, hung): kill it before the lease is free for another, so it
                 # can never wake up next to its successor
-                _kill_group(run.pid)
+                kill_group(run.pid)
                 message = "The driver stopped renewing its lease (paused or hung past it); it was killed."
             run_finish(run_id=run.id, status=RunStatus.LOST, message=message)
             notes.append(f"run {run.id} lost")
@@ -233,13 +233,15 @@ def runs_supervise() -> list[str]:
             and local
             and run.pid
         ):
-            _kill_group(run.pid)
+            kill_group(run.pid)
             notes.append(f"run {run.id} killed after the stop grace period")
     return notes
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     """SIGKILL the driver's process group (it runs in a session of its own: the JVM and Python workers go too).
     SIGKILL also ends a stopped (SIGSTOP) process."""
+    if pid <= 1:  # 0 would be our own group
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)

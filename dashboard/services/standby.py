@@ -1,0 +1,189 @@
+"""Warm standby drivers: which jobs get one, starting and ending them, and the takeover itself.
+
+A standby is a driver process whose SparkSession is started and whose pipeline has run once on a scratch input; it
+blocks on the running driver's lock (workers/job_lock.py). When that driver's process dies the lock frees at once,
+and the standby takes over here: in one transaction on the job's row it marks the dead run lost, records the
+recovery (the failure-rate limit still counts it), takes the lease with a new fencing token and records its own run.
+It never takes over a run that was asked to stop, a job with an action in flight, or a job the restart strategy gave
+up on: those go the ordinary way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from dashboard.models import (
+    IN_FLIGHT_ACTIONS,
+    Job,
+    Recovery,
+    RestartStrategy,
+    Run,
+    RunStatus,
+    StandbyDriver,
+    StandbyStatus,
+)
+from dashboard.services.audit import audit_record
+from dashboard.services.lease import lease_acquire
+from dashboard.services.recovery import record_failure
+from dashboard.services.runs import kill_group, pid_alive, run_finish
+
+log = logging.getLogger(__name__)
+LIVE = (StandbyStatus.WARMING, StandbyStatus.READY)
+
+
+def built_for(job: Job) -> dict[str, object]:
+    """What a standby's SparkSession and imported code fix: a standby built for other values cannot take over."""
+    return {
+        "pipeline": job.pipeline,
+        "parallelism": job.parallelism,
+        "state_backend": job.state_backend,
+        "spark_master": settings.SPARK_MASTER or f"local[{job.parallelism}]",
+    }
+
+
+def standby_refusal(job: Job) -> str:
+    """Why a standby of this job must not take over now; '' when it may."""
+    if not job.standby:
+        return "standby is off for this job"
+    if job.failed_reason:
+        return "the restart strategy gave up on this job"
+    if job.restart_strategy == RestartStrategy.NONE:
+        return "the job's restart strategy is 'none'"
+    if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first():
+        return f"{busy.get_kind_display().lower()} #{busy.id} is in flight"
+    return ""
+
+
+def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
+    """Called by a standby holding the job's lock: take over the job's dead run, or return None (with the reason in
+    the standby's message) when there is nothing to take over."""
+    standby = StandbyDriver.objects.select_related("job").get(id=standby_id)
+    job = standby.job
+    killed_pid = None
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(id=job.id)
+        dead = job.runs.order_by("-id").first()
+        refusal = standby_refusal(job)
+        if dead is None or dead.stop_requested_at:
+            refusal = refusal or "the last run was asked to stop"
+        elif dead.status == RunStatus.LOST:
+            pending = Recovery.objects.filter(failed_run=dead).first()
+            if pending is not None and (pending.gave_up or pending.restart_run_id):
+                refusal = refusal or "the supervisor already handled the lost run"
+        elif dead.status != RunStatus.RUNNING:
+            refusal = refusal or f"the last run is {dead.get_status_display().lower()}, not running"
+        if not refusal and built_for(job) != standby.built_for:
+            refusal = "the job's pipeline, parallelism or backend changed since this standby started"
+        if refusal:
+            StandbyDriver.objects.filter(id=standby.id).update(message=f"Did not take over: {refusal}.")
+            return None
+        assert dead is not None
+        if dead.status == RunStatus.RUNNING:
+            run_finish(
+                run_id=dead.id,
+                status=RunStatus.LOST,
+                message="The driver process died (its database session ended); the standby took over.",
+            )
+            dead.refresh_from_db()
+            killed_pid = dead.pid if dead.host == socket.gethostname() else None
+        token = lease_acquire(job_id=job.id)
+        if token is None:  # the dead driver's lease was not its own to free (another token): leave it to the lease
+            StandbyDriver.objects.filter(id=standby.id).update(message="Did not take over: the lease is held.")
+            return None
+        recovery = Recovery.objects.filter(failed_run=dead).first() or record_failure(job, dead)
+        if recovery.gave_up:
+            StandbyDriver.objects.filter(id=standby.id).update(message=f"Did not take over: {job.failed_reason}")
+            return None
+        now = timezone.now()
+        run = Run.objects.create(
+            job=job,
+            status=RunStatus.STARTING,
+            requested_at=now,
+            fencing_token=token,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            spark_master=standby.built_for.get("spark_master", ""),
+            log_path=standby.log_path,
+            message=f"Standby #{standby.id} took over from run #{dead.id} ({lock_wait_ms:.0f} ms after its lock freed).",
+        )
+        Recovery.objects.filter(id=recovery.id).update(restart_run=run, restart_at=now)
+        StandbyDriver.objects.filter(id=standby.id).update(status=StandbyStatus.ACTIVE, run=run, message=run.message)
+        Job.objects.filter(id=job.id).exclude(failed_reason="").update(failed_reason="")
+    if killed_pid and pid_alive(killed_pid):  # its session ended but the process lives (a cut connection): end it
+        kill_group(killed_pid)
+    audit_record(
+        None,
+        verb="restart",
+        job=job.name,
+        target=f"run #{run.id}",
+        params={"attempt": recovery.attempt, "cause": recovery.cause[:300], "standby": standby.id},
+        outcome="requested",
+        origin="standby",
+    )
+    return run
+
+
+def standby_spawn(job: Job) -> StandbyDriver:
+    standby = StandbyDriver.objects.create(job=job, host=socket.gethostname(), built_for=built_for(job))
+    log_path = settings.LOG_ROOT / f"{job.name}-standby-{standby.id}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.standby_process", str(standby.id)],
+            cwd=Path(settings.BASE_DIR),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings"),
+            },
+        )
+    StandbyDriver.objects.filter(id=standby.id).update(pid=proc.pid, log_path=str(log_path))
+    standby.pid, standby.log_path = proc.pid, str(log_path)
+    return standby
+
+
+def standby_end(standby: StandbyDriver, message: str) -> None:
+    StandbyDriver.objects.filter(id=standby.id, status__in=LIVE).update(
+        status=StandbyStatus.ENDED, ended_at=timezone.now(), message=message
+    )
+
+
+def standbys_supervise() -> list[str]:
+    """Each running job with standby on gets one standby on this host; a standby whose process is gone is ended, and
+    one that is no longer wanted is stopped."""
+    notes: list[str] = []
+    host = socket.gethostname()
+    for standby in StandbyDriver.objects.filter(status__in=LIVE, host=host).select_related("job"):
+        job = standby.job
+        if not pid_alive(standby.pid):
+            standby_end(standby, "The standby process exited.")
+            notes.append(f"standby {standby.id} gone")
+        elif not job.standby or built_for(job) != standby.built_for:
+            if standby.pid:
+                kill_group(standby.pid)  # no run of its own: nothing to drain
+            standby_end(standby, "No longer wanted (standby turned off, or the job's settings changed).")
+            notes.append(f"standby {standby.id} stopped")
+    if connection.vendor != "postgresql":  # the driver lock is PostgreSQL's: no standby on SQLite
+        return notes
+    for job in Job.objects.filter(standby=True, runs__status=RunStatus.RUNNING).distinct():
+        if job.standbys.filter(status__in=LIVE).exists():
+            continue
+        try:
+            standby = standby_spawn(job)
+        except (OSError, IntegrityError) as exc:
+            notes.append(f"{job.name}: standby not started: {exc}")
+            continue
+        notes.append(f"{job.name}: standby {standby.id} starting (pid {standby.pid})")
+    return notes

@@ -1,0 +1,192 @@
+"""A warm standby driver: start Spark, run the pipeline once on a scratch input, then wait on the running driver's
+lock and take over the moment that driver's process dies (dashboard/services/standby.py decides whether it may).
+
+The warm-up is what a cold restart pays on the critical path: the JVM and SparkSession, the Python workers, the data
+source's planning and Spark's code generation for this pipeline's plan."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError
+from django.utils import timezone
+
+from dashboard import pipelines
+from dashboard.models import RunStatus, StandbyDriver, StandbyStatus
+from dashboard.services.runs import pid_alive
+from dashboard.services.standby import LIVE, standby_end, standby_takeover
+from workers import job_lock
+from workers.driver import SPARK_STOP_SECONDS, JobDriver, LeaseKeeper, hard_exit
+from workers.spark.query import JobSpec, start_query
+from workers.spark.session import build_session
+
+log = logging.getLogger(__name__)
+WAIT_SLICE_SECONDS = 2.0  # how long one wait on the lock lasts before the standby looks at the job again
+
+
+def process_rss(pid: int) -> int:
+    """Resident bytes of a process and its descendants (the standby's Python, its JVM and Python workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    total, todo = 0, [pid]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        current = todo.pop()
+        try:
+            with open(f"/proc/{current}/statm") as statm:
+                total += int(statm.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            pass
+        todo += children.get(current, [])
+    return total
+
+
+def warm_up(spark: Any, standby: StandbyDriver) -> None:
+    """One throwaway micro-batch of the job's own transform, on a few generated events in a scratch stream and a
+    scratch checkpoint, into a sink that consumes the rows as the real sink does."""
+    job = standby.job
+    pipeline = pipelines.get(job.pipeline)
+    stream = f"statekeeper:warmup:{standby.id}"
+    scratch = settings.CHECKPOINT_ROOT / ".scratch" / f"standby-{standby.id}"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    make = pipeline.generator(random.Random(standby.id))
+    now = int(time.time() * 1000)
+    for _ in range(50):
+        client.xadd(stream, {"v": make(now)})
+    spec = JobSpec(
+        job_id=0, name=f"warmup-{standby.id}", pipeline=pipeline.name, stream=stream, redis_url=settings.REDIS_URL,
+        backend=job.state_backend, trigger_seconds=1.0, partitions=job.state_partitions, parallelism=job.parallelism,
+        checkpoint=str(scratch), batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{stream}:dead",
+        max_future_seconds=job.max_future_seconds, available_now=True,
+    )  # fmt: skip
+
+    def consume(frame: Any, batch_id: int) -> None:
+        list(pipeline.results(list(frame.toLocalIterator())))
+
+    try:
+        query = start_query(spark, spec, pipeline, consume)
+        if not query.awaitTermination(300):
+            query.stop()
+    finally:
+        client.delete(stream, f"{stream}:dead", f"{stream}:dead:seen")
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _session(standby: StandbyDriver) -> Any:
+    job = standby.job
+    return build_session(
+        f"statekeeper-{job.name}",
+        str(standby.built_for.get("spark_master") or f"local[{job.parallelism}]"),
+        backend=job.state_backend,
+        partitions=job.state_partitions,
+        batches_retained=job.batches_retained,
+        extra=pipelines.get(job.pipeline).conf,
+    )
+
+
+def _holder_alive(standby: StandbyDriver) -> bool:
+    """The running driver is on this host and its process lives: the lock was free for another reason (a driver
+    from before the lock existed, a cut database connection), so there is nothing to take over; the lease decides."""
+    run = standby.job.runs.filter(status=RunStatus.RUNNING).order_by("-id").first()
+    return bool(run and run.host == socket.gethostname() and pid_alive(run.pid))
+
+
+def wait_for_death(standby: StandbyDriver, conn: Any) -> int | None:
+    """Wait on the job's lock until this standby takes over (the run id) or is no longer wanted (None)."""
+    job = standby.job
+    idle_since = time.monotonic()
+    measured = 0.0
+    while True:
+        standby.refresh_from_db()
+        job.refresh_from_db()
+        if standby.status not in LIVE or not job.standby:
+            return None
+        if time.monotonic() - measured > 10:
+            StandbyDriver.objects.filter(id=standby.id).update(rss_bytes=process_rss(os.getpid()))
+            measured = time.monotonic()
+        latest = job.runs.order_by("-id").values_list("status", flat=True).first()
+        if latest == RunStatus.RUNNING:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > settings.STANDBY_IDLE_SECONDS:
+            standby_end(standby, f"The job was not running for {settings.STANDBY_IDLE_SECONDS} s.")
+            return None
+        if latest not in (RunStatus.RUNNING, RunStatus.LOST):  # a lost run may still be the standby's to take over
+            time.sleep(0.5)
+            continue
+        if not job_lock.wait(conn, job.id, WAIT_SLICE_SECONDS):
+            continue
+        got = time.monotonic()
+        if _holder_alive(standby):
+            job_lock.release(conn, job.id)
+            time.sleep(1)
+            continue
+        try:
+            run = standby_takeover(standby_id=standby.id, lock_wait_ms=(time.monotonic() - got) * 1000)
+        except IntegrityError:  # the supervisor recorded the same recovery a moment ago: look again
+            run = None
+        if run is not None:
+            return run.id
+        job_lock.release(conn, job.id)  # nothing to take over: a driver starting the ordinary way needs the lock
+        time.sleep(1)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    standby = StandbyDriver.objects.select_related("job").get(id=int(argv[1]))
+    StandbyDriver.objects.filter(id=standby.id).update(pid=os.getpid())
+    log.info("standby %s for %s (pid %s)", standby.id, standby.job.name, os.getpid())
+    began = time.monotonic()
+    try:
+        spark = _session(standby)
+        warm_up(spark, standby)
+    except Exception as exc:
+        log.exception("warm-up failed")
+        standby_end(standby, f"Warm-up failed: {exc}"[:2000])
+        return 1
+    StandbyDriver.objects.filter(id=standby.id, status=StandbyStatus.WARMING).update(
+        status=StandbyStatus.READY,
+        ready_at=timezone.now(),
+        warmup_seconds=time.monotonic() - began,
+        rss_bytes=process_rss(os.getpid()),
+    )
+    log.info("standby %s ready after %.1f s", standby.id, time.monotonic() - began)
+    conn = job_lock.lock_connection()  # held open: once taken over, the lock is this process's for its life
+    run_id = wait_for_death(standby, conn)
+    if run_id is None:
+        standby_end(standby, standby.message or "No longer wanted.")
+        return 0
+    log.info("standby %s took over as run %s", standby.id, run_id)
+    standby.job.refresh_from_db()
+    _session(standby)  # the job's current SQL settings (state partitions may have changed since the warm-up)
+    from dashboard.models import Run
+
+    keeper = LeaseKeeper(standby.job_id, int(Run.objects.get(id=run_id).fencing_token or 0))
+    keeper.start()
+    driver = JobDriver(spark, run_id, keeper=keeper)
+    signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
+    status = driver.execute()
+    StandbyDriver.objects.filter(id=standby.id).update(status=StandbyStatus.ENDED, ended_at=timezone.now())
+    log.info("run %s ended: %s", run_id, status)
+    watchdog = threading.Timer(SPARK_STOP_SECONDS, hard_exit, (1, "spark.stop() did not return"))
+    watchdog.daemon = True
+    watchdog.start()
+    spark.stop()
+    watchdog.cancel()
+    return 0 if status == RunStatus.STOPPED else 1
