@@ -14,7 +14,6 @@ standby's memory.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -42,8 +41,8 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench.operator_actions import produce  # noqa: E402
-from dashboard.models import Checkpoint, Job, Run, RunStatus, StandbyDriver, StandbyStatus  # noqa: E402
+from bench.operator_actions import bench_job, kill_processes, produce  # noqa: E402
+from dashboard.models import Checkpoint, Job, RunStatus, StandbyStatus  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
 from statekeeper.processes import celery_worker_command  # noqa: E402
@@ -61,6 +60,10 @@ def live_point_at(client: Any, run_id: int, since_ms: int) -> float:
     return wait_for(found, 60, 0.05, "the live point")
 
 
+# the parts of the first batch's duration, as Spark's progress event reports them
+STAGES = ("latest_offset", "query_planning", "add_batch", "wal_commit", "commit_offsets")
+
+
 def one_failover(job: Job, client: Any) -> dict[str, float]:
     run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 180, 0.2, "a running driver")
     wait_for(lambda: Checkpoint.objects.filter(run=run).exists(), 180, 0.2, "its first batch")
@@ -75,12 +78,19 @@ def one_failover(job: Job, client: Any) -> dict[str, float]:
     )
     successor.refresh_from_db()
     live = live_point_at(client, successor.id, int(killed * 1000))
+    # a record's committed_at is its trigger's start (Spark's progress timestamp); the commit is its duration later
+    began = first.committed_at.timestamp()
+    committed = began + first.duration_ms / 1000
+    started = (successor.started_at or first.committed_at).timestamp()
     return {
         "detection": successor.requested_at.timestamp() - killed,
-        "start": (successor.started_at or first.committed_at).timestamp() - successor.requested_at.timestamp(),
-        "batch": first.committed_at.timestamp() - (successor.started_at or first.committed_at).timestamp(),
-        "total": first.committed_at.timestamp() - killed,
+        "start": started - successor.requested_at.timestamp(),
+        "trigger": began - started,
+        "batch": first.duration_ms / 1000,
+        "total": committed - killed,
         "live": live - killed,
+        "replayed": first.input_rows,
+        **{f"stage:{name}": getattr(first, f"{name}_ms") / 1000 for name in STAGES},
         "standby": successor.message.startswith("Standby"),
     }
 
@@ -91,12 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
-    name = f"bench-failover-{int(time.time())}"
-    job = Job.objects.create(
-        name=name, pipeline="url-counts", source_stream=f"bench:{name}", state_backend="rocksdb", parallelism=1,
-        trigger_interval_seconds=1, restart_strategy="fixed-delay", restart_delay_seconds=0, failure_rate_max=1000,
-        max_records_per_batch=20_000, standby=True,
-    )  # fmt: skip
+    job = bench_job("bench-failover", state_backend="rocksdb", failure_rate_max=1000, standby=True)
     log = open(ROOT / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
     worker = subprocess.Popen(
         celery_worker_command(ROOT / "beat", loglevel="WARNING"), stdout=log, stderr=subprocess.STDOUT,
@@ -126,12 +131,7 @@ def main() -> None:
     finally:
         halt.set()
         os.killpg(worker.pid, signal.SIGTERM)
-        pids = list(Run.objects.filter(job=job).values_list("pid", flat=True))
-        pids += list(StandbyDriver.objects.filter(job=job).values_list("pid", flat=True))
-        for pid in pids:
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+        kill_processes(job)
         job.delete()
         shutil.rmtree(ROOT, ignore_errors=True)
         client.flushdb()
@@ -147,7 +147,8 @@ def main() -> None:
     for key, label in (
         ("detection", "successor's run recorded (detection)"),
         ("start", "… its query running (query start)"),
-        ("batch", "… its first batch committed (first batch)"),
+        ("trigger", "… its first trigger (Spark planning the batch)"),
+        ("batch", "… the batch's own duration (first batch)"),
         ("total", "**first batch committed by the successor**"),
         ("live", "that batch's point on the browser's live stream"),
     ):
@@ -155,6 +156,11 @@ def main() -> None:
         print(
             f"| {label} | {med(True, key):.2f} | {med(False, key):.2f} | {med(True, key) / med(False, key):.2f} | {target} |"
         )
+    for name in STAGES:
+        key = f"stage:{name}"
+        print(f"| first batch: {name.replace('_', ' ')} | {med(True, key):.2f} | {med(False, key):.2f} | – | |")
+    rows_in = statistics.median(r["replayed"] for r in rows[True] + rows[False])
+    print(f"\nrows in the successor's first batch (the replayed batch and what arrived since): median {rows_in:.0f}")
     for standby, label in ((True, "with a standby"), (False, "cold")):
         totals = ", ".join(f"{r['total']:.2f}" for r in rows[standby])
         print(f"per round, {label} (total s): {totals}")

@@ -38,7 +38,7 @@ django.setup()
 import redis  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from dashboard.models import Action, ActionKind, Checkpoint, Job, Run, RunStatus  # noqa: E402
+from dashboard.models import Action, ActionKind, Checkpoint, Job, Run, RunStatus, StandbyDriver  # noqa: E402
 from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
@@ -53,6 +53,27 @@ def first_commit_after(job: Job, after_run: int) -> datetime:
         return checkpoint.committed_at if checkpoint else None
 
     return wait_for(found, 180, 0.1, "a batch committed by the new driver")
+
+
+def bench_job(prefix: str, **overrides: Any) -> Job:
+    """A url-counts job as the benchmarks run it: local[1], trigger 1 s, restarted at once, 20,000 records a batch."""
+    name = f"{prefix}-{int(time.time())}"
+    fields: dict[str, Any] = {
+        "name": name, "pipeline": "url-counts", "source_stream": f"bench:{name}", "parallelism": 1,
+        "trigger_interval_seconds": 1, "restart_strategy": "fixed-delay", "restart_delay_seconds": 0,
+        "max_records_per_batch": 20_000,
+    }  # fmt: skip
+    return Job.objects.create(**(fields | overrides))
+
+
+def kill_processes(job: Job) -> None:
+    """Every driver and standby process the job had, with their JVMs."""
+    pids = [*Run.objects.filter(job=job).values_list("pid", flat=True)]
+    pids += StandbyDriver.objects.filter(job=job).values_list("pid", flat=True)
+    for pid in pids:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def produce(client: Any, stream: str, halt: threading.Event, rate: int) -> None:
@@ -86,19 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
-    name = f"bench-{int(time.time())}"
-    job = Job.objects.create(
-        name=name,
-        pipeline="url-counts",
-        source_stream=f"bench:{name}",
-        state_backend="rocksdb-incremental",
-        parallelism=1,
-        trigger_interval_seconds=1,
-        restart_strategy="fixed-delay",
-        restart_delay_seconds=0,
-        failure_rate_max=100,
-        max_records_per_batch=20_000,
-    )
+    job = bench_job("bench", state_backend="rocksdb-incremental", failure_rate_max=100)
     log = open(ROOT / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
     worker = subprocess.Popen(
         celery_worker_command(ROOT / "beat", loglevel="WARNING"),
@@ -172,10 +181,7 @@ def main() -> None:
     finally:
         halt.set()
         os.killpg(worker.pid, signal.SIGTERM)
-        for pid in Run.objects.filter(job=job).values_list("pid", flat=True):
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+        kill_processes(job)
         job.delete()
         shutil.rmtree(ROOT, ignore_errors=True)
         client.flushdb()

@@ -70,6 +70,21 @@ def running_with_progress(job, after_run: int = 0) -> Run | None:
     return None
 
 
+def drain_and_stop(job, producer: Producer, redis) -> None:
+    """Stop the producer, let the job read every entry written (poison included), and stop it."""
+    producer.halt.set()
+    producer.join()
+    entries = redis.xlen(job.source_stream)
+    wait_for(
+        lambda: (c := job.checkpoints.order_by("-committed_at").first()) and c.end_offset["n"] >= entries,
+        180,
+        1,
+        "the job to catch up",
+    )
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+
+
 def pause_past_lease(job, run: Run) -> Run:
     """SIGSTOP a driver until a successor commits, then wake it: it must be gone within 10 s, having written nothing."""
     os.killpg(run.pid, signal.SIGSTOP)
@@ -102,17 +117,7 @@ def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None, pau
             time.sleep(rng.uniform(1, 5))
             celery_worker.start()
         run = wait_for(lambda last=run.id: running_with_progress(job, last), 180, 1, f"recovery after kill {kill + 1}")
-    producer.halt.set()
-    producer.join()
-    entries = redis.xlen(job.source_stream)
-    wait_for(
-        lambda: (c := job.checkpoints.order_by("-committed_at").first()) and c.end_offset["n"] >= entries,
-        180,
-        1,
-        "the job to catch up",
-    )
-    job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every good event counted exactly once"
     dead = {f[b"entry"].decode(): f for _, f in redis.xrange(job.dead_letter_stream)}
     assert set(dead) == set(producer.poison) and len(producer.poison) >= len(POISON), "every poison entry, once"

@@ -10,9 +10,9 @@ import signal
 import pytest
 
 from dashboard.models import Run, RunStatus
-from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
+from dashboard.services.runs import job_request_start, pid_alive
 from tests.conftest import wait_for
-from tests.test_chaos import Producer, running_with_progress, sink_total
+from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -34,16 +34,7 @@ def test_a_driver_paused_past_its_lease_is_gone_within_seconds_and_wrote_nothing
         os.killpg(old.pid, signal.SIGCONT)  # the old driver wakes up next to its successor, if it is still there
     wait_for(lambda: not pid_alive(old.pid), 10, 0.2, "the old driver's process to be gone")
 
-    producer.halt.set()
-    producer.join()
-    wait_for(
-        lambda: (c := job.checkpoints.order_by("-committed_at").first()) and c.end_offset["n"] >= producer.sent,
-        120,
-        1,
-        "the successor to catch up",
-    )
-    job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every event exactly once: the old driver wrote nothing"
     old.refresh_from_db()
     assert old.status == RunStatus.LOST

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from dashboard.models import Recovery, RunStatus, StandbyDriver, StandbyStatus
-from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.runs import job_request_start
 from tests.conftest import wait_for
-from tests.test_chaos import Producer, running_with_progress, sink_total
+from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -46,17 +46,7 @@ def test_a_standby_takes_over_a_killed_driver_and_counts_every_event_once(make_j
     print(f"kill -9 to the standby's first committed batch: {took:.1f} s")  # the benchmark measures it properly
 
     behind = wait_for(lambda: ready_standby(job, standby.id), 180, 0.5, "a new standby behind the one that took over")
-    producer.halt.set()
-    producer.join()
-    entries = redis.xlen(stream_name)
-    wait_for(
-        lambda: (c := job.checkpoints.order_by("-committed_at").first()) and c.end_offset["n"] >= entries,
-        120,
-        1,
-        "the successor to catch up",
-    )
-    job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every event exactly once across the takeover"
     # a stop is not a death: the standby lets the driver go, and ends when the job stays down
     wait_for(lambda: StandbyDriver.objects.get(id=behind.id).status == StandbyStatus.ENDED, 60, 0.5, "the idle end")

@@ -237,6 +237,15 @@ class JobDriver:
         query.stop()
 
 
+def spark_stop(spark: Any) -> None:
+    """Stop Spark, or end the process if that hangs: a driver whose run ended must not linger."""
+    watchdog = threading.Timer(SPARK_STOP_SECONDS, hard_exit, (1, "spark.stop() did not return"))
+    watchdog.daemon = True
+    watchdog.start()
+    spark.stop()
+    watchdog.cancel()
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_id = int(argv[1])
@@ -268,11 +277,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
     status = driver.execute()
     log.info("run %s ended: %s", run_id, status)
-    watchdog = threading.Timer(SPARK_STOP_SECONDS, hard_exit, (1, "spark.stop() did not return"))
-    watchdog.daemon = True
-    watchdog.start()
-    spark.stop()
-    watchdog.cancel()
+    spark_stop(spark)
     if lock is not None:
         lock.close()
     return 0 if status == RunStatus.STOPPED else 1

@@ -12,7 +12,6 @@ import random
 import shutil
 import signal
 import socket
-import threading
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ from dashboard.models import RunStatus, StandbyDriver, StandbyStatus
 from dashboard.services.runs import pid_alive
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
 from workers import job_lock
-from workers.driver import SPARK_STOP_SECONDS, JobDriver, LeaseKeeper, hard_exit
+from workers.driver import JobDriver, LeaseKeeper, spark_stop
 from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session
 
@@ -184,9 +183,5 @@ def main(argv: list[str]) -> int:
     status = driver.execute()
     StandbyDriver.objects.filter(id=standby.id).update(status=StandbyStatus.ENDED, ended_at=timezone.now())
     log.info("run %s ended: %s", run_id, status)
-    watchdog = threading.Timer(SPARK_STOP_SECONDS, hard_exit, (1, "spark.stop() did not return"))
-    watchdog.daemon = True
-    watchdog.start()
-    spark.stop()
-    watchdog.cancel()
+    spark_stop(spark)
     return 0 if status == RunStatus.STOPPED else 1

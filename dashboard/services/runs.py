@@ -116,10 +116,16 @@ def checkpoint_missing(job: Job) -> str:
 
 def spawn_driver(run: Run) -> int:
     """The driver is its own process in its own session: it outlives the worker that started it."""
-    Path(run.log_path).parent.mkdir(parents=True, exist_ok=True)
-    with open(run.log_path, "ab") as out:
+    return spawn_process("workers.driver_process", run.id, Path(run.log_path))
+
+
+def spawn_process(module: str, argument: int, log_path: Path) -> int:
+    """``python -m module argument`` in a session of its own (it outlives the worker that started it, and its whole
+    group can be killed at once), writing to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.driver_process", str(run.id)],
+            [sys.executable, "-m", module, str(argument)],
             cwd=settings.BASE_DIR,
             stdout=out,
             stderr=subprocess.STDOUT,

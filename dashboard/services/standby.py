@@ -13,9 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -34,7 +31,7 @@ from dashboard.models import (
 from dashboard.services.audit import audit_record
 from dashboard.services.lease import lease_acquire
 from dashboard.services.recovery import record_failure
-from dashboard.services.runs import kill_group, pid_alive, run_finish
+from dashboard.services.runs import kill_group, pid_alive, run_finish, spawn_process
 
 log = logging.getLogger(__name__)
 LIVE = (StandbyStatus.WARMING, StandbyStatus.READY)
@@ -135,22 +132,9 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
 def standby_spawn(job: Job) -> StandbyDriver:
     standby = StandbyDriver.objects.create(job=job, host=socket.gethostname(), built_for=built_for(job))
     log_path = settings.LOG_ROOT / f"{job.name}-standby-{standby.id}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.standby_process", str(standby.id)],
-            cwd=Path(settings.BASE_DIR),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={
-                **os.environ,
-                "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings"),
-            },
-        )
-    StandbyDriver.objects.filter(id=standby.id).update(pid=proc.pid, log_path=str(log_path))
-    standby.pid, standby.log_path = proc.pid, str(log_path)
+    pid = spawn_process("workers.standby_process", standby.id, log_path)
+    StandbyDriver.objects.filter(id=standby.id).update(pid=pid, log_path=str(log_path))
+    standby.pid, standby.log_path = pid, str(log_path)
     return standby
 
 
