@@ -143,6 +143,7 @@ def test_long_chaos_with_a_worker_kill(make_job, redis, stream_name, celery_work
         parallelism=1,
         trigger_interval_seconds=1,
         state_backend=backend,
+        standby=backend == "rocksdb",  # one run with warm standbys taking over, one with cold restarts
         restart_strategy="fixed-delay",
         restart_delay_seconds=1,
         failure_rate_max=20,

@@ -34,19 +34,34 @@ def supported() -> bool:
     return connection.vendor == "postgresql"
 
 
-def hold(job_id: int, within_seconds: float = 30.0) -> psycopg.Connection[Any] | None:
-    """Take the job's lock for this process (a standby that is checking on the previous holder lets go within
-    milliseconds); the connection must stay open for as long as the lock is held. None on SQLite."""
+def hold(job_id: int, within_seconds: float = 30.0, grace_seconds: float = 2.0) -> psycopg.Connection[Any] | None:
+    """Take the job's lock for this process, which holds the lease. A standby checking on the previous holder lets go
+    within milliseconds; a holder still there after ``grace_seconds`` is a driver that lost the lease (paused, or on
+    a host the supervisor cannot reach): its database session is ended, which frees the lock and, when it wakes, its
+    lease keeper finds itself fenced. The connection must stay open for as long as the lock is held. None on SQLite."""
     if not supported():
         return None
     conn = lock_connection()
-    deadline = time.monotonic() + within_seconds
+    began = time.monotonic()
     while not conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, job_id]).fetchone()[0]:  # type: ignore[index]
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - began
+        if waited > within_seconds:
             conn.close()
             raise TimeoutError(f"job {job_id}'s driver lock was not free within {within_seconds:.0f} s")
+        if waited > grace_seconds:
+            evict(conn, job_id)
         time.sleep(0.05)
     return conn
+
+
+def evict(conn: psycopg.Connection[Any], job_id: int) -> int:
+    """End the database session of whoever holds the job's lock (a driver that lost its lease); how many were ended."""
+    ended = conn.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+        "AND objid = %s AND objsubid = 2 AND granted AND pid <> pg_backend_pid()",
+        [LOCK_CLASS, job_id],
+    ).fetchone()
+    return int(ended[0]) if ended else 0
 
 
 def wait(conn: psycopg.Connection[Any], job_id: int, timeout_seconds: float) -> bool:

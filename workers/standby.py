@@ -130,6 +130,8 @@ def wait_for_death(standby: StandbyDriver, conn: Any) -> int | None:
             time.sleep(0.5)
             continue
         if not job_lock.wait(conn, job.id, WAIT_SLICE_SECONDS):
+            if not job.lease_is_held():  # the holder outlived its lease (paused, or out of reach): end its session
+                job_lock.evict(conn, job.id)
             continue
         got = time.monotonic()
         if _holder_alive(standby):
