@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from dashboard.connections import redis_client
 from dashboard.models import Job
@@ -60,11 +62,13 @@ def dead_letter_page(job: Job, before: str | None = None, per_page: int = 50) ->
     return DeadLetterPage(letters, int(client.xlen(job.dead_letter_stream)), older)
 
 
-def dead_letters_export(job: Job, page: int = 1000) -> Iterator[str]:
-    """Every dead letter as a JSON line, oldest first, read a page at a time."""
+async def dead_letters_export(job: Job, page: int = 50) -> AsyncIterator[str]:
+    """Every dead letter as a JSON line, oldest first, a page at a time, asynchronously: under ASGI the response is
+    sent as it is read (a synchronous iterator would be read whole first: up to 100,000 letters of up to 1 MiB)."""
     client = redis_client(timeout=10)
+    read = sync_to_async(client.xrange, thread_sensitive=False)
     after = "-"
-    while rows := client.xrange(job.dead_letter_stream, min=after, max="+", count=page):
+    while rows := await read(job.dead_letter_stream, min=after, max="+", count=page):
         for entry_id, fields in rows:
             yield json.dumps(_letter(entry_id, fields).as_json()) + "\n"
         if len(rows) < page:

@@ -125,6 +125,7 @@ def recoveries_supervise() -> list[str]:
         )
     for recovery in Recovery.objects.filter(recovered_at=None, restart_run__isnull=False):
         first = Checkpoint.objects.filter(run=recovery.restart_run).order_by("batch_id").first()
-        if first is not None:
-            Recovery.objects.filter(id=recovery.id).update(recovered_at=first.committed_at)
+        if first is not None:  # a record's committed_at is its trigger's start: the batch committed its duration later
+            committed = first.committed_at + timedelta(milliseconds=first.duration_ms)
+            Recovery.objects.filter(id=recovery.id).update(recovered_at=committed)
     return notes

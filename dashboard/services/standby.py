@@ -144,6 +144,17 @@ def standby_end(standby: StandbyDriver, message: str) -> None:
     )
 
 
+def standbys_stop() -> list[str]:
+    """End every standby on this host that has not taken over (they hold no run, so there is nothing to drain)."""
+    ended = []
+    for standby in StandbyDriver.objects.filter(status__in=LIVE, host=socket.gethostname()).select_related("job"):
+        if standby.pid and pid_alive(standby.pid):
+            kill_group(standby.pid)
+        standby_end(standby, "Stopped with the console.")
+        ended.append(f"standby {standby.id} of {standby.job.name} ended")
+    return ended
+
+
 def standbys_supervise() -> list[str]:
     """Each running job with standby on gets one standby on this host; a standby whose process is gone is ended, and
     one that is no longer wanted is stopped."""

@@ -1,4 +1,4 @@
-"""Stop every running job: drain, then wait; with --kill, kill drivers that outlast the wait."""
+"""Stop every running job: drain, then wait; kill drivers that outlast the wait. Standbys on this host end too."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.errors import ActionRefused
 from dashboard.services.runs import job_request_stop, pid_alive
+from dashboard.services.standby import standbys_stop
 
 
 class Command(BaseCommand):
@@ -35,3 +36,5 @@ class Command(BaseCommand):
                 self.stdout.write(f"killed the driver of {run.job.name} (pid {run.pid})")
             else:
                 self.stdout.write(f"{run.job.name} stopped")
+        for ended in standbys_stop():  # after the drivers: a standby never takes over a stopped job anyway
+            self.stdout.write(ended)
