@@ -35,11 +35,11 @@ def test_a_lost_driver_is_restarted_after_the_delay_and_its_downtime_recorded(ma
     audited = AuditEntry.objects.get(verb="restart")
     assert (audited.origin, audited.job, audited.target) == ("supervisor", job.name, f"run #{recovery.restart_run_id}")
 
-    committed = recovery.failed_at + timedelta(seconds=12)
-    Checkpoint.objects.create(job=job, run=recovery.restart_run, batch_id=7, committed_at=committed, duration_ms=5)
+    triggered = recovery.failed_at + timedelta(seconds=12)  # a record's committed_at is its trigger's start
+    Checkpoint.objects.create(job=job, run=recovery.restart_run, batch_id=7, committed_at=triggered, duration_ms=1500)
     recoveries_supervise()
     recovery.refresh_from_db()
-    assert recovery.downtime_seconds == 12
+    assert recovery.downtime_seconds == 13.5, "down until the first batch committed: its trigger plus its duration"
 
 
 def test_exponential_back_off_doubles_up_to_the_cap(make_job):

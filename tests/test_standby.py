@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
+from django.utils import timezone
 
-from dashboard.models import Recovery, RunStatus, StandbyDriver, StandbyStatus
+from dashboard.models import Action, ActionKind, Job, Recovery, Run, RunStatus, StandbyDriver, StandbyStatus
+from dashboard.services.lease import lease_acquire
 from dashboard.services.runs import job_request_start
+from dashboard.services.standby import built_for, standby_takeover
 from tests.conftest import wait_for
 from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def ready_standby(job, after: int = 0) -> StandbyDriver | None:
     return job.standbys.filter(status=StandbyStatus.READY, id__gt=after).first()
 
 
+@pytest.mark.browser
 def test_a_standby_takes_over_a_killed_driver_and_counts_every_event_once(make_job, redis, stream_name, celery_worker):
     # a cold restart would wait 30 s: a successor sooner than that can only be the standby
     job = make_job(parallelism=1, trigger_interval_seconds=1, standby=True, restart_strategy="fixed-delay",
@@ -52,3 +57,50 @@ def test_a_standby_takes_over_a_killed_driver_and_counts_every_event_once(make_j
     wait_for(lambda: StandbyDriver.objects.get(id=behind.id).status == StandbyStatus.ENDED, 60, 0.5, "the idle end")
     assert job.runs.order_by("-id").first().status == RunStatus.STOPPED, "no run started after the stop"
     assert job.runs.count() == 2
+
+
+def _dead_run(job):
+    """A running run whose driver process is gone (the lock freed): what a standby may take over."""
+    token = lease_acquire(job_id=job.id)
+    return Run.objects.create(
+        job=job, status=RunStatus.RUNNING, fencing_token=token, pid=2**22 + 17, host=socket.gethostname()
+    )
+
+
+def test_a_standby_never_takes_over_a_stop_an_action_or_a_changed_job(make_job):
+    job = make_job(standby=True)
+    standby = StandbyDriver.objects.create(job=job, status=StandbyStatus.READY, built_for=built_for(job))
+    run = _dead_run(job)
+    Run.objects.filter(id=run.id).update(stop_requested_at=timezone.now())
+    assert standby_takeover(standby_id=standby.id, lock_wait_ms=1) is None
+    assert "asked to stop" in StandbyDriver.objects.get(id=standby.id).message
+
+    Run.objects.filter(id=run.id).update(stop_requested_at=None)
+    action = Action.objects.create(job=job, kind=ActionKind.RESCALE, params={"parallelism": 2})
+    assert standby_takeover(standby_id=standby.id, lock_wait_ms=1) is None
+    assert "in flight" in StandbyDriver.objects.get(id=standby.id).message
+
+    Action.objects.filter(id=action.id).update(status="succeeded")
+    Job.objects.filter(id=job.id).update(parallelism=3)  # its SparkSession was built for local[2]
+    assert standby_takeover(standby_id=standby.id, lock_wait_ms=1) is None
+    assert "changed since this standby started" in StandbyDriver.objects.get(id=standby.id).message
+    assert Run.objects.get(id=run.id).status == RunStatus.RUNNING and job.runs.count() == 1, "nothing taken over"
+
+    Job.objects.filter(id=job.id).update(parallelism=2)
+    taken = standby_takeover(standby_id=standby.id, lock_wait_ms=1)
+    assert taken is not None and taken.fencing_token > run.fencing_token and taken.pid == os.getpid()
+    assert Run.objects.get(id=run.id).status == RunStatus.LOST
+    assert Recovery.objects.get(failed_run=run).restart_run_id == taken.id
+    assert StandbyDriver.objects.get(id=standby.id).status == StandbyStatus.ACTIVE
+
+
+def test_a_standby_respects_the_failure_rate_limit_and_frees_the_lease(make_job):
+    job = make_job(standby=True, failure_rate_max=1)
+    standby = StandbyDriver.objects.create(job=job, status=StandbyStatus.READY, built_for=built_for(job))
+    earlier = Run.objects.create(job=job, status=RunStatus.LOST, ended_at=timezone.now())
+    Recovery.objects.create(job=job, failed_run=earlier, cause="an earlier death", failed_at=timezone.now())
+    run = _dead_run(job)
+    assert standby_takeover(standby_id=standby.id, lock_wait_ms=1) is None
+    job.refresh_from_db()
+    assert "2 failures within 30 minutes" in job.failed_reason and not job.lease_is_held()
+    assert Run.objects.get(id=run.id).status == RunStatus.LOST and job.runs.count() == 2

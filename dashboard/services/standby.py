@@ -29,7 +29,7 @@ from dashboard.models import (
     StandbyStatus,
 )
 from dashboard.services.audit import audit_record
-from dashboard.services.lease import lease_acquire
+from dashboard.services.lease import lease_acquire, lease_release
 from dashboard.services.recovery import record_failure
 from dashboard.services.runs import kill_group, pid_alive, run_finish, spawn_process
 
@@ -97,7 +97,8 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
             StandbyDriver.objects.filter(id=standby.id).update(message="Did not take over: the lease is held.")
             return None
         recovery = Recovery.objects.filter(failed_run=dead).first() or record_failure(job, dead)
-        if recovery.gave_up:
+        if recovery.gave_up:  # the failure-rate limit stops the job: the lease this took is not needed
+            lease_release(job_id=job.id, token=token)
             StandbyDriver.objects.filter(id=standby.id).update(message=f"Did not take over: {job.failed_reason}")
             return None
         now = timezone.now()

@@ -289,10 +289,28 @@ def describe(exc: Exception) -> str:
     return (str(exc).splitlines() or [repr(exc)])[0][:2000]
 
 
+FORMAT_VERSION = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+
+
+def checkpoint_format(root: Path) -> int:
+    """2 when the newest commit records state file ids (RocksDB, format version 2), else 1. A shadow run's PATH holds
+    two copies (old/, new/) of the same savepoint: the format of either."""
+    for candidate in (root, root / "old"):
+        commits = candidate / "commits"
+        names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
+        batches = sorted(int(name) for name in names if name.isdigit())
+        if batches:
+            with open(commits / str(batches[-1])) as reader:
+                return 2 if reader.readline().strip() == "v2" else 1
+    return 1
+
+
 def main(argv: list[str]) -> int:
     command, path, number = argv[1], argv[2], int(argv[3])
     spec = json.loads(argv[4]) if len(argv) > 4 else {}
     spark = build_session("statekeeper-state-tool", "local[1]", backend="rocksdb")
+    # read (and re-run) the checkpoint in the format it was written in: the memory store refuses format 2
+    spark.conf.set(FORMAT_VERSION, str(checkpoint_format(Path(path))))
     try:
         if command == "verify":
             result: dict[str, Any] = {"operators": state_counts(spark, path, number)}
