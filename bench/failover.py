@@ -1,14 +1,15 @@
 """Failover: kill -9 of the running driver → first batch committed by its successor, with a warm standby against the
 cold restart path, paired round by round on the real stack.
 
-    .venv/bin/python -m bench.failover [--rounds 5]
+    .venv/bin/python -m bench.failover [--rounds 5] [--part both|failover|throughput]
 
 Starts its own Celery worker with beat (Redis database 13), one url-counts job (rocksdb, local[1], trigger 1 s,
 restart delay 0), a producer at 300 events/s. Each round kills the running driver once with the standby on and once
 with it off, and splits the time: detection (kill → the successor's run recorded), query start (→ the query running),
 first batch (→ its first batch committed), and → the batch's point on the live stream the browser reads. Prints a
 table against the targets (≤ 3 s median with a standby; Flink 2.3 restarts the same keyed job in 7.3 s here) and the
-standby's memory.
+standby's memory. Then (rounds / 2 pairs) the job's throughput on a standing backlog with a ready standby beside it
+against alone (target ≥ 0.95×), with the batch limit raised so that the job sets the rate.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench.operator_actions import bench_job, kill_processes, produce  # noqa: E402
+from bench.operator_actions import backlog, bench_job, kill_processes, produce, rate_over  # noqa: E402
 from dashboard.models import Checkpoint, Job, RunStatus, StandbyStatus  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
+from dashboard.services.standby import LIVE  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
 from statekeeper.processes import celery_worker_command  # noqa: E402
 
@@ -95,9 +97,47 @@ def one_failover(job: Job, client: Any) -> dict[str, float]:
     }
 
 
+def saturated_rates(job: Job, client: Any, rounds: int) -> list[tuple[float, float]]:
+    """Rows/s of the job on a standing backlog, with a ready standby beside it and without, paired round by round.
+    The batch limit is raised so that the job, not the limit, sets the rate."""
+    Job.objects.filter(id=job.id).update(max_records_per_batch=200_000, standby=False)
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
+    job_request_start(job=job)
+    wait_for(lambda: Checkpoint.objects.filter(run=job.runs.order_by("-id").first()).exists(), 180, what="restart")
+    pairs = []
+    for _ in range(rounds):
+        rates: dict[bool, float] = {}
+        for standby in (False, True):
+            Job.objects.filter(id=job.id).update(standby=standby)
+            if standby:
+                wait_for(lambda: job.standbys.filter(status=StandbyStatus.READY).exists(), 300, 0.5, "a standby")
+            else:
+                wait_for(lambda: not job.standbys.filter(status__in=LIVE).exists(), 60, 0.5, "no standby")
+            # the backlog is written while the job is stopped (it reads faster than one client writes), then the
+            # job restarts on it; a ready standby stays beside a stopped job for its idle time
+            job_request_stop(job=job)
+            wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
+            backlog(client, job.source_stream, 2_000_000)
+            run = job_request_start(job=job)
+            wait_for(Checkpoint.objects.filter(run=run).exists, 180, 0.5, "the restart on the backlog")
+            time.sleep(3)
+            since = timezone.now()
+            time.sleep(15)
+            rates[standby] = rate_over(job, since, timezone.now())
+            latest = job.checkpoints.order_by("-committed_at").first()
+            if latest is None or not latest.lag_records:
+                raise SystemExit("the backlog ran out during the measurement: raise it")
+            client.xtrim(job.source_stream, maxlen=0)  # the next measurement starts from a fresh backlog
+            time.sleep(5)
+        pairs.append((rates[True], rates[False]))
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--part", choices=("both", "failover", "throughput"), default="both")
     args = parser.parse_args()
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
@@ -113,7 +153,7 @@ def main() -> None:
     memory: list[int] = []
     try:
         job_request_start(job=job)
-        for _ in range(args.rounds):
+        for _ in range(args.rounds if args.part != "throughput" else 0):
             for standby in (True, False):
                 Job.objects.filter(id=job.id).update(standby=standby)
                 job.refresh_from_db()
@@ -126,6 +166,7 @@ def main() -> None:
                 if result["standby"] != standby:
                     raise SystemExit(f"expected a {'standby' if standby else 'cold'} takeover, got {result}")
                 rows[standby].append(result)
+        throughput = saturated_rates(job, client, max(1, args.rounds // 2)) if args.part != "failover" else []
         job_request_stop(job=job)
         wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
     finally:
@@ -135,6 +176,18 @@ def main() -> None:
         job.delete()
         shutil.rmtree(ROOT, ignore_errors=True)
         client.flushdb()
+
+    if throughput:
+        ratios = [with_standby / alone for with_standby, alone in throughput]
+        print(
+            "| saturated throughput (rows/s over 15 s, 2,000,000-event backlog) | ready standby beside | alone | ratio |"
+        )
+        print("|---|---:|---:|---:|")
+        for i, (with_standby, alone) in enumerate(throughput, 1):
+            print(f"| round {i} | {with_standby:,.0f} | {alone:,.0f} | {with_standby / alone:.2f} |")
+        print(f"| median ratio (target ≥ 0.95) | | | **{statistics.median(ratios):.2f}** |\n")
+    if not rows[True]:
+        return
 
     def med(standby: bool, key: str) -> float:
         return statistics.median(r[key] for r in rows[standby])
