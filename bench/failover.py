@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -42,7 +41,7 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench.operator_actions import backlog, bench_job, kill_processes, produce, rate_over  # noqa: E402
+from bench.operator_actions import backlog, bench_job, produce, rate_over, tear_down  # noqa: E402
 from dashboard.models import Checkpoint, Job, RunStatus, StandbyStatus  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from dashboard.services.standby import LIVE  # noqa: E402
@@ -171,11 +170,7 @@ def main() -> None:
         wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
     finally:
         halt.set()
-        os.killpg(worker.pid, signal.SIGTERM)
-        kill_processes(job)
-        job.delete()
-        shutil.rmtree(ROOT, ignore_errors=True)
-        client.flushdb()
+        tear_down(job, worker, client, ROOT)
 
     if throughput:
         ratios = [with_standby / alone for with_standby, alone in throughput]

@@ -66,6 +66,15 @@ def bench_job(prefix: str, **overrides: Any) -> Job:
     return Job.objects.create(**(fields | overrides))
 
 
+def tear_down(job: Job, worker: subprocess.Popen[bytes], client: Any, root: Path) -> None:
+    """The benchmark's worker, every process of its job, the job, its files and its Redis database."""
+    os.killpg(worker.pid, signal.SIGTERM)
+    kill_processes(job)
+    job.delete()
+    shutil.rmtree(root, ignore_errors=True)
+    client.flushdb()
+
+
 def kill_processes(job: Job) -> None:
     """Every driver and standby process the job had, with their JVMs."""
     pids = [*Run.objects.filter(job=job).values_list("pid", flat=True)]
@@ -180,11 +189,7 @@ def main() -> None:
         wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
     finally:
         halt.set()
-        os.killpg(worker.pid, signal.SIGTERM)
-        kill_processes(job)
-        job.delete()
-        shutil.rmtree(ROOT, ignore_errors=True)
-        client.flushdb()
+        tear_down(job, worker, client, ROOT)
 
     cold_s, rec_s = statistics.median(cold), statistics.median(recovery)
     copy_s = statistics.median(s[0] for s in savepoints)
