@@ -151,7 +151,6 @@ def wait_for_death(standby: StandbyDriver, conn: Any) -> int | None:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     standby = StandbyDriver.objects.select_related("job").get(id=int(argv[1]))
-    StandbyDriver.objects.filter(id=standby.id).update(pid=os.getpid())
     log.info("standby %s for %s (pid %s)", standby.id, standby.job.name, os.getpid())
     began = time.monotonic()
     try:

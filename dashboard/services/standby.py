@@ -65,7 +65,6 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
     the standby's message) when there is nothing to take over."""
     standby = StandbyDriver.objects.select_related("job").get(id=standby_id)
     job = standby.job
-    killed_pid = None
     with transaction.atomic():
         job = Job.objects.select_for_update().get(id=job.id)
         dead = job.runs.order_by("-id").first()
@@ -91,7 +90,6 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
                 message="The driver process died (its database session ended); the standby took over.",
             )
             dead.refresh_from_db()
-            killed_pid = dead.pid if dead.host == socket.gethostname() else None
         token = lease_acquire(job_id=job.id)
         if token is None:  # the dead driver's lease was not its own to free (another token): leave it to the lease
             StandbyDriver.objects.filter(id=standby.id).update(message="Did not take over: the lease is held.")
@@ -116,8 +114,6 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
         Recovery.objects.filter(id=recovery.id).update(restart_run=run, restart_at=now)
         StandbyDriver.objects.filter(id=standby.id).update(status=StandbyStatus.ACTIVE, run=run, message=run.message)
         Job.objects.filter(id=job.id).exclude(failed_reason="").update(failed_reason="")
-    if killed_pid and pid_alive(killed_pid):  # its session ended but the process lives (a cut connection): end it
-        kill_group(killed_pid)
     audit_record(
         None,
         verb="restart",
