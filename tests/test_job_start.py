@@ -109,6 +109,25 @@ def test_a_replayed_batch_changes_nothing_in_the_sink(make_job):
     assert sorted((r.key, r.value["requests"]) for r in job.results.all()) == [("/a", 3), ("/b", 1)]
 
 
+def test_a_key_given_twice_in_a_batch_keeps_its_last_value_and_a_failed_batch_leaves_nothing(make_job):
+    job = make_job()
+    token = lease_acquire(job_id=job.id)
+    assert token is not None
+    rows = [("url", "/a", {"requests": 1}), ("url", "/b", {"requests": 5}), ("url", "/a", {"requests": 2})]
+    assert write_results(job_id=job.id, token=token, batch_id=1, results=rows) == 3
+    assert sorted((r.key, r.value["requests"], r.batch_id) for r in job.results.all()) == [("/a", 2, 1), ("/b", 5, 1)]
+
+    def breaks_midway():
+        yield "url", "/a", {"requests": 7}
+        raise RuntimeError("the frame failed")
+
+    with pytest.raises(RuntimeError, match="the frame failed"):
+        write_results(job_id=job.id, token=token, batch_id=2, results=breaks_midway())
+    # the next batch starts from an empty scratch table: nothing of the failed one is upserted with it
+    write_results(job_id=job.id, token=token, batch_id=2, results=[("url", "/b", {"requests": 6})])
+    assert sorted((r.key, r.value["requests"]) for r in job.results.all()) == [("/a", 2), ("/b", 6)]
+
+
 def test_stop_is_safe_to_ask_twice_and_refused_when_not_running(make_job):
     job = make_job()
     with pytest.raises(ActionRefused, match="is not running"):

@@ -66,21 +66,49 @@ def lease_hold(cursor: Any, *, job_id: int, token: int, batch_id: int) -> None:
 def write_results(
     *, job_id: int, token: int, batch_id: int, results: Iterable[Result], rejected: list[Rejected] | None = None
 ) -> int:
-    """Upsert the results; the ones that cannot be stored are appended to ``rejected`` instead."""
+    """Upsert the results; the ones that cannot be stored are appended to ``rejected`` instead. A key given twice
+    keeps its last value."""
     written = 0
     with transaction.atomic(), connection.cursor() as cursor:
         lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
         iterator = iter(_storable(batch_id, results, rejected if rejected is not None else []))
+        if connection.vendor == "postgresql":
+            return _copy_upsert(cursor, job_id, batch_id, iterator)
         while chunk := list(islice(iterator, CHUNK)):
             cursor.executemany(
-                "INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
-                "VALUES (%s, %s, %s, %s, %s, CURRENT_TIMESTAMP) "
-                "ON CONFLICT (job_id, kind, key) DO UPDATE SET value = EXCLUDED.value, "
-                "batch_id = EXCLUDED.batch_id, updated_at = EXCLUDED.updated_at",
+                f"INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
+                f"VALUES (%s, %s, %s, %s, %s, CURRENT_TIMESTAMP) {UPSERT}",
                 [(job_id, kind, key, json.dumps(value), batch_id) for kind, key, value in chunk],
             )
             written += len(chunk)
     return written
+
+
+UPSERT = (
+    "ON CONFLICT (job_id, kind, key) DO UPDATE SET value = EXCLUDED.value, batch_id = EXCLUDED.batch_id, "
+    "updated_at = EXCLUDED.updated_at"
+)
+
+
+def _copy_upsert(cursor: Any, job_id: int, batch_id: int, results: Iterable[Result]) -> int:
+    """COPY the batch into this session's scratch table, then one upsert from it: a round trip per batch, not per
+    row. The scratch table is emptied first: inside an outer transaction no commit has emptied it yet."""
+    cursor.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS sink_batch (seq bigint, kind text, key text, value jsonb) "
+        "ON COMMIT DELETE ROWS"
+    )
+    cursor.execute("TRUNCATE sink_batch")
+    count = 0
+    with cursor.cursor.copy("COPY sink_batch (seq, kind, key, value) FROM STDIN") as copy:
+        for count, (kind, key, value) in enumerate(results, 1):
+            copy.write_row((count, kind, key, json.dumps(value)))
+    cursor.execute(
+        "INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
+        "SELECT DISTINCT ON (kind, key) %s, kind, key, value, %s, CURRENT_TIMESTAMP FROM sink_batch "
+        f"ORDER BY kind, key, seq DESC {UPSERT}",
+        [job_id, batch_id],
+    )
+    return count
 
 
 def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]) -> Iterable[Result]:
@@ -107,7 +135,7 @@ def batch_writer(
             job_id=job_id,
             token=token,
             batch_id=batch_id,
-            results=pipeline.results(list(frame.toLocalIterator())),
+            results=pipeline.results(frame.collect()),  # every partition at once, not a job each
             rejected=rejected,
         )
         if rejected and dead_letters:
