@@ -11,6 +11,11 @@ HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateS
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
+# Loggers that warn once per record in normal operation: transformWithState's state server logs a WARN line for every
+# get() of a key that has no value yet (every new key), which costs more than the get itself.
+QUIET = ("org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",)
+
+
 def backend_conf(backend: str) -> dict[str, str]:
     """Spark settings for a Statekeeper state backend: memory, rocksdb or rocksdb-incremental."""
     if backend == "memory":
@@ -69,6 +74,9 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("STATEKEEPER_SPARK_LOG_LEVEL", "WARN"))
+    log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+    for logger in QUIET:
+        log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
     for key, value in conf.items():  # getOrCreate keeps an existing session's settings: set what may be set
         if key.startswith("spark.sql."):
             spark.conf.set(key, value)

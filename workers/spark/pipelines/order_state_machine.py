@@ -46,7 +46,7 @@ class OrderStateMachine(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
         order_id = key[0]
-        saved = self.state.get() if self.state.exists() else None
+        saved = self.state.get()  # None when there is none: one round trip to the state store, not two
         current, seen = (saved[0], saved[1]) if saved else (None, 0)
         last: Row | None = None
         for row in sorted(rows, key=lambda r: (r["ts"], parse_id(r["_id"]))):
