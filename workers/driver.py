@@ -7,6 +7,7 @@ stop request lets the batch in flight finish before it stops the query.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import planned_batch
 from dashboard.failures import describe, root_cause
-from dashboard.models import Run, RunStatus
+from dashboard.models import Job, Run, RunStatus
 from dashboard.services.checkpoints import journal_path
 from dashboard.services.deploys import deploy_record
 from dashboard.services.lease import lease_renew
@@ -91,6 +92,32 @@ class LeaseKeeper(threading.Thread):
             query.stop()
 
 
+def job_spec(job: Job, **overrides: Any) -> JobSpec:
+    """What a driver runs for ``job``, as plain values; ``overrides`` replace any of them."""
+    spec = JobSpec(
+        job_id=job.id,
+        name=job.name,
+        pipeline=job.pipeline,
+        stream=job.source_stream,
+        redis_url=settings.REDIS_URL,
+        backend=job.state_backend,
+        trigger_seconds=job.trigger_interval_seconds,
+        partitions=job.state_partitions,
+        parallelism=job.parallelism,
+        checkpoint=str(job.checkpoint_location),
+        batches_retained=job.batches_retained,
+        max_records=job.max_records_per_batch,
+        dead_letter=job.dead_letter_stream,
+        skip_list=job.skip_list,
+        max_future_seconds=job.max_future_seconds,
+        source_kind=job.source_kind,
+        source_path=job.source_path,
+        source_format=job.source_format,
+        starting_offset=json.dumps(job.start_offset) if job.start_offset else "",
+    )
+    return dataclasses.replace(spec, **overrides)
+
+
 class JobDriver:
     def __init__(self, spark: Any, run_id: int, keeper: LeaseKeeper | None = None) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
@@ -103,30 +130,6 @@ class JobDriver:
         self.token = int(self.run.fencing_token or 0)
         self.stop_signal = threading.Event()
 
-    def spec(self) -> Any:
-        job = self.job
-        return JobSpec(
-            job_id=job.id,
-            name=job.name,
-            pipeline=job.pipeline,
-            stream=job.source_stream,
-            redis_url=settings.REDIS_URL,
-            backend=job.state_backend,
-            trigger_seconds=job.trigger_interval_seconds,
-            partitions=job.state_partitions,
-            parallelism=job.parallelism,
-            checkpoint=str(job.checkpoint_location),
-            batches_retained=job.batches_retained,
-            max_records=job.max_records_per_batch,
-            dead_letter=job.dead_letter_stream,
-            skip_list=job.skip_list,
-            max_future_seconds=job.max_future_seconds,
-            source_kind=job.source_kind,
-            source_path=job.source_path,
-            source_format=job.source_format,
-            starting_offset=json.dumps(job.start_offset) if job.start_offset else "",
-        )
-
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
         if not lease_renew(job_id=self.job.id, token=self.token):
@@ -136,7 +139,7 @@ class JobDriver:
                 message="Refused: the lease passed to another driver before this one started.",
             )
             return RunStatus.REFUSED
-        spec = self.spec()
+        spec = job_spec(self.job)
         pipeline = pipelines.get(spec.pipeline)
         deploy_record(run=self.run, spark_conf={**spec.session_conf(), **pipeline.conf})
         recorder = ProgressRecorder(

@@ -77,7 +77,7 @@ def warm_up(spark: Any, standby: StandbyDriver) -> None:
     )  # fmt: skip
 
     def consume(frame: Any, batch_id: int) -> None:
-        list(pipeline.results(list(frame.toLocalIterator())))
+        list(pipeline.results(frame.collect()))
 
     try:
         query = start_query(spark, spec, pipeline, consume)
