@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -231,6 +233,17 @@ LIVE_STREAMS_TOTAL = env_int("STATEKEEPER_LIVE_STREAMS_TOTAL", 200)
 AUDIT_CSV_MAX_ROWS = env_int("STATEKEEPER_AUDIT_CSV_MAX_ROWS", 100_000)
 # a standby driver whose job has not been running for this long ends (the next running driver gets a new one)
 STANDBY_IDLE_SECONDS = env_int("STATEKEEPER_STANDBY_IDLE_SECONDS", 120)
+# The warm state reader (workers/spark/state_reader.py): one per deployment (BASE_DIR and database), started on the
+# first state read and ended after this long without one. 0 reads every time in a new process.
+STATE_READER_IDLE_SECONDS = env_int("STATEKEEPER_STATE_READER_IDLE_SECONDS", 900)
+STATE_READER_SOCKET = Path(
+    env_str(
+        "STATEKEEPER_STATE_READER_SOCKET",
+        # short (a socket's path has at most 107 bytes), private to the user, and one per checkout and Redis database
+        f"{tempfile.gettempdir()}/statekeeper-{os.getuid()}/reader-"
+        f"{hashlib.sha1(f'{BASE_DIR}|{REDIS_URL}'.encode()).hexdigest()[:12]}.sock",
+    )
+)
 READ_ONLY = env_str("STATEKEEPER_READ_ONLY", "") in ("1", "true", "yes")
 # Failed logins: after LOGIN_FAILURES_ALLOWED failures for a user name or from an address within LOGIN_LOCKOUT_SECONDS,
 # further attempts are refused until that window has passed.

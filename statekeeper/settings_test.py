@@ -19,6 +19,7 @@ LEASE_TTL_SECONDS = 6
 LEASE_RENEW_SECONDS = 1
 STOP_GRACE_SECONDS = 60
 STANDBY_IDLE_SECONDS = 8
+STATE_READER_IDLE_SECONDS = 120  # the session's teardown ends it sooner
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if os.environ.get("STATEKEEPER_TEST_PROCESS") and str(DATABASES["default"]["ENGINE"]).endswith("postgresql"):
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]  # type: ignore[index]

@@ -196,6 +196,16 @@ def _clean_tmp_checkpoints() -> Iterator[None]:
     shutil.rmtree("/tmp/statekeeper-tests", ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _end_the_state_reader() -> Iterator[None]:
+    """One warm state reader serves the whole session (its socket is keyed by the checkout and the test Redis
+    database); it ends with the session."""
+    from dashboard.services.action_steps import state_reader_stop
+
+    yield
+    state_reader_stop()
+
+
 def start_celery_worker(checkpoint_root: Path, log_path: Path) -> subprocess.Popen:
     """A real Celery worker with beat, on the test database, the test Redis database and this test's checkpoint root."""
     env = {

@@ -9,6 +9,7 @@ from django.core.mail import send_mail
 from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
+from dashboard.services.action_steps import state_reader_warm
 from dashboard.services.actions import action_execute, actions_abandoned
 from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate
 from dashboard.services.autoscale import autoscale_run
@@ -29,6 +30,12 @@ def start_run(run_id: int) -> str:
     # acks_late is safe: run_launch does nothing for a run that is no longer pending, and the lease refuses a twin.
     run = run_launch(run_id=run_id)
     return f"run {run.id}: {run.status}"
+
+
+@shared_task(time_limit=30, expires=60)
+def warm_state_reader() -> int:
+    """Start the warm state reader on this worker's host unless it runs (the inspector page asks on opening)."""
+    return state_reader_warm()
 
 
 @shared_task(time_limit=30)

@@ -3,7 +3,11 @@ its own."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +19,7 @@ from django.conf import settings
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run
 from dashboard.services.errors import ActionFailed, ActionRefused
-from dashboard.services.runs import job_request_stop, pid_alive
+from dashboard.services.runs import job_request_stop, pid_alive, spawn_process
 
 
 def action_progress(action: Action, text: str) -> None:
@@ -23,10 +27,30 @@ def action_progress(action: Action, text: str) -> None:
     action.progress = text
 
 
+# The commands the warm state reader answers; the others (plan, shadow, repartition) run queries or write, each in a
+# process of its own.
+READER_COMMANDS = ("verify", "partition-rows", "inspect")
+
+
 def run_state_tool(
     command: str, path: Path, number: int, timeout: int = 900, spec: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Spark's reading of a checkpoint copy, in a process of its own (see workers/spark/state_tool.py)."""
+    """Spark's reading of a checkpoint copy: by the warm state reader when it can answer, else in a process of its
+    own (see workers/spark/state_tool.py)."""
+    result = None
+    if command in READER_COMMANDS and settings.STATE_READER_IDLE_SECONDS > 0:
+        request = {"command": command, "path": str(path), "number": number, "spec": spec or {}}
+        result = state_reader_ask(request, timeout)
+    if result is None:
+        result = _state_tool_process(command, path, number, timeout, spec)
+    if "error" in result:
+        raise ActionFailed(f"Spark could not read the state: {result.get('error')}")
+    return result
+
+
+def _state_tool_process(
+    command: str, path: Path, number: int, timeout: int, spec: dict[str, Any] | None
+) -> dict[str, Any]:
     extra = [json.dumps(spec)] if spec is not None else []
     try:
         done = subprocess.run(
@@ -40,9 +64,77 @@ def run_state_tool(
         raise ActionFailed(f"Spark's state reader did not finish within {timeout} s") from None
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {"error": done.stderr.strip().splitlines()[-1:] or "no output"}
-    if done.returncode != 0 or "error" in result:
-        raise ActionFailed(f"Spark could not read the state: {result.get('error')}")
+    if done.returncode != 0 and "error" not in result:
+        result["error"] = f"the state tool exited with {done.returncode}"
     return dict(result)
+
+
+def state_reader_ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """The warm reader's answer, starting it when none listens (the first read pays its start, the next ones do
+    not); None when it cannot answer (it could not start, or went away mid-request): the caller reads in a process
+    of its own instead."""
+    path = settings.STATE_READER_SOCKET
+    try:
+        return _ask(path, request, timeout)
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass
+    except OSError:
+        return None
+    pid = state_reader_warm()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (pid_alive(pid) or pid_alive(state_reader_pid() or 0)):
+        try:
+            return _ask(path, request, timeout)
+        except (FileNotFoundError, ConnectionRefusedError):
+            time.sleep(0.2)
+        except OSError:
+            return None
+    return None
+
+
+def state_reader_warm() -> int:
+    """Start the reader unless one runs (its pid either way): the inspector asks for it when its page opens, so that
+    the first inspection finds it ready. Two at once are harmless: the second exits on the first's lock."""
+    return state_reader_pid() or spawn_process(
+        "workers.spark.state_reader", str(settings.STATE_READER_SOCKET), settings.LOG_ROOT / "state-reader.log",
+        str(settings.STATE_READER_IDLE_SECONDS),
+    )  # fmt: skip
+
+
+def state_reader_pid() -> int | None:
+    """The running reader's pid, from the lock file it holds (None when no reader holds it)."""
+    lock = settings.STATE_READER_SOCKET.with_suffix(".lock")
+    try:
+        with open(lock) as held:
+            try:
+                fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = held.read().strip()
+                return int(text) if text.isdigit() else None
+            fcntl.flock(held, fcntl.LOCK_UN)
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def state_reader_stop() -> int | None:
+    """End the warm reader (its process group: the Python process and its JVM); its pid, or None when none ran."""
+    pid = state_reader_pid()
+    if pid and pid > 1:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+    return pid
+
+
+def _ask(path: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(path))
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        reply = conn.makefile("rb").readline()
+    if not reply:
+        raise ConnectionResetError("the state reader closed the connection without an answer")
+    return dict(json.loads(reply))
 
 
 def active_run(job: Job) -> Run | None:

@@ -13,7 +13,8 @@ from django.db import transaction
 START_RUN = "workers.tasks.start_run"
 RUN_ACTION = "workers.tasks.run_action"
 DELIVER_ALERT = "workers.tasks.deliver_alert"
-TASKS = (START_RUN, RUN_ACTION, DELIVER_ALERT)
+WARM_STATE_READER = "workers.tasks.warm_state_reader"
+TASKS = (START_RUN, RUN_ACTION, DELIVER_ALERT, WARM_STATE_READER)
 
 
 def enqueue(task: str, *args: Any) -> None:

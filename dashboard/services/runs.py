@@ -119,13 +119,13 @@ def spawn_driver(run: Run) -> int:
     return spawn_process("workers.driver_process", run.id, Path(run.log_path))
 
 
-def spawn_process(module: str, argument: int, log_path: Path) -> int:
-    """``python -m module argument`` in a session of its own (it outlives the worker that started it, and its whole
+def spawn_process(module: str, argument: int | str, log_path: Path, *more: str) -> int:
+    """``python -m module argument [more...]`` in a session of its own (it outlives the worker that started it, and its whole
     group can be killed at once), writing to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(argument)],
+            [sys.executable, "-m", module, str(argument), *more],
             cwd=settings.BASE_DIR,
             stdout=out,
             stderr=subprocess.STDOUT,

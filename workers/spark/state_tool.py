@@ -305,28 +305,40 @@ def checkpoint_format(root: Path) -> int:
     return 1
 
 
+# What the long-lived state reader (workers/spark/state_reader.py) answers: the commands that only read.
+READ_ONLY = ("verify", "partition-rows", "inspect")
+
+
+def answer(spark: Any, command: str, path: str, number: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """One command on one checkpoint, read (and re-run) in the format it was written in: the memory store refuses
+    format 2."""
+    spark.conf.set(FORMAT_VERSION, str(checkpoint_format(Path(path))))
+    if command == "verify":
+        return {"operators": state_counts(spark, path, number)}
+    if command == "partition-rows":
+        return {"batch": number, "operators": partition_rows(spark, path, number)}
+    if command == "inspect":
+        return {"batch": number, **inspect(spark, path, number, spec)}
+    if command == "plan":
+        return {"batch": number, **plan(spark, path, number, spec)}
+    if command == "shadow":
+        return {"batch": number, **shadow(spark, path, number, spec)}
+    if command == "repartition":
+        spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
+        return {"repartitioned": number}
+    raise ValueError(f"unknown command {command!r}")
+
+
+def session() -> Any:
+    return build_session("statekeeper-state-tool", "local[1]", backend="rocksdb")
+
+
 def main(argv: list[str]) -> int:
     command, path, number = argv[1], argv[2], int(argv[3])
     spec = json.loads(argv[4]) if len(argv) > 4 else {}
-    spark = build_session("statekeeper-state-tool", "local[1]", backend="rocksdb")
-    # read (and re-run) the checkpoint in the format it was written in: the memory store refuses format 2
-    spark.conf.set(FORMAT_VERSION, str(checkpoint_format(Path(path))))
+    spark = session()
     try:
-        if command == "verify":
-            result: dict[str, Any] = {"operators": state_counts(spark, path, number)}
-        elif command == "partition-rows":
-            result = {"batch": number, "operators": partition_rows(spark, path, number)}
-        elif command == "inspect":
-            result = {"batch": number, **inspect(spark, path, number, spec)}
-        elif command == "plan":
-            result = {"batch": number, **plan(spark, path, number, spec)}
-        elif command == "shadow":
-            result = {"batch": number, **shadow(spark, path, number, spec)}
-        elif command == "repartition":
-            spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
-            result = {"repartitioned": number}
-        else:
-            raise ValueError(f"unknown command {command!r}")
+        result = answer(spark, command, path, number, spec)
     except Exception as exc:
         print(json.dumps({"error": describe(exc)}))
         return 2

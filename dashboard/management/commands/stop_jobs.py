@@ -1,4 +1,5 @@
-"""Stop every running job: drain, then wait; kill drivers that outlast the wait. Standbys on this host end too."""
+"""Stop every running job: drain, then wait; kill drivers that outlast the wait. Standbys on this host and the
+warm state reader end too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
+from dashboard.services.action_steps import state_reader_stop
 from dashboard.services.errors import ActionRefused
 from dashboard.services.runs import job_request_stop, pid_alive
 from dashboard.services.standby import standbys_stop
@@ -38,3 +40,5 @@ class Command(BaseCommand):
                 self.stdout.write(f"{run.job.name} stopped")
         for ended in standbys_stop():  # after the drivers: a standby never takes over a stopped job anyway
             self.stdout.write(ended)
+        if pid := state_reader_stop():
+            self.stdout.write(f"ended the state reader (pid {pid})")

@@ -1,0 +1,63 @@
+"""The warm state reader: Spark's state reads (verification, inspector pages) answered by one long-lived JVM, which
+still catches a damaged copy and is replaced when it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from django.conf import settings
+
+from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
+from dashboard.services.action_steps import (
+    _ask,
+    _state_tool_process,
+    run_state_tool,
+    state_reader_pid,
+    state_reader_stop,
+)
+from dashboard.services.errors import ActionFailed
+from dashboard.services.runs import pid_alive
+from tests.conftest import run_through, send_events, wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+
+def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_damaged_copy(
+    make_job, start_driver, redis, stream_name, tmp_path
+):
+    job = make_job(max_records_per_batch=300)
+    run_through(start_driver(job), redis, send_events(redis, stream_name, "url-counts", 600))
+    batch = committed_batches(job.checkpoint_location)[-1]
+    good, damaged = tmp_path / "good", tmp_path / "damaged"
+    copy_checkpoint(job.checkpoint_location, good, batch)
+    copy_checkpoint(job.checkpoint_location, damaged, batch)
+    victim = next(p for p in (damaged / "state").rglob("*.delta") if p.stat().st_size)
+    victim.write_bytes(b"\0" * victim.stat().st_size)
+
+    state_reader_stop()
+    wait_for(lambda: state_reader_pid() is None, 30, what="no state reader")
+    first = run_state_tool("verify", good, batch)  # starts the reader
+    pid = state_reader_pid()
+    assert pid and pid_alive(pid)
+    assert first["operators"][0]["rows"]["default"] == 8, "8 URLs in the state"
+    assert _state_tool_process("verify", good, batch, 300, None) == first, "the same answer as a JVM of its own"
+
+    # the damaged copy fails in the warm reader as it would in a new process, and the reader lives on
+    with pytest.raises(ActionFailed, match="Spark could not read the state"):
+        run_state_tool("verify", damaged, batch)
+    assert "error" in _state_tool_process("verify", damaged, batch, 300, None)
+    page = run_state_tool("inspect", good, batch, spec={"mode": "lookup", "operator": 0, "text": "/login"})
+    assert page["total"] == 1 and '"/login"' in page["rows"][0]["key"]
+    assert state_reader_pid() == pid, "one reader answered every read"
+
+    # it only reads: a command that writes is refused by the reader itself
+    refused = _ask(settings.STATE_READER_SOCKET, {"command": "repartition", "path": str(good), "number": 4}, 60)
+    assert "only reads" in refused["error"]
+
+    # a reader killed between reads is replaced by the next read
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(pid), 30, what="the reader to die")
+    assert run_state_tool("verify", good, batch) == first
+    assert state_reader_pid() not in (None, pid)

@@ -1,0 +1,87 @@
+"""Spark's state reader kept warm: one JVM that answers the read-only state commands (verify, partition-rows,
+inspect) over a Unix socket, so that a savepoint is verified and an inspector page answers in seconds, not in the
+ten to fifteen a new JVM costs.
+
+    python -m workers.spark.state_reader SOCKET IDLE_SECONDS
+
+One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out. Each
+request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
+damaged copy is caught as a new process would catch it; verification never asks the job's own driver. The reader
+holds ``SOCKET.lock`` for its life (a second one started at the same time exits at once), writes its pid in it, makes
+the socket readable by its user only, and exits after IDLE_SECONDS without a request or after MAX_REQUESTS.
+No Django here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socketserver
+import sys
+import time
+from pathlib import Path
+
+from workers.spark.state_tool import READ_ONLY, answer, describe, session
+
+MAX_REQUESTS = 1000  # a fresh JVM now and then bounds whatever a long life would accumulate
+LINE_LIMIT = 1 << 20
+
+
+def serve(path: Path, idle_seconds: float) -> int:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another reader serves this socket, or is starting to
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    spark = session()
+    served = 0
+    last = time.monotonic()
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            nonlocal served, last
+            line = self.rfile.readline(LINE_LIMIT)
+            try:
+                request = json.loads(line)
+                command = request["command"]
+                if command not in READ_ONLY:
+                    raise ValueError(f"the state reader only reads; {command!r} runs in a process of its own")
+                result = answer(spark, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
+            except Exception as exc:
+                result = {"error": describe(exc)}
+            self.wfile.write(json.dumps(result).encode() + b"\n")
+            served, last = served + 1, time.monotonic()
+
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a dead reader's socket: the lock says no reader lives
+    old_mask = os.umask(0o177)
+    try:
+        server = socketserver.UnixStreamServer(str(path), Handler)
+    finally:
+        os.umask(old_mask)
+    server.timeout = 1.0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the console: remove the socket on the way out
+    print(f"state reader ready on {path} (pid {os.getpid()})", flush=True)
+    try:
+        while served < MAX_REQUESTS and time.monotonic() - last < idle_seconds:
+            server.handle_request()
+    finally:
+        server.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        with contextlib.suppress(Exception):  # its JVM may have gone with it (the console ends the process group)
+            spark.stop()
+    print(f"state reader on {path} ends after {served} request(s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(Path(sys.argv[1]), float(sys.argv[2])))
