@@ -29,7 +29,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.views.decorators.http import require_POST
 
 from dashboard import pipelines
-from dashboard.access import ADMIN, OPERATOR, requires
+from dashboard.access import ADMIN, OPERATOR, may, requires
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
@@ -43,6 +43,7 @@ from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.autoscale import window_advice
 from dashboard.services.capacity import csv_rows, week_review
+from dashboard.services.enqueue import WARM_STATE_READER, enqueue
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
@@ -710,6 +711,8 @@ def job_inspect(request: HttpRequest, name: str) -> HttpResponse:
     )
     shown = chosen or inspections.filter(status="succeeded").first()
     answer = (shown.params.get("result") or {}) if shown else {}
+    if request.method == "GET" and not settings.READ_ONLY and may(request.user, OPERATOR):
+        enqueue(WARM_STATE_READER)  # so that the inspection this page is opened for finds Spark's reader warm
     context = {
         "job": job,
         "form": form,
