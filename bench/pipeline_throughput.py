@@ -96,6 +96,8 @@ def run(spark: Any, spec: JobSpec, pipeline: Any, part: str, events: int) -> dic
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{pipeline.name} {part}: not through the backlog in 30 minutes")
             time.sleep(0.2)
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.1)  # a batch after the last input (a watermark's eviction) ends before the stop, not in it
     finally:
         query.stop()
     if query.exception():

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from itertools import islice
 from typing import Any
 
 import redis
@@ -32,24 +31,25 @@ class Fenced(RuntimeError):
     """This driver no longer holds the checkpoint lease: another driver may own the checkpoint now."""
 
 
-def unstorable(key: Any, value: Any) -> str:
-    """Why PostgreSQL would refuse this result (and fail the whole batch with it); empty when it can be stored."""
+def encoded(key: Any, value: Any) -> tuple[str, str]:
+    """The value as the JSON text the table stores, and why PostgreSQL would refuse the result (and fail the whole
+    batch with it): empty when it can be stored."""
     if not isinstance(key, str):
-        return f"the key is a {type(key).__name__}, not text"
+        return "", f"the key is a {type(key).__name__}, not text"
     if len(key) > KEY_MAX:
-        return f"the key is {len(key):,} characters (limit {KEY_MAX})"
+        return "", f"the key is {len(key):,} characters (limit {KEY_MAX})"
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         (key + text).encode("utf-8")
     except RecursionError:
-        return "the value is nested too deeply for JSON"
+        return "", "the value is nested too deeply for JSON"
     except UnicodeEncodeError:
-        return "a lone surrogate in the key or value: not valid Unicode"
+        return "", "a lone surrogate in the key or value: not valid Unicode"
     except (TypeError, ValueError) as exc:
-        return f"the value is not JSON: {exc}"
+        return "", f"the value is not JSON: {exc}"
     if "\x00" in key or "\\u0000" in text:
-        return "a NUL character in the key or value"
-    return ""
+        return "", "a NUL character in the key or value"
+    return text, ""
 
 
 def lease_hold(cursor: Any, *, job_id: int, token: int, batch_id: int) -> None:
@@ -67,21 +67,21 @@ def write_results(
     *, job_id: int, token: int, batch_id: int, results: Iterable[Result], rejected: list[Rejected] | None = None
 ) -> int:
     """Upsert the results; the ones that cannot be stored are appended to ``rejected`` instead. A key given twice
-    keeps its last value."""
-    written = 0
+    keeps its last value. Returns how many distinct keys were written."""
+    latest = _storable(batch_id, results, rejected if rejected is not None else [])
     with transaction.atomic(), connection.cursor() as cursor:
         lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
-        iterator = iter(_storable(batch_id, results, rejected if rejected is not None else []))
         if connection.vendor == "postgresql":
-            return _copy_upsert(cursor, job_id, batch_id, iterator)
-        while chunk := list(islice(iterator, CHUNK)):
-            cursor.executemany(
-                f"INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
-                f"VALUES (%s, %s, %s, %s, %s, CURRENT_TIMESTAMP) {UPSERT}",
-                [(job_id, kind, key, json.dumps(value), batch_id) for kind, key, value in chunk],
-            )
-            written += len(chunk)
-    return written
+            _copy_upsert(cursor, job_id, batch_id, latest)
+        else:
+            rows = [(job_id, kind, key, text, batch_id) for (kind, key), text in latest.items()]
+            for start in range(0, len(rows), CHUNK):
+                cursor.executemany(
+                    f"INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
+                    f"VALUES (%s, %s, %s, %s, %s, CURRENT_TIMESTAMP) {UPSERT}",
+                    rows[start : start + CHUNK],
+                )
+    return len(latest)
 
 
 UPSERT = (
@@ -90,35 +90,36 @@ UPSERT = (
 )
 
 
-def _copy_upsert(cursor: Any, job_id: int, batch_id: int, results: Iterable[Result]) -> int:
+def _copy_upsert(cursor: Any, job_id: int, batch_id: int, latest: dict[tuple[str, str], str]) -> None:
     """COPY the batch into this session's scratch table, then one upsert from it: a round trip per batch, not per
     row. The scratch table is emptied first: inside an outer transaction no commit has emptied it yet."""
     cursor.execute(
-        "CREATE TEMP TABLE IF NOT EXISTS sink_batch (seq bigint, kind text, key text, value jsonb) "
-        "ON COMMIT DELETE ROWS"
+        "CREATE TEMP TABLE IF NOT EXISTS sink_batch (kind text, key text, value jsonb) ON COMMIT DELETE ROWS"
     )
     cursor.execute("TRUNCATE sink_batch")
-    count = 0
-    with cursor.cursor.copy("COPY sink_batch (seq, kind, key, value) FROM STDIN") as copy:
-        for count, (kind, key, value) in enumerate(results, 1):
-            copy.write_row((count, kind, key, json.dumps(value)))
+    with cursor.cursor.copy("COPY sink_batch (kind, key, value) FROM STDIN") as copy:
+        for (kind, key), text in latest.items():
+            copy.write_row((kind, key, text))
     cursor.execute(
         "INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
-        "SELECT DISTINCT ON (kind, key) %s, kind, key, value, %s, CURRENT_TIMESTAMP FROM sink_batch "
-        f"ORDER BY kind, key, seq DESC {UPSERT}",
+        f"SELECT %s, kind, key, value, %s, CURRENT_TIMESTAMP FROM sink_batch {UPSERT}",
         [job_id, batch_id],
     )
-    return count
 
 
-def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]) -> Iterable[Result]:
+def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]) -> dict[tuple[str, str], str]:
+    """The results that can be stored, one per key (the last: an upsert cannot change a row twice in one statement),
+    as JSON text; the others go to ``rejected``."""
+    latest: dict[tuple[str, str], str] = {}
     for kind, key, value in results:
-        if reason := unstorable(key, value):
+        text, reason = encoded(key, value)
+        if reason:
             digest = hashlib.sha1(repr((kind, key)).encode("utf-8", "backslashreplace")).hexdigest()[:16]
             payload = repr((kind, key, value))[:65536].encode("utf-8", "backslashreplace")
             rejected.append(Rejected(f"batch-{batch_id}:{kind}:{digest}", "sink", reason, payload))
         else:
-            yield kind, key, value
+            latest[(kind, key)] = text
+    return latest
 
 
 def batch_writer(
