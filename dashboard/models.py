@@ -260,6 +260,7 @@ class Run(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     host = models.CharField(max_length=200, blank=True)
     spark_master = models.CharField(max_length=200, blank=True)
+    executors = models.JSONField(default=list, blank=True, help_text="the hosts its executors run on, on a cluster")
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)

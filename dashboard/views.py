@@ -33,7 +33,15 @@ from dashboard.access import ADMIN, OPERATOR, may, requires
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
-from dashboard.models import IN_FLIGHT_ACTIONS, ActionKind, Alert, AutoscaleMode, Job, SavepointStatus
+from dashboard.models import (
+    ACTIVE_RUN_STATUSES,
+    IN_FLIGHT_ACTIONS,
+    ActionKind,
+    Alert,
+    AutoscaleMode,
+    Job,
+    SavepointStatus,
+)
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
 from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_export
 from dashboard.selectors.deploys import deploy_history, upgrade_view
@@ -109,6 +117,8 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "dead_letters": jobs.dead_letter_counts([job])[job.id],
         "source_lag": lag.latest_source_lag([job]).get(job.id),
         "standby": job.standbys.first() if job.standby else None,
+        "run": job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first(),
+        "master_ui": settings.SPARK_MASTER_UI,
     }
     return _job_tab(request, job, "overview", context)
 

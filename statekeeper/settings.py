@@ -216,6 +216,7 @@ LEASE_TTL_SECONDS = env_int("STATEKEEPER_LEASE_TTL", 20)
 LEASE_RENEW_SECONDS = env_int("STATEKEEPER_LEASE_RENEW", 3)
 # Empty: local[<parallelism>] per job. Set to spark://host:7077 to run drivers against a standalone cluster.
 SPARK_MASTER = env_str("STATEKEEPER_SPARK_MASTER", "")
+SPARK_MASTER_UI = env_str("STATEKEEPER_SPARK_MASTER_UI", "")  # the master's web UI, linked from the job page
 STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)
 PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
 # Every committed batch is also pushed here for the browsers; its entry ids are the server-sent events' ids.

@@ -206,14 +206,18 @@ def _end_the_state_reader() -> Iterator[None]:
     state_reader_stop()
 
 
-def start_celery_worker(checkpoint_root: Path, log_path: Path) -> subprocess.Popen:
-    """A real Celery worker with beat, on the test database, the test Redis database and this test's checkpoint root."""
+def start_celery_worker(
+    checkpoint_root: Path, log_path: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """A real Celery worker with beat, on the test database, the test Redis database and this test's checkpoint root
+    (and ``extra_env``, e.g. the Spark master its drivers use)."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "statekeeper.settings_test",
         "STATEKEEPER_TEST_PROCESS": "1",
         "STATEKEEPER_CHECKPOINT_ROOT": str(checkpoint_root),
         "REDIS_URL": settings.REDIS_URL,
+        **(extra_env or {}),
     }
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
@@ -238,15 +242,15 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 30) -> None:
 class CeleryWorkers:
     """The test's Celery worker processes: ``kill()`` the current one with SIGKILL, ``start()`` a replacement."""
 
-    def __init__(self, checkpoint_root: Path, log_path: Path) -> None:
-        self.checkpoint_root, self.log_path = checkpoint_root, log_path
+    def __init__(self, checkpoint_root: Path, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.checkpoint_root, self.log_path, self.extra_env = checkpoint_root, log_path, extra_env
         self.processes: list[subprocess.Popen] = []
         # tasks queued by earlier tests (their jobs are gone) must not reach this worker
         redis_lib.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
         self.start()
 
     def start(self) -> subprocess.Popen:
-        self.processes.append(start_celery_worker(self.checkpoint_root, self.log_path))
+        self.processes.append(start_celery_worker(self.checkpoint_root, self.log_path, self.extra_env))
         return self.processes[-1]
 
     def kill(self) -> None:
@@ -256,10 +260,15 @@ class CeleryWorkers:
 
 @pytest.fixture
 def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[CeleryWorkers]:
-    from dashboard.models import Run, StandbyDriver
-
     workers = CeleryWorkers(checkpoint_root, tmp_path / "worker.log")
     yield workers
+    end_workers_and_their_processes(workers)
+
+
+def end_workers_and_their_processes(workers: CeleryWorkers) -> None:
+    """The test's Celery workers, then every driver and standby they started (by their process groups)."""
+    from dashboard.models import Run, StandbyDriver
+
     for worker in workers.processes:
         stop_process_group(worker)
     for run in Run.objects.exclude(pid=None):

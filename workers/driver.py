@@ -35,6 +35,7 @@ from dashboard.services.runs import run_finish, run_started
 from workers import job_lock
 from workers.progress import ProgressRecorder
 from workers.sink import batch_writer
+from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session
 
@@ -92,6 +93,31 @@ class LeaseKeeper(threading.Thread):
             query.stop()
 
 
+def job_session(job: Job, master: str) -> Any:
+    """The SparkSession a job's driver or standby runs on: ``local[parallelism]``, or a cluster on which the job's
+    parallelism is its executor cores."""
+    return build_session(
+        f"statekeeper-{job.name}",
+        master,
+        backend=job.state_backend,
+        partitions=job.state_partitions,
+        batches_retained=job.batches_retained,
+        extra={**pipelines.get(job.pipeline).conf, **driver_conf(master, job.parallelism, str(settings.BASE_DIR))},
+    )
+
+
+def cluster_probe(spark: Any, master: str, parallelism: int) -> tuple[list[str], str]:
+    """On a cluster, the hosts of the job's executors and why the job must not start there (empty when it may): its
+    executors must see the checkpoint root the console writes, or they would write state where no restart, savepoint
+    or inspector finds it. Nothing to probe in local mode."""
+    if not is_cluster(master):
+        return [], ""
+    try:
+        return probe_executors(spark, settings.CHECKPOINT_ROOT, parallelism)
+    except Exception as exc:
+        return [], f"the cluster at {master} could not run a task: {root_cause(str(exc))}"
+
+
 def job_spec(job: Job, **overrides: Any) -> JobSpec:
     """What a driver runs for ``job``, as plain values; ``overrides`` replace any of them."""
     spec = JobSpec(
@@ -119,7 +145,9 @@ def job_spec(job: Job, **overrides: Any) -> JobSpec:
 
 
 class JobDriver:
-    def __init__(self, spark: Any, run_id: int, keeper: LeaseKeeper | None = None) -> None:
+    def __init__(
+        self, spark: Any, run_id: int, keeper: LeaseKeeper | None = None, executor_hosts: list[str] | None = None
+    ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
         which renews but never ends the process."""
@@ -129,6 +157,7 @@ class JobDriver:
         self.job = self.run.job
         self.token = int(self.run.fencing_token or 0)
         self.stop_signal = threading.Event()
+        self.executor_hosts = executor_hosts or []  # where the job's executors run, on a cluster
 
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
@@ -190,7 +219,7 @@ class JobDriver:
             query_id.append(str(query.id))
             if keeper.lost.is_set():  # lost while starting: stop before the first batch
                 query.stop()
-            run_started(run_id=self.run.id)
+            run_started(run_id=self.run.id, executors=self.executor_hosts)
             return self._watch(query, keeper)
         except Exception:
             trace = traceback.format_exc()
@@ -262,21 +291,20 @@ def main(argv: list[str]) -> int:
     except (TimeoutError, psycopg.Error) as exc:
         run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"The driver lock could not be taken: {exc}")
         return 1
+    master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
     try:
-        spark = build_session(
-            f"statekeeper-{job.name}",
-            settings.SPARK_MASTER or f"local[{job.parallelism}]",
-            backend=job.state_backend,
-            partitions=job.state_partitions,
-            batches_retained=job.batches_retained,
-            extra=pipelines.get(job.pipeline).conf,
-        )
+        spark = job_session(job, master)
     except Exception as exc:
         run_finish(
             run_id=run_id, status=RunStatus.FAILED, message=f"Spark did not start: {exc}", error=traceback.format_exc()
         )
         return 1
-    driver = JobDriver(spark, run_id, keeper=keeper)
+    hosts, refusal = cluster_probe(spark, master, job.parallelism)
+    if refusal:
+        run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Refused: {refusal}")
+        spark_stop(spark)
+        return 1
+    driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts)
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
     status = driver.execute()
     log.info("run %s ended: %s", run_id, status)

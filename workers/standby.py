@@ -25,9 +25,8 @@ from dashboard.models import RunStatus, StandbyDriver, StandbyStatus
 from dashboard.services.runs import pid_alive
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
 from workers import job_lock
-from workers.driver import JobDriver, LeaseKeeper, spark_stop
+from workers.driver import JobDriver, LeaseKeeper, job_session, spark_stop
 from workers.spark.query import JobSpec, start_query
-from workers.spark.session import build_session
 
 log = logging.getLogger(__name__)
 WAIT_SLICE_SECONDS = 2.0  # how long one wait on the lock lasts before the standby looks at the job again
@@ -90,14 +89,7 @@ def warm_up(spark: Any, standby: StandbyDriver) -> None:
 
 def _session(standby: StandbyDriver) -> Any:
     job = standby.job
-    return build_session(
-        f"statekeeper-{job.name}",
-        str(standby.built_for.get("spark_master") or f"local[{job.parallelism}]"),
-        backend=job.state_backend,
-        partitions=job.state_partitions,
-        batches_retained=job.batches_retained,
-        extra=pipelines.get(job.pipeline).conf,
-    )
+    return job_session(job, str(standby.built_for.get("spark_master") or f"local[{job.parallelism}]"))
 
 
 def _holder_alive(standby: StandbyDriver) -> bool:

@@ -155,12 +155,12 @@ def job_request_stop(*, job: Job) -> Run:
     return run
 
 
-def run_started(*, run_id: int) -> bool:
-    """The driver's query is running: STARTING becomes RUNNING (False when a stop or the supervisor got there
-    first)."""
+def run_started(*, run_id: int, executors: list[str] | None = None) -> bool:
+    """The driver's query is running (its executors on the hosts ``executors``, on a cluster): STARTING becomes RUNNING
+    (False when a stop or the supervisor got there first)."""
     now = timezone.now()
     started = Run.objects.filter(id=run_id, status=RunStatus.STARTING).update(
-        status=RunStatus.RUNNING, started_at=now, last_heartbeat_at=now
+        status=RunStatus.RUNNING, started_at=now, last_heartbeat_at=now, executors=executors or []
     )
     if started:
         run = Run.objects.get(id=run_id)

@@ -1,0 +1,73 @@
+"""Jobs on a real Spark standalone cluster (a master and a worker from the PySpark wheel's ``spark-class``): the
+driver runs where the Celery worker starts it, the tasks in an executor on the worker. Killing the executor and the
+driver while events flow loses and duplicates nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dashboard.models import RunStatus
+from dashboard.services.runs import job_request_start, pid_alive
+from tests.conftest import CeleryWorkers, end_workers_and_their_processes, wait_for
+from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
+from workers.spark import cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Standalone]:
+    started = cluster.start(tmp_path_factory.mktemp("spark-cluster"), workers=1, cores=2, memory="2g")
+    yield started
+    cluster.stop(started)
+
+
+@pytest.fixture
+def cluster_worker(spark_cluster: cluster.Standalone, checkpoint_root: Path, tmp_path: Path) -> Iterator[CeleryWorkers]:
+    """A Celery worker whose drivers run their jobs on the cluster."""
+    env = {"STATEKEEPER_SPARK_MASTER": spark_cluster.master_url, "STATEKEEPER_SPARK_MASTER_UI": spark_cluster.ui_url}
+    workers = CeleryWorkers(checkpoint_root, tmp_path / "worker.log", env)
+    yield workers
+    end_workers_and_their_processes(workers)
+
+
+def our_app(spark_cluster: cluster.Standalone, job) -> dict:
+    apps = cluster.master_status(spark_cluster.ui_url)["activeapps"]
+    return next(app for app in apps if app["name"] == f"statekeeper-{job.name}")
+
+
+def test_a_job_on_the_cluster_survives_an_executor_and_a_driver_kill_exactly_once(
+    make_job, redis, stream_name, spark_cluster, cluster_worker
+):
+    job = make_job(parallelism=1, trigger_interval_seconds=1, restart_strategy="fixed-delay", restart_delay_seconds=1)
+    producer = Producer(redis, job.source_stream)
+    producer.start()
+    job_request_start(job=job)
+    run = wait_for(lambda: running_with_progress(job), 180, 1, "the first run to commit on the cluster")
+    assert run.spark_master == spark_cluster.master_url
+    assert run.executors, "the hosts its executors run on are recorded"
+    assert our_app(spark_cluster, job)["cores"] == 1, "the job's parallelism is its cores on the cluster"
+
+    # the executor dies mid-stream: the worker starts another, the failed tasks are retried, the job goes on
+    executors = cluster.executor_processes(spark_cluster)
+    assert len(executors) == 1
+    os.kill(executors[0], signal.SIGKILL)
+    wait_for(lambda: set(cluster.executor_processes(spark_cluster)) - set(executors), 120, 1, "a new executor")
+    committed = job.checkpoints.count()
+    wait_for(lambda: job.checkpoints.count() >= committed + 3, 120, 1, "batches after the executor's loss")
+    assert job.runs.get(id=run.id).status == RunStatus.RUNNING, "an executor's loss does not end the run"
+
+    # the driver dies: a new one starts against the cluster from the checkpoint
+    os.killpg(run.pid, signal.SIGKILL)
+    successor = wait_for(lambda: running_with_progress(job, run.id), 180, 1, "a successor on the cluster")
+    assert successor.spark_master == spark_cluster.master_url
+    wait_for(lambda: not pid_alive(run.pid), 30, 1, "the killed driver to be gone")
+
+    drain_and_stop(job, producer, redis)
+    assert sink_total(job) == producer.sent, "every event counted exactly once"
+    assert {r.status for r in job.runs.exclude(id=run.id)} == {RunStatus.STOPPED}
