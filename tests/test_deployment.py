@@ -39,3 +39,21 @@ def test_ci_runs_the_readme_test_command():
     commands = [line.strip() for line in first_block.splitlines() if line.strip() and not line.startswith("bash")]
     assert commands == ["./bin/dev", "./bin/test"]
     assert "./bin/test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_compose_cluster_is_the_one_the_tests_start_and_sees_the_checkpoint_root():
+    from workers.spark.cluster import MASTER, WORKER
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert MASTER in services["spark-master"]["command"] and WORKER in services["spark-worker"]["command"]
+    master = services["worker"]["environment"]["STATEKEEPER_SPARK_MASTER"]
+    assert services["spark-worker"]["command"][-1] == master, "the worker registers with the master the drivers use"
+    root = services["worker"]["environment"]["STATEKEEPER_CHECKPOINT_ROOT"]
+
+    def volume_holding(name: str) -> str:
+        mounts = [v.split(":") for v in services[name].get("volumes", [])]
+        return next(volume for volume, target in mounts if root.startswith(target.rstrip("/") + "/"))
+
+    # executors write the state files, drivers the offsets, the console reads both: one volume, at one path
+    assert {volume_holding(name) for name in ("web", "worker", "beat", "spark-worker")} == {"checkpoints"}
+    assert services["spark-worker"]["environment"]["SPARK_WORKER_CORES"]
