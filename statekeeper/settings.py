@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,9 @@ LOG_ROOT = Path(env_str("STATEKEEPER_LOG_ROOT", str(BASE_DIR / "var" / "logs")))
 LEASE_TTL_SECONDS = env_int("STATEKEEPER_LEASE_TTL", 20)
 LEASE_RENEW_SECONDS = env_int("STATEKEEPER_LEASE_RENEW", 3)
 # Empty: local[<parallelism>] per job. Set to spark://host:7077 to run drivers against a standalone cluster.
+# This process's host, as runs and standbys record it: a driver on another host is judged by its lease, not its pid,
+# and killed through that host's queue (host.<id>), which every Celery worker consumes besides the shared one.
+HOST_ID = env_str("STATEKEEPER_HOST_ID", socket.gethostname())
 SPARK_MASTER = env_str("STATEKEEPER_SPARK_MASTER", "")
 SPARK_MASTER_UI = env_str("STATEKEEPER_SPARK_MASTER_UI", "")  # the master's web UI, linked from the job page
 STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)

@@ -207,10 +207,17 @@ def _end_the_state_reader() -> Iterator[None]:
 
 
 def start_celery_worker(
-    checkpoint_root: Path, log_path: Path, extra_env: dict[str, str] | None = None
+    checkpoint_root: Path, log_path: Path, extra_env: dict[str, str] | None = None, beat: bool = True
 ) -> subprocess.Popen:
-    """A real Celery worker with beat, on the test database, the test Redis database and this test's checkpoint root
-    (and ``extra_env``, e.g. the Spark master its drivers use)."""
+    """A real Celery worker (with beat unless ``beat`` is False), on the test database, the test Redis database and
+    this test's checkpoint root (and ``extra_env``: the Spark master its drivers use, its host's identity)."""
+    command = celery_worker_command(log_path.with_suffix(".beat") if beat else None)
+    return start_console_process(command, checkpoint_root, log_path, extra_env)
+
+
+def start_console_process(
+    command: list[str], checkpoint_root: Path, log_path: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "statekeeper.settings_test",
@@ -220,13 +227,7 @@ def start_celery_worker(
         **(extra_env or {}),
     }
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(
-            celery_worker_command(log_path.with_suffix(".beat")),
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_process_group(proc: subprocess.Popen, grace: float = 30) -> None:
@@ -242,15 +243,17 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 30) -> None:
 class CeleryWorkers:
     """The test's Celery worker processes: ``kill()`` the current one with SIGKILL, ``start()`` a replacement."""
 
-    def __init__(self, checkpoint_root: Path, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
-        self.checkpoint_root, self.log_path, self.extra_env = checkpoint_root, log_path, extra_env
+    def __init__(
+        self, checkpoint_root: Path, log_path: Path, extra_env: dict[str, str] | None = None, beat: bool = True
+    ) -> None:
+        self.checkpoint_root, self.log_path, self.extra_env, self.beat = checkpoint_root, log_path, extra_env, beat
         self.processes: list[subprocess.Popen] = []
         # tasks queued by earlier tests (their jobs are gone) must not reach this worker
         redis_lib.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
         self.start()
 
     def start(self) -> subprocess.Popen:
-        self.processes.append(start_celery_worker(self.checkpoint_root, self.log_path, self.extra_env))
+        self.processes.append(start_celery_worker(self.checkpoint_root, self.log_path, self.extra_env, self.beat))
         return self.processes[-1]
 
     def kill(self) -> None:

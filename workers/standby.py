@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import time
 from typing import Any
 
@@ -96,7 +95,7 @@ def _holder_alive(standby: StandbyDriver) -> bool:
     """The running driver is on this host and its process lives: the lock was free for another reason (a driver
     from before the lock existed, a cut database connection), so there is nothing to take over; the lease decides."""
     run = standby.job.runs.filter(status=RunStatus.RUNNING).order_by("-id").first()
-    return bool(run and run.host == socket.gethostname() and pid_alive(run.pid))
+    return bool(run and run.host == settings.HOST_ID and pid_alive(run.pid))
 
 
 def wait_for_death(standby: StandbyDriver, conn: Any) -> int | None:

@@ -20,7 +20,7 @@ from dashboard.services.drills import drills_run
 from dashboard.services.periodic import savepoints_periodic
 from dashboard.services.recovery import recoveries_supervise
 from dashboard.services.rollups import rollups_run
-from dashboard.services.runs import run_launch, runs_supervise
+from dashboard.services.runs import run_kill_here, run_launch, runs_supervise
 from dashboard.services.source_lag import source_lag_sample
 from dashboard.services.standby import standbys_supervise
 
@@ -30,6 +30,12 @@ def start_run(run_id: int) -> str:
     # acks_late is safe: run_launch does nothing for a run that is no longer pending, and the lease refuses a twin.
     run = run_launch(run_id=run_id)
     return f"run {run.id}: {run.status}"
+
+
+@shared_task(time_limit=30)
+def kill_driver(run_id: int) -> str:
+    """Sent to this host's queue only: SIGKILL a driver that runs here."""
+    return run_kill_here(run_id=run_id)
 
 
 @shared_task(time_limit=30, expires=60)

@@ -146,7 +146,7 @@ def alive_run(job: Job) -> Run | None:
     is still there (a fenced driver on its way out)."""
     if (run := active_run(job)) is not None:
         return run
-    host = socket.gethostname()
+    host = settings.HOST_ID
     return next((r for r in job.runs.order_by("-id")[:5] if r.host == host and r.pid and pid_alive(r.pid)), None)
 
 

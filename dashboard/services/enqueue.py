@@ -10,14 +10,23 @@ from typing import Any
 from celery import current_app
 from django.db import transaction
 
+from statekeeper.celery import host_queue
+
 START_RUN = "workers.tasks.start_run"
 RUN_ACTION = "workers.tasks.run_action"
 DELIVER_ALERT = "workers.tasks.deliver_alert"
 WARM_STATE_READER = "workers.tasks.warm_state_reader"
-TASKS = (START_RUN, RUN_ACTION, DELIVER_ALERT, WARM_STATE_READER)
+KILL_DRIVER = "workers.tasks.kill_driver"
+TASKS = (START_RUN, RUN_ACTION, DELIVER_ALERT, WARM_STATE_READER, KILL_DRIVER)
 
 
 def enqueue(task: str, *args: Any) -> None:
     """Send ``task`` once the current transaction commits (at once outside one): a worker never sees a record that a
     rollback then removes."""
     transaction.on_commit(lambda: current_app.send_task(task, args=args))
+
+
+def enqueue_on(host: str, task: str, *args: Any) -> None:
+    """Send ``task`` to the Celery workers of ``host`` only (after the commit, as ``enqueue``): a pid means something
+    only on its own host."""
+    transaction.on_commit(lambda: current_app.send_task(task, args=args, queue=host_queue(host)))

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -20,7 +19,7 @@ from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, IN_FLIGHT_ACTIONS, Job, Run, RunStatus
 from dashboard.selectors.incidents import run_incidents
-from dashboard.services.enqueue import START_RUN, enqueue
+from dashboard.services.enqueue import KILL_DRIVER, START_RUN, enqueue, enqueue_on
 from dashboard.services.errors import ActionRefused
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.lease import lease_acquire, lease_release
@@ -84,7 +83,7 @@ def run_launch(*, run_id: int) -> Run:
             return run
         run.fencing_token = token
         run.status = RunStatus.STARTING
-        run.host = socket.gethostname()
+        run.host = settings.HOST_ID
         run.spark_master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
         run.log_path = str(settings.LOG_ROOT / f"{job.name}-run-{run.id}.log")
         run.save()
@@ -219,7 +218,7 @@ def runs_supervise() -> list[str]:
     for run in (
         Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exclude(status=RunStatus.PENDING).select_related("job")
     ):
-        local = run.host == socket.gethostname()
+        local = run.host == settings.HOST_ID
         exited = bool(local and run.pid and not pid_alive(run.pid))
         expired = (
             run.job.lease_token == run.fencing_token and not run.job.lease_is_held() and run.started_at is not None
@@ -231,17 +230,40 @@ def runs_supervise() -> list[str]:
                 # can never wake up next to its successor
                 kill_group(run.pid)
                 message = "The driver stopped renewing its lease (paused or hung past it); it was killed."
+            elif not local:
+                # another host's driver, silent past its lease (its host lost, paused or cut off): its own host kills
+                # it if it is there at all; its token is stale from now on, so it can write nothing either way
+                run_kill(run)
+                message = f"The driver on {run.host} stopped renewing its lease (its host lost or cut off)."
             run_finish(run_id=run.id, status=RunStatus.LOST, message=message)
             notes.append(f"run {run.id} lost")
         elif (
             run.stop_requested_at
             and (now - run.stop_requested_at).total_seconds() > settings.STOP_GRACE_SECONDS
-            and local
             and run.pid
         ):
-            kill_group(run.pid)
+            run_kill(run)
             notes.append(f"run {run.id} killed after the stop grace period")
     return notes
+
+
+def run_kill(run: Run) -> None:
+    """SIGKILL a run's driver wherever it runs: here at once, on another host through that host's queue."""
+    if run.host == settings.HOST_ID:
+        kill_group(run.pid or 0)
+    else:
+        enqueue_on(run.host, KILL_DRIVER, run.id)
+
+
+def run_kill_here(*, run_id: int) -> str:
+    """The host queue's side of ``run_kill``: kill the run's driver if it is on this host and alive."""
+    run = Run.objects.filter(id=run_id).first()
+    if run is None or run.host != settings.HOST_ID or not run.pid:
+        return f"run {run_id}: no driver of it on {settings.HOST_ID}"
+    if not pid_alive(run.pid):
+        return f"run {run_id}: its driver (pid {run.pid}) is already gone"
+    kill_group(run.pid)
+    return f"run {run_id}: killed its driver (pid {run.pid}) on {settings.HOST_ID}"
 
 
 def kill_group(pid: int) -> None:

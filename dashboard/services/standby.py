@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -106,7 +105,7 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
             requested_at=now,
             fencing_token=token,
             pid=os.getpid(),
-            host=socket.gethostname(),
+            host=settings.HOST_ID,
             spark_master=standby.built_for.get("spark_master", ""),
             log_path=standby.log_path,
             message=f"Standby #{standby.id} took over from run #{dead.id} ({lock_wait_ms:.0f} ms after its lock freed).",
@@ -127,7 +126,7 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
 
 
 def standby_spawn(job: Job) -> StandbyDriver:
-    standby = StandbyDriver.objects.create(job=job, host=socket.gethostname(), built_for=built_for(job))
+    standby = StandbyDriver.objects.create(job=job, host=settings.HOST_ID, built_for=built_for(job))
     log_path = settings.LOG_ROOT / f"{job.name}-standby-{standby.id}.log"
     pid = spawn_process("workers.standby_process", standby.id, log_path)
     StandbyDriver.objects.filter(id=standby.id).update(pid=pid, log_path=str(log_path))
@@ -144,7 +143,7 @@ def standby_end(standby: StandbyDriver, message: str) -> None:
 def standbys_stop() -> list[str]:
     """End every standby on this host that has not taken over (they hold no run, so there is nothing to drain)."""
     ended = []
-    for standby in StandbyDriver.objects.filter(status__in=LIVE, host=socket.gethostname()).select_related("job"):
+    for standby in StandbyDriver.objects.filter(status__in=LIVE, host=settings.HOST_ID).select_related("job"):
         if standby.pid and pid_alive(standby.pid):
             kill_group(standby.pid)
         standby_end(standby, "Stopped with the console.")
@@ -156,7 +155,7 @@ def standbys_supervise() -> list[str]:
     """Each running job with standby on gets one standby on this host; a standby whose process is gone is ended, and
     one that is no longer wanted is stopped."""
     notes: list[str] = []
-    host = socket.gethostname()
+    host = settings.HOST_ID
     for standby in StandbyDriver.objects.filter(status__in=LIVE, host=host).select_related("job"):
         job = standby.job
         if not pid_alive(standby.pid):

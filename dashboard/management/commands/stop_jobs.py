@@ -4,17 +4,16 @@ warm state reader end too."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.action_steps import state_reader_stop
 from dashboard.services.errors import ActionRefused
-from dashboard.services.runs import job_request_stop, pid_alive
+from dashboard.services.runs import job_request_stop, kill_group, pid_alive
 from dashboard.services.standby import standbys_stop
 
 
@@ -29,12 +28,15 @@ class Command(BaseCommand):
         for run in runs:
             with contextlib.suppress(ActionRefused):
                 job_request_stop(job=run.job)
+        here = [r for r in runs if r.host == settings.HOST_ID]  # a pid means something only on its own host
         deadline = time.monotonic() + opts["wait"]
-        while time.monotonic() < deadline and any(pid_alive(r.pid) for r in runs):
+        while time.monotonic() < deadline and any(pid_alive(r.pid) for r in here):
             time.sleep(0.5)
         for run in runs:
-            if run.pid and pid_alive(run.pid):  # the stop signal: a driver stops its query on SIGTERM, then SIGKILL
-                os.killpg(run.pid, signal.SIGKILL)
+            if run not in here:
+                self.stdout.write(f"{run.job.name} runs on {run.host}: asked to stop there")
+            elif run.pid and pid_alive(run.pid):  # the stop signal: a driver stops its query on SIGTERM, then SIGKILL
+                kill_group(run.pid)
                 self.stdout.write(f"killed the driver of {run.job.name} (pid {run.pid})")
             else:
                 self.stdout.write(f"{run.job.name} stopped")
