@@ -45,6 +45,7 @@ from dashboard import pipelines  # noqa: E402
 from dashboard.models import Job, ResultRow  # noqa: E402
 from workers.driver import job_spec  # noqa: E402
 from workers.sink import batch_writer  # noqa: E402
+from workers.spark import cluster  # noqa: E402
 from workers.spark.query import JobSpec, events_frame, start_query  # noqa: E402
 from workers.spark.session import build_session  # noqa: E402
 
@@ -161,6 +162,7 @@ def main() -> None:
     parser.add_argument("--only", action="append", help="a pipeline's name (repeatable); all five by default")
     parser.add_argument("--parts", default="source,transform,full", help="which runs, for profiling one of them")
     parser.add_argument("--cores", type=int, default=2, help="local[N] and the jobs' parallelism")
+    parser.add_argument("--cluster", action="store_true", help="on a 1-worker standalone cluster of --cores cores")
     parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting to try")
     args = parser.parse_args()
 
@@ -168,16 +170,21 @@ def main() -> None:
     global CORES
     CORES = args.cores
     extra = dict(item.split("=", 1) for item in args.conf)
-    spark = build_session("statekeeper-bench-throughput", f"local[{CORES}]", extra=extra)
+    standalone = cluster.start(ROOT / "spark", workers=1, cores=CORES) if args.cluster else None
+    master = standalone.master_url if standalone else f"local[{CORES}]"
+    extra |= cluster.driver_conf(master, CORES, str(settings.BASE_DIR))
+    spark = build_session("statekeeper-bench-throughput", master, extra=extra)
     parts = args.parts.split(",")
     names = args.only or [n for n in pipelines.names() if n in _SHIPPED]
     try:
         rows = [measure(spark, client, name, args.events, args.batch, args.repeat, parts) for name in names]
     finally:
         spark.stop()
+        if standalone:
+            cluster.stop(standalone)
         shutil.rmtree(ROOT, ignore_errors=True)
     print(
-        f"{args.events:,} events a run, at most {args.batch:,} a batch, trigger 0 s, local[{CORES}], the job defaults "
+        f"{args.events:,} events a run, at most {args.batch:,} a batch, trigger 0 s, {master if not standalone else f'a 1-worker standalone cluster, one {CORES}-core executor'}, the job defaults "
         f"(4 state partitions, {CORES} read partitions); events/s over the batches after each query's first, median "
         f"of {args.repeat}\n"
     )
