@@ -10,13 +10,10 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["workers"])
 
 
-def host_queue(host: str) -> str:
-    """The queue only the Celery workers of ``host`` consume: work that must happen where a driver runs."""
-    return f"host.{host}"
-
-
 @celeryd_after_setup.connect
 def _consume_this_hosts_queue(sender: str, instance: object, **kwargs: object) -> None:
     from django.conf import settings
+
+    from dashboard.services.enqueue import host_queue
 
     instance.app.amqp.queues.select_add(host_queue(settings.HOST_ID))  # type: ignore[attr-defined]

@@ -10,8 +10,6 @@ from typing import Any
 from celery import current_app
 from django.db import transaction
 
-from statekeeper.celery import host_queue
-
 START_RUN = "workers.tasks.start_run"
 RUN_ACTION = "workers.tasks.run_action"
 DELIVER_ALERT = "workers.tasks.deliver_alert"
@@ -24,6 +22,12 @@ def enqueue(task: str, *args: Any) -> None:
     """Send ``task`` once the current transaction commits (at once outside one): a worker never sees a record that a
     rollback then removes."""
     transaction.on_commit(lambda: current_app.send_task(task, args=args))
+
+
+def host_queue(host: str) -> str:
+    """The queue only the Celery workers of ``host`` consume (each adds its own when it starts: statekeeper/celery.py):
+    work that must happen where a driver runs."""
+    return f"host.{host}"
 
 
 def enqueue_on(host: str, task: str, *args: Any) -> None:
