@@ -1,6 +1,7 @@
 """Jobs on a real Spark standalone cluster (a master and a worker from the PySpark wheel's ``spark-class``): the
 driver runs where the Celery worker starts it, the tasks in an executor on the worker. Killing the executor and the
-driver while events flow loses and duplicates nothing."""
+driver while events flow loses and duplicates nothing; the long form (``-m cluster`` with the rest, or ``-m chaos``)
+runs a savepoint, a rescale, the inspector and a restore there."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.models import RunStatus
-from dashboard.services.runs import job_request_start, pid_alive
-from tests.conftest import CeleryWorkers, end_workers_and_their_processes, wait_for
+from dashboard.models import ActionKind, RunStatus, SavepointStatus
+from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
+from tests.conftest import CeleryWorkers, end_workers_and_their_processes, send_events, wait_for
+from tests.test_actions import execute
 from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
 from workers.spark import cluster
 
@@ -71,3 +73,44 @@ def test_a_job_on_the_cluster_survives_an_executor_and_a_driver_kill_exactly_onc
     drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every event counted exactly once"
     assert {r.status for r in job.runs.exclude(id=run.id)} == {RunStatus.STOPPED}
+
+
+def caught_up(job, entries: int) -> None:
+    wait_for(
+        lambda: (c := job.checkpoints.order_by("-committed_at").first()) is not None and c.end_offset["n"] >= entries,
+        180, 1, f"{job.name} to read {entries} entries",
+    )  # fmt: skip
+
+
+@pytest.mark.chaos
+def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count(
+    make_job, redis, stream_name, spark_cluster, cluster_worker
+):
+    job = make_job(
+        parallelism=1, trigger_interval_seconds=1, state_backend="rocksdb", state_partitions=2,
+        max_records_per_batch=300,
+    )  # fmt: skip
+    first = send_events(redis, stream_name, "url-counts", 900, seed=1)
+    job_request_start(job=job)
+    caught_up(job, first)
+    savepoint = job.savepoints.get(action=execute(job, ActionKind.SAVEPOINT))
+    assert savepoint.status == SavepointStatus.VERIFIED
+
+    # more cores and more state partitions: the restarted driver's application holds two cores on the cluster
+    before = job.runs.order_by("-id").first()
+    execute(job, ActionKind.RESCALE, parallelism=2, state_partitions=3)
+    rescaled = wait_for(lambda: running_with_progress(job, before.id), 180, 1, "the rescaled job on the cluster")
+    assert rescaled.spark_master == spark_cluster.master_url and our_app(spark_cluster, job)["cores"] == 2
+    second = send_events(redis, stream_name, "url-counts", 600, seed=2)
+    caught_up(job, first + second)
+    keys = execute(job, ActionKind.INSPECT_STATE, mode="keys", limit=5).params["result"]
+    assert keys["total"] == 8, "8 URLs in the state, read from the files the executors wrote"
+
+    # back to the savepoint: the job replays the second half from there and counts it once
+    restarted_after = job.runs.order_by("-id").first()
+    execute(job, ActionKind.RESTORE, savepoint=savepoint.id)
+    wait_for(lambda: running_with_progress(job, restarted_after.id), 180, 1, "the restored job on the cluster")
+    caught_up(job, first + second)
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    assert sink_total(job) == first + second
