@@ -101,8 +101,15 @@ def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count
     execute(job, ActionKind.RESCALE, parallelism=2, state_partitions=3)
     rescaled = wait_for(lambda: running_with_progress(job, before.id), 180, 1, "the rescaled job on the cluster")
     assert rescaled.spark_master == spark_cluster.master_url and our_app(spark_cluster, job)["cores"] == 2
+    # the Spark worker itself is lost (its JVM and its executor) and another takes its place: the application gets a
+    # new executor there, the job goes on with the same driver
+    lost = spark_cluster.workers[-1]
+    os.killpg(lost.pid, signal.SIGKILL)
+    lost.wait(30)
+    cluster.start_worker(spark_cluster, cores=2)
     second = send_events(redis, stream_name, "url-counts", 600, seed=2)
     caught_up(job, first + second)
+    assert job.runs.get(id=rescaled.id).status == RunStatus.RUNNING, "a lost worker does not end the run"
     keys = execute(job, ActionKind.INSPECT_STATE, mode="keys", limit=5).params["result"]
     assert keys["total"] == 8, "8 URLs in the state, read from the files the executors wrote"
 
