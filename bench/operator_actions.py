@@ -52,7 +52,8 @@ def first_commit_after(job: Job, after_run: int) -> datetime:
     def found() -> datetime | None:
         run = job.runs.filter(id__gt=after_run).order_by("id").first()
         checkpoint = Checkpoint.objects.filter(run=run).order_by("batch_id").first() if run else None
-        return checkpoint.committed_at if checkpoint else None
+        # a record's committed_at is Spark's trigger timestamp: the batch is committed its duration later
+        return checkpoint.committed_at + timedelta(milliseconds=checkpoint.duration_ms) if checkpoint else None
 
     return wait_for(found, 180, 0.1, "a batch committed by the new driver")
 
