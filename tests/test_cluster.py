@@ -99,6 +99,7 @@ def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count
     # more cores and more state partitions: the restarted driver's application holds two cores on the cluster
     before = job.runs.order_by("-id").first()
     execute(job, ActionKind.RESCALE, parallelism=2, state_partitions=3)
+    second = send_events(redis, stream_name, "url-counts", 600, seed=2)  # an idle restart would record no batch
     rescaled = wait_for(lambda: running_with_progress(job, before.id), 180, 1, "the rescaled job on the cluster")
     assert rescaled.spark_master == spark_cluster.master_url and our_app(spark_cluster, job)["cores"] == 2
     # the Spark worker itself is lost (its JVM and its executor) and another takes its place: the application gets a
@@ -107,17 +108,20 @@ def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count
     os.killpg(lost.pid, signal.SIGKILL)
     lost.wait(30)
     cluster.start_worker(spark_cluster, cores=2)
-    second = send_events(redis, stream_name, "url-counts", 600, seed=2)
-    caught_up(job, first + second)
+    third = send_events(redis, stream_name, "url-counts", 300, seed=3)
+    caught_up(job, first + second + third)
     assert job.runs.get(id=rescaled.id).status == RunStatus.RUNNING, "a lost worker does not end the run"
     keys = execute(job, ActionKind.INSPECT_STATE, mode="keys", limit=5).params["result"]
     assert keys["total"] == 8, "8 URLs in the state, read from the files the executors wrote"
 
     # back to the savepoint: the job replays the second half from there and counts it once
-    restarted_after = job.runs.order_by("-id").first()
-    execute(job, ActionKind.RESTORE, savepoint=savepoint.id)
-    wait_for(lambda: running_with_progress(job, restarted_after.id), 180, 1, "the restored job on the cluster")
-    caught_up(job, first + second)
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
-    assert sink_total(job) == first + second
+    restarted_after = job.runs.order_by("-id").first()
+    wait_for(lambda: not pid_alive(restarted_after.pid), 60, 0.5, "the stopped driver's process to exit")
+    execute(job, ActionKind.RESTORE, savepoint=savepoint.id)  # and it starts the job again
+    wait_for(lambda: running_with_progress(job, restarted_after.id), 180, 1, "the restored job on the cluster")
+    caught_up(job, first + second + third)
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    assert sink_total(job) == first + second + third
