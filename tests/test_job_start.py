@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -148,7 +149,7 @@ def test_a_dead_driver_is_marked_lost_and_its_lease_released(make_job):
         status=RunStatus.RUNNING,
         fencing_token=token,
         pid=2**22 + 12345,
-        host=run_services.socket.gethostname(),
+        host=settings.HOST_ID,
         started_at=timezone.now(),
     )
     assert run_services.runs_supervise() == [f"run {run.id} lost"]

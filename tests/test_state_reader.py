@@ -60,4 +60,5 @@ def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_dama
     os.killpg(pid, signal.SIGKILL)
     wait_for(lambda: not pid_alive(pid), 30, what="the reader to die")
     assert run_state_tool("verify", good, batch) == first
-    assert state_reader_pid() not in (None, pid)
+    log = settings.LOG_ROOT / "state-reader.log"
+    assert state_reader_pid() not in (None, pid), log.read_text()[-3000:] if log.exists() else "no reader log"

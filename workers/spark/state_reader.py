@@ -33,10 +33,15 @@ LINE_LIMIT = 1 << 20
 def serve(path: Path, idle_seconds: float) -> int:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 - held for the process's life
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another reader serves this socket, or is starting to
+    for attempt in range(20):
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            # the console's probe for a live reader holds a shared lock for an instant; a reader holds it for good
+            if attempt == 19:
+                return 0  # another reader serves this socket, or is starting to
+            time.sleep(0.05)
     lock.seek(0)
     lock.truncate()
     lock.write(str(os.getpid()))
