@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -51,6 +52,10 @@ def test_a_standby_takes_over_a_killed_driver_and_counts_every_event_once(make_j
     print(f"kill -9 to the standby's first committed batch: {took:.1f} s")  # the benchmark measures it properly
 
     behind = wait_for(lambda: ready_standby(job, standby.id), 180, 0.5, "a new standby behind the one that took over")
+    first_batch = successor.checkpoints.order_by("batch_id").first()
+    assert behind.started_at >= first_batch.committed_at + timedelta(milliseconds=first_batch.duration_ms), (
+        "the next standby's warm-up (a JVM) waits for the successor's first commit: it must not slow the takeover"
+    )
     drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every event exactly once across the takeover"
     # a stop is not a death: the standby lets the driver go, and ends when the job stays down

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from dashboard.models import (
@@ -34,6 +36,10 @@ from dashboard.services.runs import kill_group, pid_alive, run_finish, spawn_pro
 
 log = logging.getLogger(__name__)
 LIVE = (StandbyStatus.WARMING, StandbyStatus.READY)
+# A new standby's warm-up (a JVM, a micro-batch) takes both cores of a small machine for seconds: it waits until the
+# run it stands behind has committed a batch (or has run this long without one, as an idle job does), so that it
+# never slows the takeover or cold start it would follow.
+SETTLE = timedelta(seconds=30)
 
 
 def built_for(job: Job) -> dict[str, object]:
@@ -152,8 +158,8 @@ def standbys_stop() -> list[str]:
 
 
 def standbys_supervise() -> list[str]:
-    """Each running job with standby on gets one standby on this host; a standby whose process is gone is ended, and
-    one that is no longer wanted is stopped."""
+    """Each running job with standby on gets one standby on this host once its run has settled (SETTLE); a standby
+    whose process is gone is ended, and one that is no longer wanted is stopped."""
     notes: list[str] = []
     host = settings.HOST_ID
     for standby in StandbyDriver.objects.filter(status__in=LIVE, host=host).select_related("job"):
@@ -168,7 +174,8 @@ def standbys_supervise() -> list[str]:
             notes.append(f"standby {standby.id} stopped")
     if connection.vendor != "postgresql":  # the driver lock is PostgreSQL's: no standby on SQLite
         return notes
-    for job in Job.objects.filter(standby=True, runs__status=RunStatus.RUNNING).distinct():
+    settled = Q(runs__checkpoints__isnull=False) | Q(runs__started_at__lte=timezone.now() - SETTLE)
+    for job in Job.objects.filter(Q(runs__status=RunStatus.RUNNING) & settled, standby=True).distinct():
         if job.standbys.filter(status__in=LIVE).exists():
             continue
         try:
