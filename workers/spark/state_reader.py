@@ -7,8 +7,9 @@ ten to fifteen a new JVM costs.
 One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out. Each
 request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
 damaged copy is caught as a new process would catch it; verification never asks the job's own driver. The reader
-holds ``SOCKET.lock`` for its life (a second one started at the same time exits at once), writes its pid in it, makes
-the socket readable by its user only, and exits after IDLE_SECONDS without a request or after MAX_REQUESTS.
+holds ``SOCKET.lock`` for its life (one started beside it waits LOCK_WAIT for it, then exits) with its pid in it,
+warms Spark's state sources up on a scratch checkpoint before it listens, makes the socket readable by its user
+only, and exits after IDLE_SECONDS without a request or after MAX_REQUESTS.
 No Django here.
 """
 
@@ -18,35 +19,48 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socketserver
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from workers.spark.state_tool import READ_ONLY, answer, describe, session
 
 MAX_REQUESTS = 1000  # a fresh JVM now and then bounds whatever a long life would accumulate
 LINE_LIMIT = 1 << 20
+LOCK_WAIT = 30.0  # a reader started beside a live one waits this long, then leaves the socket to it
 
 
 def serve(path: Path, idle_seconds: float) -> int:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 - held for the process's life
-    for attempt in range(20):
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
-            # the console's probe for a live reader holds a shared lock for an instant; a reader holds it for good
-            if attempt == 19:
-                return 0  # another reader serves this socket, or is starting to
+            # held for an instant by the console's probe for a live reader, for a moment by a killed reader whose
+            # threads are still exiting, for good by a live reader
+            if time.monotonic() > deadline:
+                print(f"another state reader holds {lock.name}; this one ends", flush=True)
+                return 0
             time.sleep(0.05)
     lock.seek(0)
     lock.truncate()
     lock.write(str(os.getpid()))
     lock.flush()
     spark = session()
+    began = time.monotonic()
+    try:
+        warm_up(spark, path.parent)
+    except Exception as exc:  # a cold reader still answers, only slower
+        print(f"state reader warm-up failed: {describe(exc)}", flush=True)
+    warm = time.monotonic() - began
     served = 0
     last = time.monotonic()
 
@@ -74,7 +88,7 @@ def serve(path: Path, idle_seconds: float) -> int:
         os.umask(old_mask)
     server.timeout = 1.0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the console: remove the socket on the way out
-    print(f"state reader ready on {path} (pid {os.getpid()})", flush=True)
+    print(f"state reader ready on {path} (pid {os.getpid()}, warmed up in {warm:.1f} s)", flush=True)
     try:
         while served < MAX_REQUESTS and time.monotonic() - last < idle_seconds:
             server.handle_request()
@@ -86,6 +100,28 @@ def serve(path: Path, idle_seconds: float) -> int:
             spark.stop()
     print(f"state reader on {path} ends after {served} request(s)", flush=True)
     return 0
+
+
+def warm_up(spark: Any, where: Path) -> None:
+    """A stateful query on a few rows into a scratch checkpoint, then the console's reads of it: in a new JVM the
+    first read through Spark's state sources costs about ten seconds (class loading, code generation), which the
+    first inspection would otherwise pay. Done before the socket listens, so a request waits for a warm reader."""
+    scratch = Path(tempfile.mkdtemp(prefix="warm-up-", dir=where))
+    try:
+        (scratch / "in").mkdir()
+        (scratch / "in" / "rows.json").write_text("".join(f'{{"k": "k{i % 5}"}}\n' for i in range(20)))
+        checkpoint = str(scratch / "checkpoint")
+        query = (
+            spark.readStream.schema("k string").json(str(scratch / "in")).groupBy("k").count()
+            .writeStream.format("noop").outputMode("update").option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        if not query.awaitTermination(120):
+            query.stop()
+        for command, spec in (("verify", {}), ("partition-rows", {}), ("inspect", {"mode": "keys"})):
+            answer(spark, command, checkpoint, 0, spec)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
