@@ -205,7 +205,14 @@ CELERY_BEAT_SCHEDULE = {
 # "statekeeper.pipelines". dashboard/pipelines.py loads and checks them.
 BUILTIN_PIPELINES = [
     f"workers.spark.pipelines.{module}:PIPELINE"
-    for module in ("url_counts", "order_state_machine", "count_window_average", "dedup", "minute_windows")
+    for module in (
+        "url_counts",
+        "order_state_machine",
+        "order_state_buckets",
+        "count_window_average",
+        "dedup",
+        "minute_windows",
+    )
 ]
 PIPELINES = BUILTIN_PIPELINES + [p.strip() for p in env_str("STATEKEEPER_PIPELINES", "").split(",") if p.strip()]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -10,6 +11,7 @@ from django.db.models import Sum
 
 from dashboard.models import Checkpoint, ResultRow, RunStatus
 from tests.conftest import read_through, run_through, send_events, wait_for
+from workers.spark.state_tool import FORMAT_VERSION, answer
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -99,6 +101,39 @@ def test_checkpointed_bytes_equal_the_bytes_that_appeared_on_disk(make_job, star
     committed = [p["commit_ms"] for p in last.partitions if p["commit_ms"] is not None]
     assert len(committed) == job.state_partitions, "each partition wrote this batch's state version"
     assert all(0 <= ms <= last.duration_ms + 1000 for ms in committed)
+
+
+def test_the_bucketed_order_state_machine_writes_what_the_per_order_one_does(
+    make_job, start_driver, redis, stream_name, spark
+):
+    """order-state-machine-v2 keeps orders in MapStates of hash buckets: on real RocksDB state, over batches, the same
+    results as one key per order, and the inspector finds an open order by its id inside its bucket."""
+    sent = send_events(redis, stream_name, "order-state-machine", 1200, seed=5)
+    per_order = make_job(pipeline="order-state-machine", state_backend="rocksdb", max_records_per_batch=200)
+    bucketed = make_job(pipeline="order-state-machine-v2", state_backend="rocksdb", max_records_per_batch=200)
+    for job in (per_order, bucketed):
+        run_through(start_driver(job), redis, sent)
+
+    def results(job):
+        return {(r.kind, r.key): r.value for r in ResultRow.objects.filter(job=job)}
+
+    assert results(bucketed) == results(per_order)
+    assert any(kind == "alert" for kind, _ in results(bucketed))
+    open_orders = sorted(key for (kind, key), v in results(per_order).items()
+                         if kind == "order" and v["state"] not in ("delivered", "cancelled"))  # fmt: skip
+    assert open_orders, "the generator leaves orders open"
+    last = Checkpoint.objects.filter(job=bucketed).order_by("-batch_id").first()
+    before = spark.conf.get(FORMAT_VERSION, None)
+    try:
+        found = answer(spark, "inspect", str(bucketed.checkpoint_location), last.batch_id,
+                       {"mode": "lookup", "operator": 0, "variable": "orders", "text": f'"{open_orders[0]}"'})  # fmt: skip
+        held = answer(spark, "inspect", str(bucketed.checkpoint_location), last.batch_id,
+                      {"mode": "keys", "operator": 0, "variable": "orders", "limit": 500})  # fmt: skip
+    finally:
+        if before is not None:
+            spark.conf.set(FORMAT_VERSION, before)
+    assert found["total"] == 1 and json.loads(found["rows"][0]["key"])["order_id"] == open_orders[0]
+    assert sorted(json.loads(r["key"])["order_id"] for r in held["rows"]) == open_orders
 
 
 def test_rocksdb_incremental_job_records_full_and_incremental_checkpoints(make_job, start_driver, redis, stream_name):

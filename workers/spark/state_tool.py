@@ -84,6 +84,9 @@ def _reader(spark: Any, path: str, batch: int, operator: int, variable: str | No
     if variable:
         reader = reader.option("stateVarName", variable)
     frame = reader.load(path)
+    if "user_map_key" in frame.columns:  # a MapState: a row per entry, keyed by the grouping key and the map's key
+        key = F.to_json(F.struct(F.col("key.*"), F.col("user_map_key.*")))
+        return frame.select(key.alias("key"), F.to_json("user_map_value").alias("value"), "partition_id")
     return frame.select(
         F.to_json("key").alias("key"),
         F.to_json(F.struct(*[c for c in frame.columns if c not in ("key", "partition_id")])).alias("value"),

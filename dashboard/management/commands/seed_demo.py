@@ -23,7 +23,7 @@ DEMO_JOBS = [
     },
     {
         "name": "orders-rocksdb",
-        "pipeline": "order-state-machine",
+        "pipeline": "order-state-machine-v2",
         "source_stream": "events:orders",
         "state_backend": StateBackend.ROCKSDB_INCREMENTAL,
         "parallelism": 1,

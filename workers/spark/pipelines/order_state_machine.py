@@ -40,20 +40,18 @@ def step(state: str | None, event: str) -> tuple[str | None, str]:
     return state, f"illegal transition: {event} after {state or 'nothing'}"
 
 
-class OrderStateMachine(StatefulProcessor):
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.state = handle.getValueState("order", "state string, events bigint")
-
-    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
-        order_id = key[0]
-        saved = self.state.get()  # None when there is none: one round trip to the state store, not two
-        current, seen = (saved[0], saved[1]) if saved else (None, 0)
-        last: Row | None = None
-        for row in sorted(rows, key=lambda r: (r["ts"], parse_id(r["_id"]))):
-            seen += 1
-            nxt, alert = step(current, row["event"])
-            if alert:
-                yield Row(
+def advance(order_id: str, saved: Any, rows: Iterable[Row]) -> tuple[list[Row], tuple[Any, int] | None]:
+    """An order's new rows, in event-time order, applied to its saved (state, events): the rows to emit (an alert per
+    illegal transition, then the order's latest state) and what to save (None: clear, the order is done)."""
+    current, seen = (saved[0], saved[1]) if saved else (None, 0)
+    out: list[Row] = []
+    last: Row | None = None
+    for row in sorted(rows, key=lambda r: (r["ts"], parse_id(r["_id"]))):
+        seen += 1
+        nxt, alert = step(current, row["event"])
+        if alert:
+            out.append(
+                Row(
                     order_id=order_id,
                     entry=row["_id"],
                     kind="alert",
@@ -62,12 +60,11 @@ class OrderStateMachine(StatefulProcessor):
                     message=alert,
                     ts=row["ts"],
                 )
-            current, last = nxt, row
-        if last is None:
-            last_ts, last_id = 0, ""
-        else:
-            last_ts, last_id = last["ts"], last["_id"]
-        yield Row(
+            )
+        current, last = nxt, row
+    last_ts, last_id = (last["ts"], last["_id"]) if last is not None else (0, "")
+    out.append(
+        Row(
             order_id=order_id,
             entry=last_id,
             kind="order",
@@ -76,10 +73,22 @@ class OrderStateMachine(StatefulProcessor):
             message=f"{seen} events",
             ts=last_ts,
         )
-        if current in TERMINAL:
+    )
+    return out, (None if current in TERMINAL else (current, seen))
+
+
+class OrderStateMachine(StatefulProcessor):
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState("order", "state string, events bigint")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
+        saved = self.state.get()  # None when there is none: one round trip to the state store, not two
+        out, keep = advance(key[0], saved, rows)
+        if keep is None:
             self.state.clear()
         else:
-            self.state.update((current, seen))
+            self.state.update(keep)
+        return iter(out)
 
     def close(self) -> None:
         pass
