@@ -16,6 +16,7 @@ from dashboard.services.action_steps import (
     run_state_tool,
     state_reader_pid,
     state_reader_stop,
+    state_reader_warmed,
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.runs import pid_alive
@@ -51,6 +52,8 @@ def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_dama
     page = run_state_tool("inspect", good, batch, spec={"mode": "lookup", "operator": 0, "text": "/login"})
     assert page["total"] == 1 and '"/login"' in page["rows"][0]["key"]
     assert state_reader_pid() == pid, "one reader answered every read"
+    wait_for(state_reader_warmed, 180, 0.5, "the reader's warm-up beside those reads to end")
+    assert "state reader warm after" in (settings.LOG_ROOT / "state-reader.log").read_text()
 
     # it only reads: a command that writes is refused by the reader itself
     refused = _ask(settings.STATE_READER_SOCKET, {"command": "repartition", "path": str(good), "number": 4}, 60)

@@ -101,6 +101,14 @@ def state_reader_warm() -> int:
     )  # fmt: skip
 
 
+def state_reader_warmed() -> bool:
+    """Whether a reader listens and has warmed up (it warms up beside its first requests)."""
+    try:
+        return bool(_ask(settings.STATE_READER_SOCKET, {"command": "status"}, 5).get("warm"))
+    except (OSError, ValueError):
+        return False
+
+
 def state_reader_pid() -> int | None:
     """The running reader's pid, from the lock file it holds (None when no reader holds it)."""
     lock = settings.STATE_READER_SOCKET.with_suffix(".lock")

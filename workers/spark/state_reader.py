@@ -8,8 +8,9 @@ One request at a time: a JSON line {"command", "path", "number", "spec"} in, the
 request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
 damaged copy is caught as a new process would catch it; verification never asks the job's own driver. The reader
 holds ``SOCKET.lock`` for its life (one started beside it waits LOCK_WAIT for it, then exits) with its pid in it,
-warms Spark's state sources up on a scratch checkpoint before it listens, makes the socket readable by its user
-only, and exits after IDLE_SECONDS without a request or after MAX_REQUESTS.
+warms Spark's state sources up on a scratch checkpoint while it listens ({"command": "status"} says when that is
+over), makes the socket readable by its user only, and exits after IDLE_SECONDS without a request or after
+MAX_REQUESTS.
 No Django here.
 """
 
@@ -24,6 +25,7 @@ import signal
 import socketserver
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,12 +57,7 @@ def serve(path: Path, idle_seconds: float) -> int:
     lock.write(str(os.getpid()))
     lock.flush()
     spark = session()
-    began = time.monotonic()
-    try:
-        warm_up(spark, path.parent)
-    except Exception as exc:  # a cold reader still answers, only slower
-        print(f"state reader warm-up failed: {describe(exc)}", flush=True)
-    warm = time.monotonic() - began
+    warm = threading.Event()
     served = 0
     last = time.monotonic()
 
@@ -71,6 +68,9 @@ def serve(path: Path, idle_seconds: float) -> int:
             try:
                 request = json.loads(line)
                 command = request["command"]
+                if command == "status":  # how a caller knows the warm-up is over
+                    self.wfile.write(json.dumps({"warm": warm.is_set(), "served": served}).encode() + b"\n")
+                    return
                 if command not in READ_ONLY:
                     raise ValueError(f"the state reader only reads; {command!r} runs in a process of its own")
                 result = answer(spark, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
@@ -87,8 +87,9 @@ def serve(path: Path, idle_seconds: float) -> int:
     finally:
         os.umask(old_mask)
     server.timeout = 1.0
+    threading.Thread(target=warm_up_quietly, args=(spark, path.parent, warm), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the console: remove the socket on the way out
-    print(f"state reader ready on {path} (pid {os.getpid()}, warmed up in {warm:.1f} s)", flush=True)
+    print(f"state reader listening on {path} (pid {os.getpid()}), warming up", flush=True)
     try:
         while served < MAX_REQUESTS and time.monotonic() - last < idle_seconds:
             server.handle_request()
@@ -102,10 +103,23 @@ def serve(path: Path, idle_seconds: float) -> int:
     return 0
 
 
+def warm_up_quietly(spark: Any, where: Path, done: threading.Event) -> None:
+    """Warm up beside the requests (a request that comes first is read cold, as without a warm-up), in a session of
+    its own: the settings a request's read sets (the checkpoint format) are per session."""
+    began = time.monotonic()
+    try:
+        warm_up(spark.newSession(), where)
+        print(f"state reader warm after {time.monotonic() - began:.1f} s", flush=True)
+    except Exception as exc:  # a cold reader still answers, only slower
+        print(f"state reader warm-up failed: {describe(exc)}", flush=True)
+    finally:
+        done.set()
+
+
 def warm_up(spark: Any, where: Path) -> None:
     """A stateful query on a few rows into a scratch checkpoint, then the console's reads of it: in a new JVM the
     first read through Spark's state sources costs about ten seconds (class loading, code generation), which the
-    first inspection would otherwise pay. Done before the socket listens, so a request waits for a warm reader."""
+    first inspection would otherwise pay."""
     scratch = Path(tempfile.mkdtemp(prefix="warm-up-", dir=where))
     try:
         (scratch / "in").mkdir()
