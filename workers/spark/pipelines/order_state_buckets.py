@@ -89,7 +89,7 @@ PIPELINE = Pipeline(
     name="order-state-machine-v2",
     title="Order state machine (bucketed state)",
     description="Order state machine with orders kept in buckets (MapState): one processor call per bucket, "
-    "about twice the throughput of order-state-machine.",
+    "more than twice the throughput of order-state-machine.",
     payload=v1.PAYLOAD,
     transform=transform,
     output_mode="append",
