@@ -11,8 +11,8 @@ at the job's batch limit; a rate is the events of the batches after the query's 
 - full: the driver's query (``start_query``) with its real sink (``batch_writer``: results upserted in PostgreSQL under
   the job's lease).
 The shares are the differences between them over the full run; "state commit" is Spark's own stateOperators
-commitTimeMs, task time divided by the cores. Targets (issue 13): order-state-machine >= 15k events/s (also for -v2, its bucketed version), url-counts >=
-100k events/s. Uses Redis database 13 and a job row per pipeline in the development database, removed at the end.
+commitTimeMs, task time divided by the cores. Targets (issue 13): order-state-machine >= 15k events/s (also for -v2,
+its bucketed version), url-counts >= 100k events/s. Uses Redis database 13 and a job row per pipeline in the development database, removed at the end.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ def main() -> None:
     extra |= cluster.driver_conf(master, CORES, str(settings.BASE_DIR))
     spark = build_session("statekeeper-bench-throughput", master, extra=extra)
     parts = args.parts.split(",")
-    names = args.only or [n for n in pipelines.names() if n in _SHIPPED]
+    shipped = [n for n in pipelines.names() if pipelines.reference(n) in settings.BUILTIN_PIPELINES]
+    names = args.only or shipped
     try:
         rows = [measure(spark, client, name, args.events, args.batch, args.repeat, parts) for name in names]
     finally:
@@ -205,15 +206,6 @@ def main() -> None:
             f"| {max(0.0, full - transform) / full:.0%} | {row['batches']} |"
         )
 
-
-_SHIPPED = (
-    "url-counts",
-    "order-state-machine",
-    "order-state-machine-v2",
-    "count-window-average",
-    "dedup",
-    "minute-windows",
-)
 
 if __name__ == "__main__":
     main()
