@@ -2,7 +2,11 @@
 lock and take over the moment that driver's process dies (dashboard/services/standby.py decides whether it may).
 
 The warm-up is what a cold restart pays on the critical path: the JVM and SparkSession, the Python workers, the data
-source's planning and Spark's code generation for this pipeline's plan."""
+source's planning and Spark's code generation for this pipeline's plan. Two things would go cold while it waits, and
+are kept warm: Spark ends a Python worker that has been idle for 60 s (its successor pays about a second of forking
+and imports in the first batch), so the standby runs a one-row Python task every KEEP_WARM_SECONDS; and Spark starts a
+new Python process for the data source's stream reader at each query start (half a second of imports), so a local
+standby keeps a fork server (workers/spark/fork_server.py) that has done them."""
 
 from __future__ import annotations
 
@@ -25,10 +29,13 @@ from dashboard.services.runs import pid_alive
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
 from workers import job_lock
 from workers.driver import JobDriver, LeaseKeeper, job_session, spark_stop
+from workers.spark.fork_server import ForkServer
 from workers.spark.query import JobSpec, start_query
+from workers.spark.session import python_worker_pids
 
 log = logging.getLogger(__name__)
 WAIT_SLICE_SECONDS = 2.0  # how long one wait on the lock lasts before the standby looks at the job again
+KEEP_WARM_SECONDS = 20.0  # well inside Spark's 60 s idle timeout for a Python worker (PythonWorkerFactory)
 
 
 def process_rss(pid: int) -> int:
@@ -86,9 +93,23 @@ def warm_up(spark: Any, standby: StandbyDriver) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _master(standby: StandbyDriver) -> str:
+    return str(standby.built_for.get("spark_master") or f"local[{standby.job.parallelism}]")
+
+
+def start_fork_server(master: str) -> ForkServer | None:
+    """A fork server for the Python processes Spark starts per query, and this process's environment pointed at it
+    before its JVM starts. Local masters only: on a cluster the executors would be given the script's path too."""
+    if not master.startswith("local"):
+        return None
+    server = ForkServer()  # from this (the main) thread: the server ends with it
+    os.environ.update(server.env)
+    return server
+
+
 def _session(standby: StandbyDriver) -> Any:
     job = standby.job
-    return job_session(job, str(standby.built_for.get("spark_master") or f"local[{job.parallelism}]"))
+    return job_session(job, _master(standby))
 
 
 def _holder_alive(standby: StandbyDriver) -> bool:
@@ -98,12 +119,19 @@ def _holder_alive(standby: StandbyDriver) -> bool:
     return bool(run and run.host == settings.HOST_ID and pid_alive(run.pid))
 
 
-def wait_for_death(standby: StandbyDriver, conn: Any) -> int | None:
-    """Wait on the job's lock until this standby takes over (the run id) or is no longer wanted (None)."""
+def wait_for_death(standby: StandbyDriver, conn: Any, keep_warm: Any = None) -> int | None:
+    """Wait on the job's lock until this standby takes over (the run id) or is no longer wanted (None); call
+    ``keep_warm`` every KEEP_WARM_SECONDS meanwhile."""
     job = standby.job
     idle_since = time.monotonic()
-    measured = 0.0
+    measured, warmed = 0.0, time.monotonic()
     while True:
+        if keep_warm is not None and time.monotonic() - warmed > KEEP_WARM_SECONDS:
+            try:
+                keep_warm()
+            except Exception:  # a cold first batch is slower, not wrong: the standby still takes over
+                log.warning("standby %s: keeping its Python workers warm failed", standby.id, exc_info=True)
+            warmed = time.monotonic()
         standby.refresh_from_db()
         job.refresh_from_db()
         if standby.status not in LIVE or not job.standby:
@@ -144,6 +172,7 @@ def main(argv: list[str]) -> int:
     standby = StandbyDriver.objects.select_related("job").get(id=int(argv[1]))
     log.info("standby %s for %s (pid %s)", standby.id, standby.job.name, os.getpid())
     began = time.monotonic()
+    server = start_fork_server(_master(standby))
     try:
         spark = _session(standby)
         warm_up(spark, standby)
@@ -159,7 +188,9 @@ def main(argv: list[str]) -> int:
     )
     log.info("standby %s ready after %.1f s", standby.id, time.monotonic() - began)
     conn = job_lock.lock_connection()  # held open: once taken over, the lock is this process's for its life
-    run_id = wait_for_death(standby, conn)
+    if server is not None and not server.ready(0):
+        log.warning("standby %s: the fork server is not answering; query starts will run a new Python", standby.id)
+    run_id = wait_for_death(standby, conn, lambda: python_worker_pids(spark, standby.job.parallelism))
     if run_id is None:
         standby_end(standby, standby.message or "No longer wanted.")
         return 0
