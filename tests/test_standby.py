@@ -23,6 +23,18 @@ from tests.test_chaos import Producer, drain_and_stop, running_with_progress, si
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def children_of(pid: int) -> list[tuple[int, bytes]]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append((int(entry), cmdline.read()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def ready_standby(job, after: int = 0) -> StandbyDriver | None:
     return job.standbys.filter(status=StandbyStatus.READY, id__gt=after).first()
 
@@ -50,6 +62,10 @@ def test_a_standby_takes_over_a_killed_driver_and_counts_every_event_once(make_j
     recovery = Recovery.objects.get(failed_run=first)
     assert recovery.restart_run_id == successor.id
     print(f"kill -9 to the standby's first committed batch: {took:.1f} s")  # the benchmark measures it properly
+    servers = [pid for pid, cmdline in children_of(standby.pid) if b"workers.spark.fork_server" in cmdline]
+    assert len(servers) == 1 and children_of(servers[0]), (
+        "the successor's stream reader process was forked from the standby's fork server, not started cold"
+    )
 
     behind = wait_for(lambda: ready_standby(job, standby.id), 180, 0.5, "a new standby behind the one that took over")
     first_batch = successor.checkpoints.order_by("batch_id").first()
