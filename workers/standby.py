@@ -3,9 +3,10 @@ lock and take over the moment that driver's process dies (dashboard/services/sta
 
 The warm-up is what a cold restart pays on the critical path: the JVM and SparkSession, the Python workers, the data
 source's planning and Spark's code generation for this pipeline's plan. Two things would go cold while it waits, and
-are kept warm: Spark ends a Python worker that has been idle for 60 s (its successor pays about a second of forking
-and imports in the first batch), so the standby runs a one-row Python task every KEEP_WARM_SECONDS; and Spark starts a
-new Python process for the data source's stream reader at each query start (half a second of imports), so a local
+are kept warm. Spark ends a Python worker that has been idle for 60 s, and its successor pays a second or two in the
+first batch to fork new ones and import into them again (a transformWithState pipeline has workers of its own kind), so
+the standby runs its warm-up again every KEEP_WARM_SECONDS, beside the wait and stopped at a takeover. And Spark starts
+a new Python process for the data source's stream reader at each query start (half a second of imports), so a local
 standby keeps a fork server (workers/spark/fork_server.py) that has done them."""
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import os
 import random
 import shutil
 import signal
+import threading
 import time
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, connections
 from django.utils import timezone
 
 from dashboard import pipelines
@@ -31,11 +33,10 @@ from workers import job_lock
 from workers.driver import JobDriver, LeaseKeeper, job_session, spark_stop
 from workers.spark.fork_server import ForkServer
 from workers.spark.query import JobSpec, start_query
-from workers.spark.session import python_worker_pids
 
 log = logging.getLogger(__name__)
 WAIT_SLICE_SECONDS = 2.0  # how long one wait on the lock lasts before the standby looks at the job again
-KEEP_WARM_SECONDS = 20.0  # well inside Spark's 60 s idle timeout for a Python worker (PythonWorkerFactory)
+KEEP_WARM_SECONDS = 40.0  # from one warm-up's start to the next: inside Spark's 60 s idle timeout for a Python worker
 
 
 def process_rss(pid: int) -> int:
@@ -62,6 +63,10 @@ def process_rss(pid: int) -> int:
     return total
 
 
+def warm_up_name(standby: StandbyDriver) -> str:
+    return f"warmup-{standby.id}"
+
+
 def warm_up(spark: Any, standby: StandbyDriver) -> None:
     """One throwaway micro-batch of the job's own transform, on a few generated events in a scratch stream and a
     scratch checkpoint, into a sink that consumes the rows as the real sink does."""
@@ -75,7 +80,7 @@ def warm_up(spark: Any, standby: StandbyDriver) -> None:
     for _ in range(50):
         client.xadd(stream, {"v": make(now)})
     spec = JobSpec(
-        job_id=0, name=f"warmup-{standby.id}", pipeline=pipeline.name, stream=stream, redis_url=settings.REDIS_URL,
+        job_id=0, name=warm_up_name(standby), pipeline=pipeline.name, stream=stream, redis_url=settings.REDIS_URL,
         backend=job.state_backend, trigger_seconds=1.0, partitions=job.state_partitions, parallelism=job.parallelism,
         checkpoint=str(scratch), batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{stream}:dead",
         max_future_seconds=job.max_future_seconds, available_now=True,
@@ -91,6 +96,36 @@ def warm_up(spark: Any, standby: StandbyDriver) -> None:
     finally:
         client.delete(stream, f"{stream}:dead", f"{stream}:dead:seen")
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+class KeepWarm:
+    """The warm-up run again in a thread of its own, so that the wait on the lock goes on beside it; ``stop`` ends a
+    run in progress (its query stopped, its scratch input removed) before a takeover starts the job's query."""
+
+    def __init__(self, spark: Any, standby: StandbyDriver) -> None:
+        self.spark, self.standby = spark, standby
+        self.thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        try:
+            warm_up(self.spark, self.standby)
+        except Exception:  # a cold first batch is slower, not wrong: the standby still takes over
+            log.warning("standby %s: keeping warm failed", self.standby.id, exc_info=True)
+        finally:
+            connections.close_all()
+
+    def __call__(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._run, name="keep-warm", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            return
+        for query in self.spark.streams.active:
+            if query.name == warm_up_name(self.standby):
+                query.stop()
+        self.thread.join(30)
 
 
 def _master(standby: StandbyDriver) -> str:
@@ -127,10 +162,7 @@ def wait_for_death(standby: StandbyDriver, conn: Any, keep_warm: Any = None) -> 
     measured, warmed = 0.0, time.monotonic()
     while True:
         if keep_warm is not None and time.monotonic() - warmed > KEEP_WARM_SECONDS:
-            try:
-                keep_warm()
-            except Exception:  # a cold first batch is slower, not wrong: the standby still takes over
-                log.warning("standby %s: keeping its Python workers warm failed", standby.id, exc_info=True)
+            keep_warm()
             warmed = time.monotonic()
         standby.refresh_from_db()
         job.refresh_from_db()
@@ -190,7 +222,9 @@ def main(argv: list[str]) -> int:
     conn = job_lock.lock_connection()  # held open: once taken over, the lock is this process's for its life
     if server is not None and not server.ready(0):
         log.warning("standby %s: the fork server is not answering; query starts will run a new Python", standby.id)
-    run_id = wait_for_death(standby, conn, lambda: python_worker_pids(spark, standby.job.parallelism))
+    keep_warm = KeepWarm(spark, standby)
+    run_id = wait_for_death(standby, conn, keep_warm)
+    keep_warm.stop()
     if run_id is None:
         standby_end(standby, standby.message or "No longer wanted.")
         return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -82,19 +81,3 @@ def build_session(
         if key.startswith("spark.sql."):
             spark.conf.set(key, value)
     return spark
-
-
-def _worker_pid(batches: Any) -> Any:
-    import pyarrow as pa
-
-    for batch in batches:
-        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()] * batch.num_rows})
-
-
-def python_worker_pids(spark: SparkSession, slots: int) -> list[int]:
-    """Run one tiny Python task per slot and say which Python worker processes ran them. Spark ends a Python worker
-    that has been idle for 60 s; calling this more often keeps them, with what they have imported, for the next batch.
-    (It lives here, apart from Django: the workers unpickle it by its module.)"""
-    slots = max(1, slots)
-    rows = spark.range(0, slots, 1, slots).mapInArrow(_worker_pid, "pid long").collect()
-    return sorted({int(row["pid"]) for row in rows})

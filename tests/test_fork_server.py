@@ -1,7 +1,6 @@
-"""What a standby keeps warm while it waits. The fork server for the Python processes Spark starts per query
-(workers/spark/fork_server.py): through ``pyspark-python`` a module runs as ``python -m`` would, in a child forked from
-the server, and anything the server cannot take runs the ordinary way. And its Python workers, which Spark would end
-after a minute idle (``python_worker_pids``)."""
+"""The fork server a standby keeps for the Python processes Spark starts per query (workers/spark/fork_server.py):
+through ``pyspark-python`` a module runs as ``python -m`` would, in a child forked from the server, and anything the
+server cannot take runs the ordinary way."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from workers.spark.fork_server import SCRIPT, ForkServer
-from workers.spark.session import python_worker_pids
 
 MODULE = """
 import json, os, sys, time
@@ -146,15 +144,3 @@ def test_a_caller_that_connects_and_says_nothing_does_not_hold_up_the_next(serve
         assert done.returncode == 0 and json.loads(done.stdout)["ppid"] == server.process.pid
     finally:
         silent.close()
-
-
-def test_the_keep_warm_task_runs_in_sparks_reused_python_workers(spark):
-    """It must run where the batches run: in workers forked by Spark's daemon, which do not have Django (a function
-    pickled by reference to a module that imports Django would fail there)."""
-    for _ in range(2):
-        pids = python_worker_pids(spark, 2)
-        assert pids and os.getpid() not in pids
-        for pid in pids:
-            assert _alive(pid)
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                assert b"pyspark.daemon" in cmdline.read()
