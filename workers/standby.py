@@ -1,28 +1,29 @@
-"""A warm standby driver: start Spark, run the pipeline once on a scratch input, then wait on the running driver's
-lock and take over the moment that driver's process dies (dashboard/services/standby.py decides whether it may).
+"""A warm standby driver: start Spark, start the job's own transform on a scratch input, then wait on the running
+driver's lock and take over the moment that driver's process dies (dashboard/services/standby.py decides whether it
+may).
 
 The warm-up is what a cold restart pays on the critical path: the JVM and SparkSession, the Python workers, the data
 source's planning and Spark's code generation for this pipeline's plan. Two things would go cold while it waits, and
 are kept warm. Spark ends a Python worker that has been idle for 60 s, and its successor pays a second or two in the
-first batch to fork new ones and import into them again (a transformWithState pipeline has workers of its own kind), so
-the standby runs its warm-up again every KEEP_WARM_SECONDS, beside the wait and stopped at a takeover. And Spark starts
-a new Python process for the data source's stream reader at each query start (half a second of imports), so a local
-standby keeps a fork server (workers/spark/fork_server.py) that has done them."""
+first batch to fork new ones and import into them again (a transformWithState pipeline has workers of its own kind),
+so the warm-up's query keeps running and gets a few events every KEEP_WARM_SECONDS. And Spark starts a new Python
+process for the data source's stream reader at each query start (half a second of imports), so a local standby keeps
+a fork server (workers/spark/fork_server.py) that has done them."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import shutil
 import signal
-import threading
 import time
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import IntegrityError, connections
+from django.db import IntegrityError
 from django.utils import timezone
 
 from dashboard import pipelines
@@ -36,7 +37,7 @@ from workers.spark.query import JobSpec, start_query
 
 log = logging.getLogger(__name__)
 WAIT_SLICE_SECONDS = 2.0  # how long one wait on the lock lasts before the standby looks at the job again
-KEEP_WARM_SECONDS = 40.0  # from one warm-up's start to the next: inside Spark's 60 s idle timeout for a Python worker
+KEEP_WARM_SECONDS = 40.0  # + the warm query's trigger (5 s): inside Spark's 60 s idle timeout for a Python worker
 
 
 def process_rss(pid: int) -> int:
@@ -63,69 +64,64 @@ def process_rss(pid: int) -> int:
     return total
 
 
-def warm_up_name(standby: StandbyDriver) -> str:
-    return f"warmup-{standby.id}"
+class WarmQuery:
+    """The job's own transform on generated events in a scratch stream and a scratch checkpoint, into a sink that
+    consumes the rows as the real sink does: started (and its first micro-batch run) as the warm-up, then kept
+    running while the standby waits. ``feed`` adds a few events, which the query runs as one small micro-batch within
+    TRIGGER_SECONDS: its Python workers, of every kind the pipeline uses, are used again before Spark's idle timeout
+    ends them, at a fraction of a query start's cost. ``stop`` ends it and removes its scratch input."""
 
-
-def warm_up(spark: Any, standby: StandbyDriver) -> None:
-    """One throwaway micro-batch of the job's own transform, on a few generated events in a scratch stream and a
-    scratch checkpoint, into a sink that consumes the rows as the real sink does."""
-    job = standby.job
-    pipeline = pipelines.get(job.pipeline)
-    stream = f"statekeeper:warmup:{standby.id}"
-    scratch = settings.CHECKPOINT_ROOT / ".scratch" / f"standby-{standby.id}"
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    make = pipeline.generator(random.Random(standby.id))
-    now = int(time.time() * 1000)
-    for _ in range(50):
-        client.xadd(stream, {"v": make(now)})
-    spec = JobSpec(
-        job_id=0, name=warm_up_name(standby), pipeline=pipeline.name, stream=stream, redis_url=settings.REDIS_URL,
-        backend=job.state_backend, trigger_seconds=1.0, partitions=job.state_partitions, parallelism=job.parallelism,
-        checkpoint=str(scratch), batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{stream}:dead",
-        max_future_seconds=job.max_future_seconds, available_now=True,
-    )  # fmt: skip
-
-    def consume(frame: Any, batch_id: int) -> None:
-        list(pipeline.results(frame.collect()))
-
-    try:
-        query = start_query(spark, spec, pipeline, consume)
-        if not query.awaitTermination(300):
-            query.stop()
-    finally:
-        client.delete(stream, f"{stream}:dead", f"{stream}:dead:seen")
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-class KeepWarm:
-    """The warm-up run again in a thread of its own, so that the wait on the lock goes on beside it; ``stop`` ends a
-    run in progress (its query stopped, its scratch input removed) before a takeover starts the job's query."""
+    TRIGGER_SECONDS = 5.0
 
     def __init__(self, spark: Any, standby: StandbyDriver) -> None:
+        job = standby.job
         self.spark, self.standby = spark, standby
-        self.thread: threading.Thread | None = None
+        self.pipeline = pipelines.get(job.pipeline)
+        self.stream = f"statekeeper:warmup:{standby.id}"
+        self.scratch = settings.CHECKPOINT_ROOT / ".scratch" / f"standby-{standby.id}"
+        self.client = redis.Redis.from_url(settings.REDIS_URL)
+        self.make = self.pipeline.generator(random.Random(standby.id))
+        self.query: Any = None
+        self.spec = JobSpec(
+            job_id=0, name=f"warmup-{standby.id}", pipeline=self.pipeline.name, stream=self.stream,
+            redis_url=settings.REDIS_URL, backend=job.state_backend, trigger_seconds=self.TRIGGER_SECONDS,
+            partitions=job.state_partitions, parallelism=job.parallelism, checkpoint=str(self.scratch),
+            batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{self.stream}:dead",
+            max_future_seconds=job.max_future_seconds,
+        )  # fmt: skip
 
-    def _run(self) -> None:
-        try:
-            warm_up(self.spark, self.standby)
-        except Exception:  # a cold first batch is slower, not wrong: the standby still takes over
-            log.warning("standby %s: keeping warm failed", self.standby.id, exc_info=True)
-        finally:
-            connections.close_all()
+    def feed(self, count: int = 50) -> None:
+        now = int(time.time() * 1000)
+        pipe = self.client.pipeline()
+        for _ in range(count):
+            pipe.xadd(self.stream, {"v": self.make(now)}, maxlen=1000, approximate=True)
+        pipe.execute()
 
-    def __call__(self) -> None:
-        if self.thread is None or not self.thread.is_alive():
-            self.thread = threading.Thread(target=self._run, name="keep-warm", daemon=True)
-            self.thread.start()
+    def start(self) -> None:
+        """Start the query and wait for its first micro-batch: the warm-up proper."""
+        self.feed()
+
+        def consume(frame: Any, batch_id: int) -> None:
+            list(self.pipeline.results(frame.collect()))
+
+        self.query = start_query(self.spark, self.spec, self.pipeline, consume)
+        self.query.processAllAvailable()
+
+    def keep_warm(self) -> None:
+        if self.query is not None and self.query.isActive:
+            self.feed(5)
+        elif self.query is not None:
+            log.warning("standby %s: its warm query ended (%s); it is no longer kept warm", self.standby.id,
+                        self.query.exception())  # fmt: skip
+            self.query = None
 
     def stop(self) -> None:
-        if self.thread is None or not self.thread.is_alive():
-            return
-        for query in self.spark.streams.active:
-            if query.name == warm_up_name(self.standby):
-                query.stop()
-        self.thread.join(30)
+        try:
+            if self.query is not None:
+                self.query.stop()
+        finally:
+            self.client.delete(self.stream, f"{self.stream}:dead", f"{self.stream}:dead:seen")
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _master(standby: StandbyDriver) -> str:
@@ -205,11 +201,16 @@ def main(argv: list[str]) -> int:
     log.info("standby %s for %s (pid %s)", standby.id, standby.job.name, os.getpid())
     began = time.monotonic()
     server = start_fork_server(_master(standby))
+    warm: WarmQuery | None = None
     try:
         spark = _session(standby)
-        warm_up(spark, standby)
+        warm = WarmQuery(spark, standby)
+        warm.start()
     except Exception as exc:
         log.exception("warm-up failed")
+        if warm is not None:
+            with contextlib.suppress(Exception):
+                warm.stop()
         standby_end(standby, f"Warm-up failed: {exc}"[:2000])
         return 1
     StandbyDriver.objects.filter(id=standby.id, status=StandbyStatus.WARMING).update(
@@ -222,9 +223,10 @@ def main(argv: list[str]) -> int:
     conn = job_lock.lock_connection()  # held open: once taken over, the lock is this process's for its life
     if server is not None and not server.ready(0):
         log.warning("standby %s: the fork server is not answering; query starts will run a new Python", standby.id)
-    keep_warm = KeepWarm(spark, standby)
-    run_id = wait_for_death(standby, conn, keep_warm)
-    keep_warm.stop()
+    try:
+        run_id = wait_for_death(standby, conn, warm.keep_warm)
+    finally:
+        warm.stop()
     if run_id is None:
         standby_end(standby, standby.message or "No longer wanted.")
         return 0
