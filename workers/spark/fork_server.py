@@ -100,6 +100,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
 
         argv = request["argv"]
         sys.argv = [argv[1], *argv[2:]]
+        sys.modules.pop(argv[1], None)  # run afresh as __main__ (its imports stay loaded), as ``python -m`` would
         try:
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
             code = 0
