@@ -119,17 +119,19 @@ def test_the_server_refuses_a_request_it_does_not_know_and_keeps_serving(server,
 def test_the_server_ends_with_the_process_that_started_it(tmp_path):
     code = (
         "import sys, time; from workers.spark.fork_server import ForkServer; s = ForkServer(); "
-        "assert s.ready(60); print(s.process.pid, flush=True); time.sleep(60)"
+        "assert s.ready(60); print(s.process.pid, s.directory, flush=True); time.sleep(60)"
     )
     starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     assert starter.stdout is not None
-    pid = int(starter.stdout.readline())
+    pid_text, directory = starter.stdout.readline().split()
+    pid = int(pid_text)
+    assert os.path.exists(os.path.join(directory, b"socket"))
     starter.kill()
     starter.wait(10)
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while (_alive(pid) or os.path.exists(directory)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not _alive(pid) and not os.path.exists(directory), "the server and its socket's directory are gone"
 
 
 def test_a_caller_that_connects_and_says_nothing_does_not_hold_up_the_next(server, tmp_path):

@@ -41,14 +41,15 @@ PRELOAD = (
 SCRIPT = Path(__file__).with_name("pyspark-python")
 PROJECT = Path(__file__).resolve().parents[2]
 SOCKET_ENV = "STATEKEEPER_FORK_SERVER"
+DIRECTORY_PREFIX = "statekeeper-fork-"
 
 
-def _die_with_parent() -> None:
-    """PR_SET_PDEATHSIG: the kernel kills this process when the one that started it ends (Linux only)."""
+def _die_with_parent(how: int = signal.SIGKILL) -> None:
+    """PR_SET_PDEATHSIG: the kernel sends ``how`` to this process when the one that started it ends (Linux only)."""
     with contextlib.suppress(Exception):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(1, how)
 
 
 def _recv_exactly(conn: socket.socket, size: int) -> bytes:
@@ -83,8 +84,10 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     """Run the module as ``python -m`` would, in the caller's environment; never returns."""
     code = 1
     try:
-        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+        for number in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new Python has them
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         _die_with_parent()
         for target, fd in zip((0, 1, 2), fds, strict=True):
             os.dup2(fd, target)
@@ -118,7 +121,15 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
 
 
 def serve(path: str) -> None:
-    _die_with_parent()
+    def remove_and_exit(*_: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            if os.path.basename(os.path.dirname(path)).startswith(DIRECTORY_PREFIX):
+                os.rmdir(os.path.dirname(path))
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, remove_and_exit)
+    _die_with_parent(signal.SIGTERM)  # its children end with it (SIGKILL: they are its own)
     parent = os.getppid()
     import importlib
 
@@ -139,7 +150,7 @@ def serve(path: str) -> None:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, socket.socket] = {}
-    while os.getppid() == parent:
+    while os.getppid() == parent:  # (a parent gone before PR_SET_PDEATHSIG took effect)
         waiting: list[Any] = [listener, wake_read, *children.values()]
         readable, _, _ = select.select(waiting, [], [], 0.5)
         for ready in readable:
@@ -197,7 +208,7 @@ class ForkServer:
     """The server as its starter sees it: ``env`` is what makes a SparkSession started afterwards use it."""
 
     def __init__(self) -> None:
-        self.directory = tempfile.mkdtemp(prefix="statekeeper-fork-")
+        self.directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
         self.path = os.path.join(self.directory, "socket")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "workers.spark.fork_server", self.path], stdin=subprocess.DEVNULL, cwd=PROJECT
