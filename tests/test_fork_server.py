@@ -110,6 +110,13 @@ def test_the_server_refuses_a_request_it_does_not_know_and_keeps_serving(server,
     conn.sendall(b"\xff\xff\xff\xffgarbage")
     assert conn.recv(4) == b"\x00\x00\x00\x00"
     conn.close()
+    for body in (b"[1, 2]", b'{"argv": ["-m", "x"], "env": 3}', b"\xed\xa0\x80 not json"):  # well-framed, wrong inside
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(server.path)
+        socket.send_fds(conn, [len(body).to_bytes(4, "big")], [0, 1, 2])
+        conn.sendall(body)
+        assert conn.recv(4) == b"\x00\x00\x00\x00", body
+        conn.close()
     done = subprocess.run(
         [str(SCRIPT), "-m", "probe_module"], input=b"", capture_output=True, env=_env(server, tmp_path), timeout=60
     )

@@ -64,19 +64,24 @@ def _recv_exactly(conn: socket.socket, size: int) -> bytes:
 
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     head, fds, _flags, _addr = socket.recv_fds(conn, HEADER.size, 3)
-    if len(head) < HEADER.size:
-        head += _recv_exactly(conn, HEADER.size - len(head))
-    (size,) = HEADER.unpack(head)
-    if size > MAX_REQUEST or len(fds) != 3:
+    try:
+        if len(head) < HEADER.size:
+            head += _recv_exactly(conn, HEADER.size - len(head))
+        (size,) = HEADER.unpack(head)
+        if size > MAX_REQUEST or len(fds) != 3:
+            raise ValueError(f"a request of {size} bytes with {len(fds)} descriptors")
+        request = json.loads(_recv_exactly(conn, size))
+        if not isinstance(request, dict) or not isinstance(request.get("env"), dict):
+            raise ValueError("not a request: an object with argv and env")
+        argv = request.get("argv")
+        if not (
+            isinstance(argv, list) and len(argv) >= 2 and argv[0] == "-m" and all(isinstance(a, str) for a in argv)
+        ):
+            raise ValueError(f"not a module run: {argv!r}")
+    except BaseException:  # the caller's descriptors are not kept for a request that is refused
         for fd in fds:
             os.close(fd)
-        raise ValueError(f"a request of {size} bytes with {len(fds)} descriptors")
-    request = json.loads(_recv_exactly(conn, size))
-    argv = request.get("argv")
-    if not (isinstance(argv, list) and len(argv) >= 2 and argv[0] == "-m" and all(isinstance(a, str) for a in argv)):
-        for fd in fds:
-            os.close(fd)
-        raise ValueError(f"not a module run: {argv!r}")
+        raise
     return request, fds
 
 
@@ -202,6 +207,7 @@ def serve(path: str) -> None:
                     code = os.waitstatus_to_exitcode(status)
                     conn.sendall(HEADER.pack(code if code >= 0 else 128 - code))  # as a shell reports a signal
                 conn.close()
+    remove_and_exit()  # the parent went before PR_SET_PDEATHSIG took effect: leave nothing behind
 
 
 class ForkServer:
