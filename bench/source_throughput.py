@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from statekeeper_sdk import Field, PayloadFormat
 
 from workers.spark.pipelines.url_counts import URLS, transform
 from workers.spark.session import build_session
-from workers.spark.sources.redis_streams import FORMAT_NAME, Field, PayloadFormat, RedisStreamDataSource
+from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
 
 # ts is the event time: the reader bounds it against each entry's arrival, as the shipped pipelines' readers do
 PAYLOAD = PayloadFormat("json", (Field("url", "string"), Field("ts", "long")), event_time="ts")

@@ -39,12 +39,13 @@ ensure_venv() {
     "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt
     cp requirements/lock.txt "$VENV/.installed"
   fi
-  # The example pipeline packages are installed like any user's package (editable, so an edit takes effect).
+  # The pipeline SDK first (the console and every pipeline package import it), then the example pipeline packages,
+  # installed like any user's package (editable, so an edit takes effect).
   local example name
-  for example in examples/*/; do
+  for example in sdk/ examples/*/; do
     name=$(basename "$example")
     if ! cmp -s "$example/pyproject.toml" "$VENV/.example-$name" 2>/dev/null; then
-      say "installing the example pipeline package $example"
+      say "installing the pipeline package $example"
       "$VENV/bin/pip" install -q --disable-pip-version-check -e "$example"
       cp "$example/pyproject.toml" "$VENV/.example-$name"
     fi

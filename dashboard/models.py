@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ class Job(models.Model):
         help_text="a file source's directory, or a Kafka source's bootstrap servers (host:port,...)",
     )
     source_format = models.CharField(max_length=10, choices=FileFormat.choices, default=FileFormat.JSON)
+    parameters = models.JSONField(
+        default=dict, blank=True, help_text="values of the pipeline's parameters (its defaults fill the rest)"
+    )
     start_offset = models.JSONField(
         null=True, blank=True, editable=False,
         help_text="where a new checkpoint starts reading the stream ({id, n}); set by an upgrade with empty state",
@@ -224,7 +228,8 @@ class Deploy(models.Model):
     pipeline = models.CharField(max_length=40)
     reference = models.CharField(max_length=300, help_text="module:attribute")
     package = models.CharField(max_length=200, blank=True, help_text="the installed distribution and its version")
-    code_hash = models.CharField(max_length=64, help_text="sha256 of the pipeline module's source")
+    code_hash = models.CharField(max_length=64, help_text="sha256 of every file of the pipeline's distribution")
+    parameters = models.JSONField(default=dict, help_text="every parameter's value the run used, defaults included")
     spark_conf = models.JSONField(default=dict)
     spark_version = models.CharField(max_length=40, blank=True)
     operator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
@@ -409,6 +414,15 @@ class Action(models.Model):
     progress = models.CharField(max_length=300, blank=True)
     outcome = models.TextField(blank=True)
     error = models.TextField(blank=True)
+    # The resumable steps (dashboard/services/actions.py): the step it is at, each step's start, end and duration,
+    # when a worker should look at it again, and which worker is advancing it now (host:pid, until when).
+    step = models.CharField(max_length=40, blank=True)
+    phases = models.JSONField(default=list, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    claimed_by = models.CharField(max_length=120, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    resumed = models.PositiveIntegerField(default=0, help_text="steps run again after their worker died")
+    memo = models.JSONField(default=dict, blank=True, help_text="what a step keeps between its visits")
 
     class Meta:
         ordering = ["-id"]
@@ -427,6 +441,43 @@ class Action(models.Model):
     @property
     def in_flight(self) -> bool:
         return self.status in IN_FLIGHT_ACTIONS
+
+    @property
+    def step_started_at(self) -> datetime | None:
+        """When the current (last) step began: how long it has waited, and which run it may have requested."""
+        return datetime.fromisoformat(self.phases[-1]["started"]) if self.phases else None
+
+    @property
+    def phase_rows(self) -> list[dict]:
+        """Each step it went through: its label, how long it took (the open one: so far), and whether it is open."""
+        rows = []
+        for phase in self.phases:
+            open_ = "ended" not in phase
+            seconds = phase.get("seconds")
+            if open_:
+                seconds = (timezone.now() - datetime.fromisoformat(phase["started"])).total_seconds()
+            rows.append({"label": phase["label"], "step": phase["step"], "seconds": seconds, "open": open_})
+        return rows
+
+    @property
+    def proof_text(self) -> str:
+        """What an upgrade's watch knows of its new version, in the operator's words ('' for other actions)."""
+        proof = self.proof
+        state = proof.get("state")
+        if state == "proven":
+            return f"proven: its first batch ({proof.get('batch')}) committed"
+        if state == "unproven":
+            return "running, not yet proven: no first batch yet; it rolls back by itself if that batch fails"
+        if state == "failed":
+            return f"failed after it returned ({proof.get('cause', '')[:200]}); rolled back by #{proof.get('rollback')}"
+        if state == "stopped":
+            return "stopped before its first batch: never proven"
+        return ""
+
+    @property
+    def proof(self) -> dict:
+        """An upgrade's watch of its new version: {"state": unproven | proven | failed | stopped, …}."""
+        return dict(self.params.get("proof") or {})
 
 
 class SavepointStatus(models.TextChoices):

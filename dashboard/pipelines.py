@@ -1,28 +1,34 @@
 """The pipeline registry: every pipeline the console can run, found by reference, never by importing worker code.
 
 A pipeline is any object with the fields the console reads (below) and the ones a driver runs (``payload``,
-``transform``, ``output_mode``, ``results``, ``conf``); the shipped ones are ``workers.spark.pipelines.base.Pipeline``
-records. References come from ``settings.PIPELINES`` ("module:attribute") and the entry-point group
-``statekeeper.pipelines``. One that fails to import or lacks a field is refused with the module and the reason, and
-kept out of the registry; the rest still load.
+``transform``, ``output_mode``, ``results``, ``conf``, ``parameters``); packages build them with the SDK's
+``statekeeper_sdk.Pipeline`` (``sdk/``). References come from ``settings.PIPELINES`` ("module:attribute") and the
+entry-point group ``statekeeper.pipelines``. One that fails to import, lacks a field, or comes from a package built for
+an SDK major this console does not support is refused with the module and the reason, and kept out of the registry;
+the rest still load.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import sys
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import entry_points, packages_distributions, version
+from importlib.metadata import entry_points, packages_distributions, requires, version
 from typing import Any
 
+import statekeeper_sdk
 from django.conf import settings
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from statekeeper_sdk import resolve
+from statekeeper_sdk.code import code_version as sdk_code_version
 
 ENTRY_POINT_GROUP = "statekeeper.pipelines"
 # What the console and its driver read from a pipeline; a missing one is refused at registration, not at run time.
-REQUIRED = ("name", "title", "description", "payload", "transform", "output_mode", "results", "generator", "views")
-CALLABLE = ("transform", "results", "generator")
+REQUIRED = ("name", "title", "description", "payload", "transform", "output_mode", "results", "views")
+CALLABLE = ("transform", "results")
+SDK_DISTRIBUTION = "statekeeper-sdk"
 
 
 class UnknownPipeline(KeyError):
@@ -44,8 +50,8 @@ class Registry:
 
 @dataclass(frozen=True)
 class CodeVersion:
-    """Which code a pipeline is: where it was found, the installed distribution that holds it, and a hash of its
-    module's source (so an edit without a version bump is still seen)."""
+    """Which code a pipeline is: where it was found, the installed distribution that holds it, and a hash of every
+    file of that distribution's packages (so an edit without a version bump, even to a helper module, is seen)."""
 
     reference: str
     package: str
@@ -71,6 +77,27 @@ def check(pipeline: Any) -> str:
         return "its name must be a non-empty string"
     if pipeline.output_mode not in ("append", "update", "complete"):
         return f"output_mode must be append, update or complete, not {pipeline.output_mode!r}"
+    if getattr(pipeline, "generator", None) is not None and not callable(pipeline.generator):
+        return "generator must be callable"
+    return ""
+
+
+def sdk_refusal(module_name: str) -> str:
+    """Why the package holding this module cannot run here: it declares an SDK range that excludes the SDK this
+    console ships (its major, the only thing that may break a package). Empty when it can, or declares none."""
+    dists = packages_distributions().get(module_name.partition(".")[0], [])
+    if not dists:
+        return ""
+    for text in requires(dists[0]) or []:
+        wanted = Requirement(text)
+        if canonicalize_name(wanted.name) != SDK_DISTRIBUTION or (wanted.marker and not wanted.marker.evaluate()):
+            continue
+        if not wanted.specifier.contains(statekeeper_sdk.__version__, prereleases=True):
+            return (
+                f"{dists[0]} {version(dists[0])} is built for {SDK_DISTRIBUTION}{wanted.specifier}; this console "
+                f"supports {SDK_DISTRIBUTION} {statekeeper_sdk.MAJOR}.x (it has {statekeeper_sdk.__version__}): "
+                f"rebuild the package against {SDK_DISTRIBUTION}>={statekeeper_sdk.MAJOR},<{statekeeper_sdk.MAJOR + 1}"
+            )
     return ""
 
 
@@ -91,7 +118,7 @@ def registry() -> Registry:
         except Exception as exc:  # a user's module: whatever it raises is reported, not raised into the console
             refused.append(Refused(reference, f"{type(exc).__name__}: {exc}"))
             continue
-        if reason := check(pipeline):
+        if reason := check(pipeline) or sdk_refusal(reference.partition(":")[0]):
             refused.append(Refused(reference, reason))
         elif pipeline.name in pipelines:
             refused.append(Refused(reference, f"the name {pipeline.name!r} is taken by another pipeline"))
@@ -123,16 +150,13 @@ def reference(name: str) -> str:
 
 
 def code_version(name: str) -> CodeVersion:
-    """The code the registered pipeline ``name`` runs, as imported in this process."""
+    """The code the registered pipeline ``name`` runs: the files of its distribution as they are on disk now."""
     ref = reference(name)
-    module = sys.modules[ref.partition(":")[0]]
-    source = module.__spec__.origin if module.__spec__ and module.__spec__.origin else ""
-    try:
-        with open(source, "rb") as handle:
-            digest = hashlib.sha256(handle.read()).hexdigest()
-    except OSError:
-        digest = "unknown"
-    top = module.__name__.partition(".")[0]
-    dists = packages_distributions().get(top, [])
-    package = f"{dists[0]} {version(dists[0])}" if dists else ""
-    return CodeVersion(ref, package, digest)
+    found = sdk_code_version(sys.modules[ref.partition(":")[0]])
+    return CodeVersion(ref, found.package, found.code_hash)
+
+
+def parameter_values(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Every parameter's value for a job of pipeline ``name``: the given ones, checked, and defaults for the rest.
+    ValueError with one problem per line."""
+    return dict(resolve(getattr(get(name), "parameters", ()) or (), given))

@@ -100,6 +100,10 @@ def _job_tab(request: HttpRequest, job: Job, tab: str, context: dict[str, Any]) 
         "autoscale": window_advice(job) if job.autoscale_mode != AutoscaleMode.OFF else None,
         "tabs": [(key, label, reverse(url, args=[job.name])) for key, label, url in JOB_TABS],
     }
+    if not settings.READ_ONLY and may(request.user, OPERATOR):
+        # previews, verifications and inspections read in Spark's state reader, whose start and warm-up take a
+        # minute on a busy host: an operator who opens a job may well click one of them next
+        enqueue(WARM_STATE_READER)
     title = next(label for key, label, _ in JOB_TABS if key == tab)
     base = {"job": job, "tab": tab, "tab_title": title, "header": header, "pipeline": pipelines.find(job.pipeline)}
     return render(request, f"dashboard/job/{tab}.html", base | context)

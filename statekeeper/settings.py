@@ -187,8 +187,11 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_ACKS_LATE = False
 CELERY_TASK_TIME_LIMIT = 120
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# A worker reserves one task beyond the ones it runs: a task queued behind a long one goes to a free worker.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE = {
     "ingest-progress": {"task": "workers.tasks.ingest_progress", "schedule": 1.0},
+    "advance-actions": {"task": "workers.tasks.advance_actions", "schedule": 1.0},
     "sample-source-lag": {"task": "workers.tasks.sample_source_lag", "schedule": 5.0},
     "trim-dead-letters": {"task": "workers.tasks.trim_dead_letters", "schedule": 60.0},
     "supervise-jobs": {"task": "workers.tasks.supervise_jobs", "schedule": 5.0},

@@ -18,6 +18,7 @@ import pytest
 import redis as redis_lib
 from django.conf import settings
 from django.db import connection
+from statekeeper_sdk import sample_events
 
 from dashboard.pipelines import get as get_pipeline
 from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH
@@ -82,7 +83,7 @@ def stream_name() -> str:
 
 def send_events(client: Any, stream: str, pipeline: str, count: int, seed: int = 7, malformed: list[str] = ()) -> int:
     """Write ``count`` valid events (and the given malformed payloads, spread among them) to a stream."""
-    make = get_pipeline(pipeline).generator(random.Random(seed))
+    make = sample_events(get_pipeline(pipeline), random.Random(seed))
     pipe = client.pipeline(transaction=False)
     bad = list(malformed)
     step = max(1, count // (len(bad) + 1))

@@ -7,12 +7,13 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from statekeeper_sdk import Rejected
 
 from dashboard.models import Action, ActionKind
 from dashboard.services.actions import action_execute
 from dashboard.services.dead_letters import dead_letters_trim
 from tests.conftest import grant
-from workers.spark.sources.redis_streams import Rejected, dead_letter
+from workers.spark.sources.redis_streams import dead_letter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from dashboard.models import Action, ActionKind, Job, Run, RunStatus
 from dashboard.services import runs as run_services
-from dashboard.services.actions import actions_abandoned
+from dashboard.services.actions import actions_resume
 from dashboard.services.errors import ActionRefused
 from dashboard.services.lease import lease_acquire, lease_renew
 from dashboard.services.runs import job_request_start, job_request_stop, run_launch, runs_supervise
@@ -197,7 +197,7 @@ def test_starts_and_requests_no_worker_ever_took_are_expired_with_the_reason(mak
     run = Run.objects.create(job=job, status=RunStatus.PENDING, requested_at=long_ago)
     action = Action.objects.create(job=job, kind=ActionKind.SAVEPOINT, requested_at=long_ago)
     runs_supervise()
-    assert actions_abandoned(older_than_seconds=3700) == 1
+    assert actions_resume() == ["1 requests no worker took marked failed"]
     run.refresh_from_db()
     action.refresh_from_db()
     assert run.status == RunStatus.FAILED and "No driver was launched" in run.message

@@ -7,11 +7,11 @@ import json
 import time
 
 import pytest
+from statekeeper_sdk import Field, Limits, PayloadFormat, parse_entries
 
 from dashboard.models import ResultRow
 from tests.conftest import run_through
 from workers.sink import write_results
-from workers.spark.sources.redis_streams import Field, Limits, PayloadFormat, parse_entries
 
 ORDERS = PayloadFormat(
     "json",

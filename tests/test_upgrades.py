@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus
@@ -206,15 +207,40 @@ def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_wi
     job_request_start(job=job)
     wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event")
 
-    # A version that fails its first batch after the switch rolls back by itself, and says why.
-    failing = action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2-broken"})
-    wait_for(lambda: switched_to(job, "user-sessions-v2-broken"), 300, 1, "the switch to the broken version")
+    # A quiet job: the upgrade to a version with a bug returns once its run is up, "not yet proven"; its first batch
+    # then fails, and the watch rolls it back by itself and says why.
+    failing = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2-broken"}))
+    assert failing.status == ActionStatus.SUCCEEDED and failing.proof["state"] == "unproven", failing.outcome
+    assert "running, not yet proven" in failing.outcome
     sent += send(redis, stream_name, 20, seed=4, users=["boom", "u1"])
-    failing = finished(failing)
-    assert failing.status == ActionStatus.FAILED
-    assert "rolled back by itself" in failing.outcome and "a bug in version 2" in failing.outcome, failing.outcome
+    rollback = wait_for(
+        lambda: Action.objects.filter(job=job, kind=ActionKind.UPGRADE_ROLLBACK).first(), 180, 1, "the watch's rollback"
+    )
+    rollback = finished(rollback)
+    assert rollback.status == ActionStatus.SUCCEEDED and rollback.origin == "upgrade-watch", rollback.outcome
+    assert "failed after it returned" in rollback.outcome and "a bug in version 2" in rollback.outcome
+    failing.refresh_from_db()
+    assert failing.proof["state"] == "failed" and failing.proof["rollback"] == rollback.id
     assert switched_to(job, "user-sessions")
     wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event after the automatic rollback")
+
+    # Input already waiting: the upgrade waits for the first batch, which fails, and rolls back within the action.
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    sent += send(redis, stream_name, 20, seed=5, users=["boom", "u2"])
+    failing = finished(
+        action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2-broken", "start": 1})
+    )
+    assert failing.status == ActionStatus.FAILED
+    assert "rolled back by itself" in failing.outcome and "a bug in version 2" in failing.outcome, failing.outcome
+    assert [p["step"] for p in failing.phases][-4:] == [
+        "roll-back",
+        "roll-back-exit",
+        "roll-back-fork",
+        "roll-back-start",
+    ]
+    assert switched_to(job, "user-sessions")
+    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event after the rollback")
 
     # An incompatible version, chosen with empty state: it reads on from where version 1 stopped, from nothing.
     regional = action_request(
@@ -257,13 +283,82 @@ def test_each_upgrade_button_requests_its_action(as_role, make_job):
     assert not Action.objects.filter(params__pipeline="no-such").exists()
 
 
-@pytest.mark.django_db
-def test_a_new_version_whose_driver_is_lost_or_never_runs_counts_as_failed(make_job):
-    from dashboard.models import Run
-    from dashboard.services.upgrades import _watch
+def unproven_upgrade(job, run, savepoint_batch: int = 3) -> Action:
+    """An upgrade that returned before its new run committed a batch (a quiet job), as the upgrade leaves it."""
+    from dashboard.models import Savepoint
 
-    job = make_job(pipeline="user-sessions", state_backend="rocksdb")
-    lost = Run.objects.create(job=job, status=RunStatus.LOST, message="The driver process exited without reporting.")
-    assert _watch(lost, 3, 5) == "The driver process exited without reporting."
-    pending = Run.objects.create(job=job, status=RunStatus.PENDING)
-    assert _watch(pending, 3, 1) == f"run #{pending.id} was still pending after 1 s"
+    savepoint = Savepoint.objects.create(job=job, status="verified", batch_id=savepoint_batch)
+    return Action.objects.create(
+        job=job, kind=ActionKind.UPGRADE, status=ActionStatus.SUCCEEDED, finished_at=timezone.now(),
+        params={"pipeline": "user-sessions-v2", "from_pipeline": "user-sessions", "run": run.id,
+                "savepoint": savepoint.id, "proof": {"state": "unproven"}},
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_returned_upgrade_is_proven_by_its_first_batch_and_rolled_back_when_its_run_fails_before_it(make_job):
+    from dashboard.models import Checkpoint, Run
+    from dashboard.services.upgrade_watch import upgrades_watch
+
+    job = make_job(pipeline="user-sessions-v2", state_backend="rocksdb")
+    run = Run.objects.create(job=job, status=RunStatus.RUNNING)
+    upgrade = unproven_upgrade(job, run)
+    assert upgrades_watch() == [], "running, nothing committed yet: still unproven"
+    replayed = Checkpoint.objects.create(job=job, run=run, batch_id=3, committed_at=timezone.now(), duration_ms=1)
+    assert upgrades_watch() == [], "the savepoint's own batch proves nothing"
+    replayed.batch_id = 4
+    replayed.save()
+    assert upgrades_watch() == [f"upgrade {upgrade.id} proven at batch 4"]
+    upgrade.refresh_from_db()
+    assert upgrade.proof["state"] == "proven" and upgrade.proof_text == "proven: its first batch (4) committed"
+
+    # the next one fails before its first batch: an automatic "Roll back the upgrade", once
+    Run.objects.filter(id=run.id).update(status=RunStatus.STOPPED)
+    failing = Run.objects.create(job=job, status=RunStatus.FAILED, message="ValueError: a bug in version 2")
+    upgrade = unproven_upgrade(job, failing)
+    notes = upgrades_watch()
+    back = Action.objects.get(job=job, kind=ActionKind.UPGRADE_ROLLBACK)
+    assert notes == [f"upgrade {upgrade.id} failed before its first batch: rollback #{back.id}"]
+    assert back.origin == "upgrade-watch" and back.params == {
+        "upgrade": upgrade.id, "automatic": True, "cause": "ValueError: a bug in version 2"
+    }  # fmt: skip
+    upgrade.refresh_from_db()
+    assert upgrade.proof_text == f"failed after it returned (ValueError: a bug in version 2); rolled back by #{back.id}"
+    assert upgrades_watch() == [], "rolled back once"
+
+    # stopped by its operator before any batch: the watch ends without a rollback
+    Action.objects.filter(id=back.id).update(status=ActionStatus.SUCCEEDED)
+    stopped = Run.objects.create(job=job, status=RunStatus.STOPPED, stop_requested_at=timezone.now())
+    upgrade = unproven_upgrade(job, stopped)
+    upgrades_watch()
+    upgrade.refresh_from_db()
+    assert upgrade.proof["state"] == "stopped"
+    assert Action.objects.filter(kind=ActionKind.UPGRADE_ROLLBACK).count() == 1
+
+
+@pytest.mark.django_db
+def test_the_rollback_of_a_failed_new_version_waits_while_another_action_holds_the_job(make_job):
+    from dashboard.models import Run
+    from dashboard.services.upgrade_watch import upgrades_watch
+
+    job = make_job(pipeline="user-sessions-v2", state_backend="rocksdb")
+    failing = Run.objects.create(job=job, status=RunStatus.LOST, message="The driver process exited without reporting.")
+    upgrade = unproven_upgrade(job, failing)
+    busy = action_request(job=job, kind=ActionKind.SAVEPOINT)
+    notes = upgrades_watch()
+    assert len(notes) == 1 and notes[0].startswith(f"upgrade {upgrade.id} failed; its rollback waits")
+    Action.objects.filter(id=busy.id).update(status=ActionStatus.FAILED)
+    assert upgrades_watch()[0].startswith(f"upgrade {upgrade.id} failed before its first batch: rollback #")
+
+
+@pytest.mark.django_db
+def test_a_transform_with_state_version_needs_rocksdb_of_either_kind(make_job):
+    from dashboard.services.upgrades import upgrade_refusal
+
+    memory = make_job(pipeline="order-state-machine-v2", state_backend="memory")
+    assert "needs the RocksDB backend" in upgrade_refusal(memory, "order-state-machine")
+    for backend in ("rocksdb", "rocksdb-incremental"):
+        assert (
+            upgrade_refusal(make_job(pipeline="order-state-machine-v2", state_backend=backend), "order-state-machine")
+            == ""
+        )

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from pyspark.sql import Row
+from statekeeper_sdk import Result
 from user_sessions import pipelines as user_sessions
 
 from workers.spark.pipelines import url_counts
-from workers.spark.pipelines.base import Result
 
 
 def results(rows: list[Row]) -> Iterable[Result]:

@@ -140,6 +140,7 @@ def job_spec(job: Job, **overrides: Any) -> JobSpec:
         source_path=job.source_path,
         source_format=job.source_format,
         starting_offset=json.dumps(job.start_offset) if job.start_offset else "",
+        parameters=json.dumps(job.parameters),
     )
     return dataclasses.replace(spec, **overrides)
 

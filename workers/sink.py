@@ -18,10 +18,10 @@ from typing import Any
 import redis
 from django.db import connection, transaction
 from pyspark.sql import DataFrame
+from statekeeper_sdk import Pipeline, Rejected, Result
 
 from dashboard.models import ResultRow
-from workers.spark.pipelines.base import Pipeline, Result
-from workers.spark.sources.redis_streams import Rejected, dead_letter
+from workers.spark.sources.redis_streams import dead_letter
 
 CHUNK = 5000
 KEY_MAX = ResultRow._meta.get_field("key").max_length or 500

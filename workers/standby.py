@@ -13,6 +13,7 @@ a fork server (workers/spark/fork_server.py) that has done them."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -25,6 +26,7 @@ import redis
 from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
+from statekeeper_sdk import sample_events
 
 from dashboard import pipelines
 from dashboard.models import RunStatus, StandbyDriver, StandbyStatus
@@ -80,14 +82,14 @@ class WarmQuery:
         self.stream = f"statekeeper:warmup:{standby.id}"
         self.scratch = settings.CHECKPOINT_ROOT / ".scratch" / f"standby-{standby.id}"
         self.client = redis.Redis.from_url(settings.REDIS_URL)
-        self.make = self.pipeline.generator(random.Random(standby.id))
+        self.make = sample_events(self.pipeline, random.Random(standby.id))
         self.query: Any = None
         self.spec = JobSpec(
             job_id=0, name=f"warmup-{standby.id}", pipeline=self.pipeline.name, stream=self.stream,
             redis_url=settings.REDIS_URL, backend=job.state_backend, trigger_seconds=self.TRIGGER_SECONDS,
             partitions=job.state_partitions, parallelism=job.parallelism, checkpoint=str(self.scratch),
             batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{self.stream}:dead",
-            max_future_seconds=job.max_future_seconds,
+            max_future_seconds=job.max_future_seconds, parameters=json.dumps(job.parameters),
         )  # fmt: skip
 
     def feed(self, count: int = 50) -> None:

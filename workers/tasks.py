@@ -10,7 +10,7 @@ from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.action_steps import state_reader_warm
-from dashboard.services.actions import action_execute, actions_abandoned
+from dashboard.services.actions import action_advance, actions_due, actions_resume
 from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate
 from dashboard.services.autoscale import autoscale_run
 from dashboard.services.capacity import summary_text, week_review
@@ -23,6 +23,7 @@ from dashboard.services.rollups import rollups_run
 from dashboard.services.runs import run_kill_here, run_launch, runs_supervise
 from dashboard.services.source_lag import source_lag_sample
 from dashboard.services.standby import standbys_supervise
+from dashboard.services.upgrade_watch import upgrades_watch
 
 
 @shared_task(time_limit=60, acks_late=True, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
@@ -56,12 +57,20 @@ def ingest_progress() -> int:
         lock.release()
 
 
-# Long: a savepoint copies and verifies state, a rescale drains, copies and repartitions. Not acks_late: a worker that
-# dies mid-action leaves it RUNNING, and the supervisor marks it failed, to be requested again by the operator.
-@shared_task(time_limit=3600, soft_time_limit=3500)
+# One visit to an action: its steps until one has to wait (a driver stopping, a run coming up, Spark's reader
+# starting, a process of its own running), never the wait itself (invariant 10: no task waits for another task).
+# Not acks_late: a worker that dies mid-step leaves the action claimed by a dead pid; the supervisor lets it go and
+# the step runs again.
+@shared_task(time_limit=1800, soft_time_limit=1750)
 def run_action(action_id: int) -> str:
-    action = action_execute(action_id=action_id)
-    return f"action {action.id}: {action.status}"
+    action = action_advance(action_id=action_id)
+    return f"action {action.id}: {action.status} at {action.step or 'start'}"
+
+
+@shared_task(time_limit=30, expires=10)
+def advance_actions() -> list[int]:
+    """Queue a visit to every action whose wait is over (beat, every second)."""
+    return actions_due()
 
 
 @shared_task(time_limit=30)
@@ -82,10 +91,10 @@ def periodic_savepoints() -> list[int]:
 @shared_task(time_limit=60)
 def supervise_jobs() -> list[str]:
     notes = runs_supervise()
+    notes += actions_resume()
+    notes += upgrades_watch()  # before the restart strategy: a new version that failed is rolled back, not restarted
     notes += recoveries_supervise()
     notes += standbys_supervise()
-    if abandoned := actions_abandoned(older_than_seconds=3700):
-        notes.append(f"{abandoned} abandoned actions marked failed")
     recent = Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).select_related("job")
     for run in list(recent) + list(Run.objects.exclude(status__in=ACTIVE_RUN_STATUSES).select_related("job")[:5]):
         created = journal_reconcile(job=run.job, run_id=run.id)

@@ -86,6 +86,24 @@ ACTION = {
         "finished_at": STAMP,
         "progress": {"type": "string"},
         "outcome": {"type": "string"},
+        "step": {"type": "string", "description": "the step it is at (or ended at)"},
+        "phases": {
+            "type": "array",
+            "description": "every step it went through, with its duration (the open one: so far)",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "step": {"type": "string"},
+                    "label": {"type": "string"},
+                    "seconds": {"type": "number"},
+                    "open": {"type": "boolean"},
+                },
+            },
+        },
+        "proof": {
+            "type": "object",
+            "description": "an upgrade's watch of its new version: state unproven, proven, failed or stopped",
+        },
     },
 }
 

@@ -172,6 +172,9 @@ def action_json(a: Action) -> dict[str, Any]:
         "finished_at": _stamp(a.finished_at),
         "progress": a.progress,
         "outcome": a.outcome,
+        "step": a.step,
+        "phases": a.phase_rows,
+        "proof": a.proof,
     }
 
 

@@ -1,5 +1,11 @@
-"""Steps that several actions share: report progress, stop the job and wait, read state with Spark in a process of
-its own."""
+"""Steps that several actions share, and what a step answers the engine (dashboard/services/actions.py).
+
+An action is a sequence of named steps. A step does a bounded piece of work and answers ``Next(step)`` (go on to
+that step now), ``Wait(note)`` (nothing to do until something outside changes: a driver stops, a run comes up,
+Spark's reader starts, a process of its own ends; the worker is freed and the step is visited again later), or
+``Done(outcome)``; it raises ``ActionFailed`` to end the action with the reason. A step may run again from its start
+(its worker was killed), so each one is written to be safe to repeat: it checks what is already done first.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +18,62 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
-from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run
+from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run, RunStatus
 from dashboard.services.errors import ActionFailed, ActionRefused
-from dashboard.services.runs import job_request_stop, pid_alive, spawn_process
+from dashboard.services.runs import job_request_start, job_request_stop, pid_alive, run_launch, spawn_process
+
+
+@dataclass(frozen=True)
+class Next:
+    step: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    note: str
+    seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class Done:
+    outcome: str
+
+
+Outcome = Next | Wait | Done
+Step = Callable[[Action], Outcome]
+# An action kind's steps in order, each with the label its phase is shown under; the first is where it begins.
+Steps = dict[str, tuple[str, Step]]
+
+
+def one_step(label: str, work: Callable[[Action], str]) -> Steps:
+    """An action that is a single bounded piece of work (a disposal, a re-drive): one step, then done."""
+    return {"run": (label, lambda action: Done(work(action)))}
+
+
+def step_seconds(action: Action) -> float:
+    """How long the action has been at its current step (across visits and resumptions)."""
+    started = action.step_started_at
+    return (timezone.now() - started).total_seconds() if started else 0.0
+
+
+def memo_save(action: Action, **values: Any) -> None:
+    """Keep values for the step's next visit (a process's pid, a run it requested)."""
+    action.memo = {**action.memo, **values}
+    Action.objects.filter(id=action.id).update(memo=action.memo)
+
+
+def remember(action: Action, **params: Any) -> None:
+    """Keep values the operator sees with the action (a plan, a savepoint, the run it started)."""
+    action.params = {**action.params, **params}
+    Action.objects.filter(id=action.id).update(params=action.params)
 
 
 def action_progress(action: Action, text: str) -> None:
@@ -27,9 +81,9 @@ def action_progress(action: Action, text: str) -> None:
     action.progress = text
 
 
-# The commands the warm state reader answers; the others (plan, shadow, repartition) run queries or write, each in a
-# process of its own.
-READER_COMMANDS = ("verify", "partition-rows", "inspect")
+# The commands the warm state reader answers (a plan re-runs one batch on a scratch copy in a session of its own); the
+# others (shadow, repartition) run longer queries or write, each in a process of its own.
+READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan")
 
 
 def run_state_tool(
@@ -117,8 +171,9 @@ def state_reader_pid() -> int | None:
             try:
                 fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
+                # a killed reader's lock outlives its pid for a moment (its main thread is reaped first): not alive
                 text = held.read().strip()
-                return int(text) if text.isdigit() else None
+                return int(text) if text.isdigit() and pid_alive(int(text)) else None
             fcntl.flock(held, fcntl.LOCK_UN)
     except FileNotFoundError:
         pass
@@ -165,14 +220,132 @@ def refuse_while_alive(job: Job, doing: str) -> None:
         raise ActionRefused(f"{job.name} has run #{run.id} ({state}): stop it before {doing}; nothing was changed.")
 
 
-def wait_until_stopped(action: Action, job: Job, timeout: float | None = None) -> None:
-    """Ask the running driver to drain and stop, and wait for it (a no-op when the job is not running)."""
+def stopped(action: Action, job: Job) -> Wait | None:
+    """None once the job has no run in flight; else ask its driver to drain and stop (asking again is harmless) and
+    wait. Fails when it has not stopped within the stop grace (the supervisor kills it past that)."""
     if active_run(job) is None:
-        return
-    action_progress(action, "stopping the job: the batch in flight commits first")
-    job_request_stop(job=job)
-    deadline = time.monotonic() + (timeout or settings.STOP_GRACE_SECONDS + 30)
-    while active_run(job) is not None:
-        if time.monotonic() > deadline:
-            raise ActionFailed(f"{job.name} did not stop in time; nothing else was changed")
-        time.sleep(0.5)
+        return None
+    if step_seconds(action) > settings.STOP_GRACE_SECONDS + 30:
+        raise ActionFailed(f"{job.name} did not stop in time; nothing else was changed")
+    with contextlib.suppress(ActionRefused):  # it stopped between the look and the request
+        job_request_stop(job=job)
+    return Wait("stopping the job: the batch in flight commits first", 0.5)
+
+
+def exited(action: Action, job: Job, seconds: float = 60) -> Wait | None:
+    """None once no driver process of the job is alive (a failed driver ends a few seconds after its run ended); the
+    checkpoint is touched only after."""
+    run = alive_run(job)
+    if run is None:
+        return None
+    if step_seconds(action) > seconds:
+        raise ActionFailed(f"run #{run.id} of {job.name} is still alive; nothing was restored")
+    return Wait(f"waiting for run #{run.id}'s driver process to end", 0.5)
+
+
+def stop_step(then: str) -> tuple[str, Step]:
+    """A step that stops the job (see ``stopped``) and goes on to ``then``."""
+    return "stop the job", lambda action: stopped(action, action.job) or Next(then)
+
+
+def exit_step(then: str) -> tuple[str, Step]:
+    """A step that waits for every driver process of the job to end (see ``exited``) and goes on to ``then``."""
+    return "the driver exits", lambda action: exited(action, action.job) or Next(then)
+
+
+def start_once(action: Action, key: str = "run", launch: bool = False) -> Run:
+    """Start the job for this action, once however often the step runs: a run requested by an earlier visit (its
+    worker killed between the request and the record of it) is adopted, not refused. With ``launch`` the step starts
+    the driver itself (an action that then watches the run gains the queue's latency; the queued start task finds it
+    launched and does nothing); either way the action never waits for a task to be picked up."""
+    job = action.job
+    if (known := action.params.get(key)) is not None:
+        return Run.objects.get(id=known)
+    began = action.step_started_at
+    active = job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()
+    if active is not None and began is not None and active.requested_at >= began:
+        run = active
+    else:
+        run = job_request_start(job=job, requested_by=action.requested_by)
+    remember(action, **{key: run.id})
+    if launch and run.status == RunStatus.PENDING:
+        run_launch(run_id=run.id)
+        run.refresh_from_db()
+    return run
+
+
+def run_up(action: Action, run: Run, limit: float = 600) -> Wait | str | None:
+    """None once the run's query is running; a Wait while it starts; the reason (a string) when it ended first."""
+    run.refresh_from_db()
+    if run.status == RunStatus.RUNNING:
+        return None
+    if not run.is_active:
+        return run.message or f"run #{run.id} ended {run.status}"
+    if step_seconds(action) > limit:
+        return f"run #{run.id} was still {run.status} after {limit:.0f} s"
+    return Wait(f"run #{run.id} {run.get_status_display().lower()}: waiting for its query to run", 0.5)
+
+
+READER_START_WAIT = 120  # a step waits this long for the warm reader to listen, then reads in a process of its own
+
+
+def reader_ready(action: Action) -> Wait | None:
+    """None when a read can be asked of the warm state reader now (or it is switched off, or would not come up in
+    time: the read then runs in a process of its own); else start it and wait, without holding the worker."""
+    if settings.STATE_READER_IDLE_SECONDS <= 0 or reader_listening():
+        return None
+    if step_seconds(action) > READER_START_WAIT:
+        return None
+    state_reader_warm()
+    return Wait("starting Spark's state reader (one JVM for every read, kept warm)", 1.0)
+
+
+def reader_step(then: str) -> Steps:
+    """A step, "reader", that waits for the warm state reader to listen (see ``reader_ready``) and goes on to
+    ``then``."""
+    return {"reader": ("Spark's state reader", lambda action: reader_ready(action) or Next(then))}
+
+
+def reader_listening() -> bool:
+    """Whether the warm state reader is up (its socket there and its lock held) and so answers a read now."""
+    return (
+        settings.STATE_READER_IDLE_SECONDS > 0
+        and settings.STATE_READER_SOCKET.exists()
+        and state_reader_pid() is not None
+    )
+
+
+def tool_process(action: Action, key: str, command: str, path: Path, number: int, spec: dict[str, Any] | None) -> Any:
+    """Spark's answer to a state tool command that runs a query or writes (repartition, shadow, a plan the reader
+    cannot give) from a process of its own, started once and left to run while the action waits: None until it
+    has answered, then its JSON. The process outlives a killed worker; the step's next visit finds its answer."""
+    started = action.memo.get(key)
+    if started is None:
+        log = settings.LOG_ROOT / f"action-{action.id}-{key}.log"
+        log.unlink(missing_ok=True)
+        extra = [json.dumps(spec)] if spec is not None else []
+        pid = spawn_process("workers.spark.state_tool", command, log, str(path), str(number), *extra)
+        memo_save(action, **{key: {"pid": pid, "log": str(log), "host": settings.HOST_ID}})
+        return None
+    answer = _last_json(Path(started["log"]))
+    if answer is None:
+        here = started["host"] == settings.HOST_ID
+        if not here or pid_alive(started["pid"]):
+            return None
+        answer = {"error": f"the state tool's process ended without an answer (see {started['log']})"}
+    if "error" in answer:
+        raise ActionFailed(f"Spark could not {command} the state: {answer['error']}")
+    return answer
+
+
+def _last_json(log: Path) -> dict[str, Any] | None:
+    """The state tool's answer: the last line of its output that is a JSON object (Spark's own log lines are not)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                return dict(json.loads(line))
+    return None

@@ -18,6 +18,7 @@ def deploy_record(*, run: Run, spark_conf: dict[str, str]) -> Deploy:
         "reference": code.reference,
         "package": code.package,
         "code_hash": code.code_hash,
+        "parameters": pipelines.parameter_values(job.pipeline, job.parameters),
         "spark_conf": dict(sorted(spark_conf.items())),
         "spark_version": pyspark.__version__,
     }

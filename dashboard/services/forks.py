@@ -25,9 +25,21 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
-from dashboard.services.action_steps import action_progress, active_run, refuse_while_alive, run_state_tool
+from dashboard.services.action_steps import (
+    Done,
+    Next,
+    Outcome,
+    Steps,
+    action_progress,
+    active_run,
+    memo_save,
+    reader_ready,
+    refuse_while_alive,
+    remember,
+    run_state_tool,
+    start_once,
+)
 from dashboard.services.errors import ActionFailed
-from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import MANIFEST
 
 
@@ -120,13 +132,16 @@ def switch_to_fork(job: Job, fork: str) -> None:
     job.checkpoint_dir, job.latest_checkpoint = fork, None
 
 
-def _start_on_fork(action: Action, fork: str, check: Preview) -> tuple[Run, str, str]:
-    """Switch to the fork and start the job on it; returns the run, the directory left behind, and the replay."""
-    previous = action.job.checkpoint_dir
-    switch_to_fork(action.job, fork)
-    run = job_request_start(job=action.job, requested_by=action.requested_by)
-    replay = f"{check.replay_records if check.replay_records is not None else '?'} records"
-    return run, previous, replay
+def _started_on_fork(action: Action, fork: str) -> tuple[Run, str]:
+    """Switch the job to the fork (once) and request its start; the run and the directory left behind."""
+    job = action.job
+    previous = action.memo.get("previous")
+    if previous is None:
+        previous = job.checkpoint_dir
+        memo_save(action, previous=previous)
+    if job.checkpoint_dir != fork:
+        switch_to_fork(job, fork)
+    return start_once(action), previous
 
 
 def savepoint_fork(action: Action, savepoint: Savepoint, fork: str) -> None:
@@ -142,44 +157,95 @@ def savepoint_fork(action: Action, savepoint: Savepoint, fork: str) -> None:
         raise ActionFailed(f"The savepoint's files do not match its manifest: {'; '.join(problems[:5])}")
 
 
-def restore_action(action: Action) -> str:
-    job = action.job
-    refuse_while_alive(job, "restoring a savepoint (or stop it with a savepoint)")
-    savepoint = job.savepoints.filter(id=action.params.get("savepoint")).first()
+def _restore_savepoint(action: Action) -> Savepoint:
+    savepoint = action.job.savepoints.filter(id=action.params.get("savepoint")).first()
     if savepoint is None:
         raise ActionFailed("That savepoint does not exist.")
+    return savepoint
+
+
+def _restore_fork(action: Action) -> Next:
+    job = action.job
+    refuse_while_alive(job, "restoring a savepoint (or stop it with a savepoint)")
+    savepoint = _restore_savepoint(action)
     check = savepoint_preview(job, savepoint)
     if check.refusal:
         raise ActionFailed(check.refusal)
+    remember(action, replay_records=check.replay_records)
+    savepoint_fork(action, savepoint, f"checkpoint-restore-{action.id}")
+    return Next("start")
+
+
+def _restore_start(action: Action) -> Done:
+    savepoint = _restore_savepoint(action)
     fork = f"checkpoint-restore-{action.id}"
-    savepoint_fork(action, savepoint, fork)
-    run, previous, replay = _start_on_fork(action, fork, check)
-    return (
+    run, previous = _started_on_fork(action, fork)
+    return Done(
         f"Restored savepoint #{savepoint.id} (batch {savepoint.batch_id}) into {fork}; run #{run.id} starting. "
-        f"{replay} to replay. The previous checkpoint {previous} is kept."
+        f"{_replay(action)} to replay. The previous checkpoint {previous} is kept."
     )
 
 
-def rollback_action(action: Action) -> str:
+def _replay(action: Action) -> str:
+    count = action.params.get("replay_records")
+    return f"{count if count is not None else '?'} records"
+
+
+RESTORE_STEPS: Steps = {
+    "fork": ("copy the savepoint into a new checkpoint directory", _restore_fork),
+    "start": ("switch and start", _restore_start),
+}
+
+
+def _rollback_copy(action: Action) -> Next:
     job = action.job
     refuse_while_alive(job, "rolling back")
     batch = int(action.params["batch"])
     check = rollback_preview(job, batch)
     if check.refusal:
         raise ActionFailed(check.refusal)
+    remember(action, replay_records=check.replay_records)
     fork = f"checkpoint-rollback-{action.id}"
     target = job.directory / fork
     remove_tree(target)
     action_progress(action, f"copying the checkpoint as of batch {batch} into {fork}")
     try:
         copy_checkpoint(job.checkpoint_location, target, batch)
-        action_progress(action, f"checking that Spark loads the state at batch {batch}")
-        run_state_tool("verify", target, batch)
-    except (CheckpointError, ActionFailed) as exc:
+    except CheckpointError as exc:
         remove_tree(target)
         raise ActionFailed(f"Rollback to batch {batch} is not possible: {exc}") from None
-    run, previous, replay = _start_on_fork(action, fork, check)
-    return f"Rolled back to batch {batch} in {fork}; run #{run.id} starting and replays {replay}. {previous} is kept."
+    return Next("verify")
+
+
+def _rollback_verify(action: Action) -> Outcome:
+    if (waiting := reader_ready(action)) is not None:
+        return waiting
+    batch = int(action.params["batch"])
+    target = action.job.directory / f"checkpoint-rollback-{action.id}"
+    action_progress(action, f"checking that Spark loads the state at batch {batch}")
+    try:
+        run_state_tool("verify", target, batch)
+    except ActionFailed as exc:
+        remove_tree(target)
+        raise ActionFailed(f"Rollback to batch {batch} is not possible: {exc}") from None
+    return Next("start")
+
+
+def _rollback_start(action: Action) -> Done:
+    batch = int(action.params["batch"])
+    fork = f"checkpoint-rollback-{action.id}"
+    run, previous = _started_on_fork(action, fork)
+    return Done(
+        f"Rolled back to batch {batch} in {fork}; run #{run.id} starting and replays {_replay(action)}. "
+        f"{previous} is kept."
+    )
+
+
+ROLLBACK_STEPS: Steps = {
+    "copy": ("copy the checkpoint as of the batch", _rollback_copy),
+    "verify": ("Spark loads the state", _rollback_verify),
+    "start": ("switch and start", _rollback_start),
+}
 
 
 @dataclass

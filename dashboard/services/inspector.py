@@ -20,7 +20,15 @@ from django.conf import settings
 from dashboard.checkpoint_dir.disk import state_version
 from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, state_lineage
 from dashboard.models import Action, Job, SavepointStatus
-from dashboard.services.action_steps import action_progress, run_state_tool
+from dashboard.services.action_steps import (
+    Next,
+    Outcome,
+    Steps,
+    action_progress,
+    one_step,
+    reader_ready,
+    run_state_tool,
+)
 from dashboard.services.errors import ActionFailed
 
 MODES = ("variables", "keys", "lookup", "diff", "raw")
@@ -78,6 +86,16 @@ def inspect_action(action: Action) -> str:
     )
     shown = result.get("total", len(result.get("rows", result.get("partitions", result.get("operators", [])))))
     return f"Inspected {origin}: {mode}, {shown} result(s)."
+
+
+def _reader(action: Action) -> Outcome:
+    """Raw statistics need no Spark; every other inspection waits for the warm reader without holding a worker."""
+    if action.params.get("mode") == "raw":
+        return Next("run")
+    return reader_ready(action) or Next("run")
+
+
+INSPECT_STEPS: Steps = {"reader": ("Spark's state reader", _reader), **one_step("read the state", inspect_action)}
 
 
 def rocksdb_stats(checkpoint: Path, batch: int, scratch: Path) -> list[dict[str, Any]]:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from dashboard.checkpoint_dir.files import CheckpointError, latest_committed
 from dashboard.models import Action, Job
-from dashboard.services.action_steps import action_progress, run_state_tool
+from dashboard.services.action_steps import (
+    Steps,
+    action_progress,
+    one_step,
+    reader_step,
+    run_state_tool,
+)
 from dashboard.services.errors import ActionFailed
 
 
@@ -26,3 +32,6 @@ def count_rows_action(action: Action) -> str:
     )
     total = sum(rows.values())
     return f"Counted {total} state rows in {len(rows)} partitions at batch {batch}."
+
+
+COUNT_ROWS_STEPS: Steps = {**reader_step(then="run"), **one_step("count rows", count_rows_action)}

@@ -3,17 +3,30 @@ fork, restart. The savepoint is kept for rollback; the original checkpoint direc
 
 from __future__ import annotations
 
-import time
+from datetime import datetime
 
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import CheckpointError, copy_checkpoint, latest_committed, remove_tree
-from dashboard.models import Action, Job
-from dashboard.services.action_steps import action_progress, run_state_tool, wait_until_stopped
+from dashboard.models import Action, Job, Savepoint
+from dashboard.services.action_steps import (
+    Done,
+    Next,
+    Outcome,
+    Steps,
+    Wait,
+    action_progress,
+    reader_ready,
+    remember,
+    run_state_tool,
+    start_once,
+    step_seconds,
+    stopped,
+    tool_process,
+)
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import switch_to_fork
-from dashboard.services.runs import job_request_start
-from dashboard.services.savepoints import savepoint_take
+from dashboard.services.savepoints import savepoint_steps
 
 MEMORY_REPARTITION = (
     "State partitions of a memory-backend job cannot change: Spark's offline repartition supports only RocksDB state "
@@ -26,48 +39,112 @@ BACKEND_SWITCH = (
     "dropDuplicates or aggregation operator in a new checkpoint. Only transformWithState jobs could be re-seeded "
     "(through initialState), and they already need RocksDB."
 )
+REPARTITION_LIMIT = 1800  # seconds Spark's offline repartition may take before the rescale gives up
 
 
-def rescale_action(action: Action) -> str:
+def _target(action: Action) -> tuple[int, int]:
+    job = action.job
+    before = action.params.get("before") or {"parallelism": job.parallelism, "state_partitions": job.state_partitions}
+    return (
+        int(action.params.get("parallelism") or before["parallelism"]),
+        int(action.params.get("state_partitions") or before["state_partitions"]),
+    )
+
+
+def _repartitions(action: Action) -> bool:
+    return _target(action)[1] != action.params["before"]["state_partitions"] and bool(action.params["had_state"])
+
+
+def _check(action: Action) -> Next:
     job = action.job
     before = {"parallelism": job.parallelism, "state_partitions": job.state_partitions}
-    parallelism = int(action.params.get("parallelism") or job.parallelism)
-    partitions = int(action.params.get("state_partitions") or job.state_partitions)
+    parallelism, partitions = _target(action)
     if not 1 <= parallelism <= 64 or not 1 <= partitions <= 1024:
         raise ActionFailed("Parallelism must be 1–64 and state partitions 1–1024.")
     if (parallelism, partitions) == (before["parallelism"], before["state_partitions"]):
         raise ActionFailed("Nothing to change: that is the current scale.")
     if partitions != before["state_partitions"] and job.state_backend == "memory" and job.has_state():
         raise ActionFailed(MEMORY_REPARTITION)
-    was_running = job.runs.filter(status="running").exists()
-    wait_until_stopped(action, job)
-    stopped_at = time.monotonic()
-    notes = []
-    if partitions != before["state_partitions"] and job.has_state():
-        savepoint = savepoint_take(job=job, action=action, origin="before-rescale")
-        notes.append(f"savepoint #{savepoint.id} kept for rollback")
-        fork = f"checkpoint-rescale-{action.id}"
-        target = job.directory / fork
+    remember(action, before=before, was_running=job.runs.filter(status="running").exists(), had_state=job.has_state())
+    return Next("stop")
+
+
+def _stop(action: Action) -> Outcome:
+    if (waiting := stopped(action, action.job)) is not None:
+        return waiting
+    remember(action, stopped_at=timezone.now().isoformat())
+    return Next("savepoint" if _repartitions(action) else "apply")
+
+
+def _repartition(action: Action) -> Outcome:
+    job = action.job
+    partitions = _target(action)[1]
+    fork = f"checkpoint-rescale-{action.id}"
+    target = job.directory / fork
+    if "repartition" not in action.memo:
         remove_tree(target)
         try:
-            batch = latest_committed(job.checkpoint_location)
-            action_progress(action, f"repartitioning a copy of the state into {partitions} partitions")
-            copy_checkpoint(job.checkpoint_location, target, batch)
-            run_state_tool("repartition", target, partitions)
-            action_progress(action, "checking that Spark loads the repartitioned state")
-            run_state_tool("verify", target, latest_committed(target))
-        except (CheckpointError, ActionFailed) as exc:
+            copy_checkpoint(job.checkpoint_location, target, latest_committed(job.checkpoint_location))
+        except CheckpointError as exc:
             remove_tree(target)
             raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None
+    try:
+        done = tool_process(action, "repartition", "repartition", target, partitions, None)
+    except ActionFailed as exc:
+        remove_tree(target)
+        raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None
+    if done is None:
+        if step_seconds(action) > REPARTITION_LIMIT:
+            raise ActionFailed(
+                f"Spark's repartition did not finish within {REPARTITION_LIMIT} s; the job stays stopped"
+            )
+        return Wait(f"Spark repartitions a copy of the state into {partitions} partitions", 1.0)
+    return Next("check-state")
+
+
+def _check_state(action: Action) -> Outcome:
+    if (waiting := reader_ready(action)) is not None:
+        return waiting
+    target = action.job.directory / f"checkpoint-rescale-{action.id}"
+    action_progress(action, "checking that Spark loads the repartitioned state")
+    try:
+        run_state_tool("verify", target, latest_committed(target))
+    except (CheckpointError, ActionFailed) as exc:
+        remove_tree(target)
+        raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None
+    return Next("apply")
+
+
+def _apply(action: Action) -> Done:
+    job = action.job
+    parallelism, partitions = _target(action)
+    fork = f"checkpoint-rescale-{action.id}"
+    if _repartitions(action) and job.checkpoint_dir != fork:
         switch_to_fork(job, fork)
     Job.objects.filter(id=job.id).update(
         parallelism=parallelism, state_partitions=partitions, updated_at=timezone.now()
     )
     job.refresh_from_db()
     after = {"parallelism": parallelism, "state_partitions": partitions}
-    Action.objects.filter(id=action.id).update(params={**action.params, "before": before, "after": after})
-    if was_running or action.params.get("start"):
-        run = job_request_start(job=job, requested_by=action.requested_by)
-        notes.append(f"run #{run.id} starting")
-    downtime = time.monotonic() - stopped_at
-    return f"Rescaled {before} → {after}; {', '.join(notes) or 'job left stopped'}; offline for {downtime:.1f} s before the restart request."
+    remember(action, after=after)
+    notes = []
+    if savepoint_id := action.params.get("savepoint"):
+        notes.append(f"savepoint #{Savepoint.objects.get(id=savepoint_id).id} kept for rollback")
+    if action.params["was_running"] or action.params.get("start"):
+        notes.append(f"run #{start_once(action).id} starting")
+    stopped_at = datetime.fromisoformat(action.params["stopped_at"])
+    downtime = (timezone.now() - stopped_at).total_seconds()
+    return Done(
+        f"Rescaled {action.params['before']} → {after}; {', '.join(notes) or 'job left stopped'}; offline for "
+        f"{downtime:.1f} s before the restart request."
+    )
+
+
+RESCALE_STEPS: Steps = {
+    "check": ("check the new scale", _check),
+    "stop": ("stop the job", _stop),
+    **savepoint_steps("before-rescale", then="repartition"),
+    "repartition": ("repartition a copy of the state", _repartition),
+    "check-state": ("Spark loads the repartitioned state", _check_state),
+    "apply": ("switch and start", _apply),
+}

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import pyspark
 from django.utils import timezone
@@ -22,20 +23,35 @@ from dashboard.checkpoint_dir.files import (
     verify_files,
 )
 from dashboard.models import Action, Job, Savepoint, SavepointStatus
-from dashboard.services.action_steps import action_progress, run_state_tool, wait_until_stopped
+from dashboard.services.action_steps import (
+    Done,
+    Next,
+    Outcome,
+    Steps,
+    Wait,
+    action_progress,
+    reader_ready,
+    remember,
+    run_state_tool,
+    stop_step,
+)
 from dashboard.services.deploys import deploy_of_batch
 from dashboard.services.errors import ActionFailed
 
 MANIFEST = "_manifest.json"
 
 
-def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
-    """Copy the checkpoint as of its latest committed batch (the job may keep running), then verify the copy."""
+def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None = None) -> Savepoint:
+    """Copy the checkpoint as of its latest committed batch (or ``batch``, a retained one) with its manifest; the job
+    may keep running. The copy is listed once ``savepoint_check`` has verified it. A copy this action began before
+    (its worker killed mid-copy) is disposed of first."""
+    for unfinished in job.savepoints.filter(action=action, status=SavepointStatus.IN_PROGRESS):
+        savepoint_dispose(savepoint=unfinished, status=SavepointStatus.FAILED)
     started = time.monotonic()
     savepoint = Savepoint.objects.create(job=job, action=action, origin=origin)
     try:
         source = job.checkpoint_location
-        batch = latest_committed(source)
+        batch = latest_committed(source) if batch is None else batch
         folder = job.savepoint_root / f"sp-{savepoint.id}-batch-{batch}"
         savepoint.batch_id, savepoint.path = batch, str(folder)
         savepoint.deploy = deploy_of_batch(job, batch)
@@ -63,16 +79,76 @@ def savepoint_take(*, job: Job, action: Action, origin: str) -> Savepoint:
             "copy_ms": int((copied - started) * 1000),
         }
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        savepoint_verify(savepoint=savepoint, manifest=manifest, action=action)
-    except (CheckpointError, ActionFailed) as exc:
-        savepoint.status, savepoint.error = SavepointStatus.FAILED, str(exc)
-        savepoint.duration_ms = int((time.monotonic() - started) * 1000)
-        savepoint.save()
-        raise ActionFailed(f"Savepoint failed: {exc}") from None
+    except CheckpointError as exc:
+        _savepoint_failed(savepoint, str(exc), started)
     savepoint.duration_ms = int((time.monotonic() - started) * 1000)
-    savepoint.save()
-    savepoints_retain(job=job)
+    savepoint.save(update_fields=["duration_ms"])
+    remember(action, savepoint=savepoint.id)
     return savepoint
+
+
+def _savepoint_failed(savepoint: Savepoint, reason: str, started: float | None = None) -> NoReturn:
+    savepoint.status, savepoint.error = SavepointStatus.FAILED, reason
+    if started is not None:
+        savepoint.duration_ms = int((time.monotonic() - started) * 1000)
+    savepoint.save()
+    raise ActionFailed(f"Savepoint failed: {reason}")
+
+
+def savepoint_check(action: Action) -> Savepoint | Wait:
+    """The step after ``savepoint_copy``: the action's savepoint verified (checksums, and Spark's state reader loads
+    its state), or a Wait while the warm reader starts. Verified savepoints are kept by retention from then on."""
+    savepoint = Savepoint.objects.get(id=action.params["savepoint"])
+    if savepoint.status == SavepointStatus.VERIFIED:
+        return savepoint
+    if (waiting := reader_ready(action)) is not None:
+        return waiting
+    started = time.monotonic()
+    try:
+        manifest = json.loads((Path(savepoint.path) / MANIFEST).read_text())
+        savepoint_verify(savepoint=savepoint, manifest=manifest, action=action)
+    except (OSError, ValueError, ActionFailed) as exc:
+        _savepoint_failed(savepoint, str(exc))
+    savepoint.duration_ms += int((time.monotonic() - started) * 1000)
+    savepoint.save()
+    savepoints_retain(job=action.job)
+    return savepoint
+
+
+def savepoint_steps(
+    origin: str | None, then: str, batch: Callable[[Action], int | None] = lambda action: None
+) -> Steps:
+    """Two steps, "savepoint" (copy) and "verify", that take a savepoint of the job for an action and go on to
+    ``then``; ``origin`` None takes the action's own origin (a person's, or periodic); ``batch`` picks a retained
+    batch other than the newest."""
+
+    def copy(action: Action) -> Next:
+        savepoint_copy(job=action.job, action=action, origin=origin or action.origin, batch=batch(action))
+        return Next("verify")
+
+    def verify(action: Action) -> Outcome:
+        checked = savepoint_check(action)
+        return checked if isinstance(checked, Wait) else Next(then)
+
+    return {"savepoint": ("copy the checkpoint", copy), "verify": ("verify the savepoint", verify)}
+
+
+def _verified(action: Action) -> Done:
+    savepoint = Savepoint.objects.get(id=action.params["savepoint"])
+    return Done(f"Savepoint #{savepoint.id} at batch {savepoint.batch_id} verified ({savepoint.size_bytes} bytes).")
+
+
+def _stopped_and_verified(action: Action) -> Done:
+    savepoint = Savepoint.objects.get(id=action.params["savepoint"])
+    return Done(f"Stopped; savepoint #{savepoint.id} at batch {savepoint.batch_id} verified.")
+
+
+SAVEPOINT_STEPS: Steps = {**savepoint_steps(None, then="done"), "done": ("listed", _verified)}
+STOP_WITH_SAVEPOINT_STEPS: Steps = {
+    "stop": stop_step(then="savepoint"),
+    **savepoint_steps("stop", then="done"),
+    "done": ("listed", _stopped_and_verified),
+}
 
 
 def savepoint_newest_verified(job: Job) -> Savepoint | None:
@@ -115,24 +191,13 @@ def savepoint_verify(*, savepoint: Savepoint, manifest: dict, action: Action) ->
     savepoint.status, savepoint.verified_at = SavepointStatus.VERIFIED, timezone.now()
 
 
-def savepoint_action(action: Action) -> str:
-    savepoint = savepoint_take(job=action.job, action=action, origin=action.origin)
-    return f"Savepoint #{savepoint.id} at batch {savepoint.batch_id} verified ({savepoint.size_bytes} bytes)."
-
-
-def stop_with_savepoint_action(action: Action) -> str:
-    wait_until_stopped(action, action.job)
-    savepoint = savepoint_take(job=action.job, action=action, origin="stop")
-    return f"Stopped; savepoint #{savepoint.id} at batch {savepoint.batch_id} verified."
-
-
-def savepoint_dispose(*, savepoint: Savepoint) -> None:
+def savepoint_dispose(*, savepoint: Savepoint, status: str = SavepointStatus.DISPOSED) -> None:
     if savepoint.path:
         folder = Path(savepoint.path).resolve()
         if savepoint.job.savepoint_root.resolve() not in folder.parents:
             raise ActionFailed(f"{folder} is not under the job's savepoint folder; not deleting it")
         remove_tree(folder)
-    Savepoint.objects.filter(id=savepoint.id).update(status=SavepointStatus.DISPOSED, disposed_at=timezone.now())
+    Savepoint.objects.filter(id=savepoint.id).update(status=status, disposed_at=timezone.now())
 
 
 def dispose_action(action: Action) -> str:

@@ -1,5 +1,10 @@
-"""Shadow run of an upgrade: the new version and the current one, each from its own copy of the newest savepoint,
-over the same records after it, beside the live job; the result rows the new one would add, remove or change."""
+"""Shadow run of an upgrade: the new version and the current one, each from its own copy of the same state, over the
+same records after it, beside the live job; the result rows the new one would add, remove or change.
+
+The state it starts from is the newest one with enough records after it: a verified savepoint, else a batch the
+live checkpoint still retains (saved as a savepoint first), else the beginning of the stream with empty state. A job
+that caught up right after its newest savepoint is so compared on the records before that savepoint; only a stream
+with no record at all after any of them makes the shadow run wait for input, showing how many it has."""
 
 from __future__ import annotations
 
@@ -11,81 +16,152 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from dashboard import pipelines
-from dashboard.checkpoint_dir.files import committed_batches, remove_tree
+from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, remove_tree
 from dashboard.connections import redis_client
-from dashboard.models import Action, Job, Savepoint
-from dashboard.services.action_steps import action_progress, run_state_tool
+from dashboard.models import Action, Job, Savepoint, SavepointStatus
+from dashboard.selectors.lag import stream_head
+from dashboard.services.action_steps import (
+    Done,
+    Next,
+    Outcome,
+    Steps,
+    Wait,
+    action_progress,
+    remember,
+    step_seconds,
+    tool_process,
+)
 from dashboard.services.errors import ActionFailed
-from dashboard.services.savepoints import savepoint_newest_verified, savepoint_take
-from dashboard.services.upgrades import remember, scratch_spec, upgrade_refusal
+from dashboard.services.forks import restorable_batches
+from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.upgrades import (
+    scratch_cleanup,
+    scratch_dead_letters,
+    scratch_dir,
+    scratch_spec,
+    upgrade_refusal,
+)
 
-SHADOW_RECORDS = 5000  # input a shadow run reads by default, from the savepoint's offset on
-
-
-def shadow_range(job: Job, savepoint: Savepoint, records: int) -> dict[str, Any]:
-    """The source offset ``records`` entries after the savepoint's (or the stream's head, if nearer)."""
-    if not job.reads_redis:
-        raise ActionFailed(
-            "A shadow run reads a fixed range of a Redis stream beside the live job; this job's source has no such "
-            "range yet. Preview the upgrade instead."
-        )
-    start = (savepoint.manifest.get("source_offsets") or [None])[0]
-    if not isinstance(start, dict) or "id" not in start:
-        raise ActionFailed(f"Savepoint #{savepoint.id} does not record where in {job.source_stream} it stands.")
-    try:
-        entries = redis_client().xrange(job.source_stream, min=f"({start['id']}", count=records)
-    except RedisError as exc:
-        raise ActionFailed(f"Redis cannot be reached, so the shadow run's input cannot be fixed: {exc}") from None
-    if not entries:
-        raise ActionFailed(
-            f"Nothing arrived in {job.source_stream} after savepoint #{savepoint.id}: no input to compare on yet."
-        )
-    last = entries[-1][0]
-    return {"id": last.decode() if isinstance(last, bytes) else str(last), "n": int(start["n"]) + len(entries)}
+SHADOW_RECORDS = 5000  # input a shadow run reads by default
+INPUT_WAIT_SECONDS = 1800  # how long a shadow run waits for a first record when the stream has none to compare on
+SHADOW_LIMIT = 3600  # seconds the two versions may take over the range
 
 
-def upgrade_shadow_action(action: Action) -> str:
-    """Run the new version and the current one from the same savepoint over the same input, on scratch copies beside
-    the live job, and keep the result rows the new one would add, remove or change."""
+def _offset_n(offset: Any) -> int | None:
+    return int(offset["n"]) if isinstance(offset, dict) and "n" in offset and "id" in offset else None
+
+
+def start_points(job: Job) -> list[dict[str, Any]]:
+    """Where a shadow run can start, newest first: verified savepoints of the pipeline the job runs now, batches the
+    live checkpoint retains, and (for a job that read its stream from the start) the beginning with empty state."""
+    points = []
+    for savepoint in job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-id"):
+        offset = (savepoint.manifest.get("source_offsets") or [None])[0]
+        if savepoint.manifest.get("pipeline", job.pipeline) == job.pipeline and (n := _offset_n(offset)) is not None:
+            points.append({"kind": "savepoint", "savepoint": savepoint.id, "n": n, "id": offset["id"]})
+    for batch in reversed(restorable_batches(job)):
+        with suppress(CheckpointError):
+            offset = batch_offsets(job.checkpoint_location, batch)["sources"][0]
+            if (n := _offset_n(offset)) is not None:
+                points.append({"kind": "batch", "batch": batch, "n": n, "id": offset["id"]})
+    if not job.start_offset:
+        points.append({"kind": "beginning", "n": 0, "id": None})
+    return sorted(points, key=lambda p: (-p["n"], ["savepoint", "batch", "beginning"].index(p["kind"])))
+
+
+def _range(action: Action) -> Outcome:
     job = action.job
     target = str(action.params.get("pipeline", ""))
     if refusal := upgrade_refusal(job, target):
         raise ActionFailed(refusal)
     if pipelines.find(job.pipeline) is None:
         raise ActionFailed(f"{job.pipeline}, which {job.name} runs now, is not registered: nothing to compare with.")
-    savepoint = savepoint_newest_verified(job)
-    if savepoint is None:
-        if not committed_batches(job.checkpoint_location):
-            raise ActionFailed(f"{job.name} has no state yet: there is nothing to shadow.")
-        savepoint = savepoint_take(job=job, action=action, origin="shadow")
-    records = min(int(action.params.get("records") or SHADOW_RECORDS), 100_000)
-    ending = shadow_range(job, savepoint, records)
-    scratch = job.directory / f"upgrade-shadow-{action.id}"
-    dead_letters = f"{job.dead_letter_stream}:shadow-{action.id}"
-    remove_tree(scratch)
-    try:
-        for side in ("old", "new"):
-            action_progress(action, f"copying savepoint #{savepoint.id} for the {side} version")
-            shutil.copytree(Path(savepoint.path) / "checkpoint", scratch / side)
-        action_progress(
-            action,
-            f"running {job.pipeline} and {target} over {ending['n'] - int(savepoint.manifest['source_offsets'][0]['n'])} records",
+    if not job.reads_redis:
+        raise ActionFailed(
+            "A shadow run reads a fixed range of a Redis stream beside the live job; this job's source has no such "
+            "range yet. Preview the upgrade instead."
         )
-        spec = scratch_spec(job, dead_letters) | {
-            "old_reference": pipelines.reference(job.pipeline), "new_reference": pipelines.reference(target),
-            "ending": ending, "limit": 50,
-        }  # fmt: skip
-        result = run_state_tool("shadow", scratch, int(savepoint.batch_id or 0), spec=spec)
-    finally:
+    records = min(int(action.params.get("records") or SHADOW_RECORDS), 100_000)
+    head = stream_head(job.source_stream)
+    if head is None:
+        raise ActionFailed("Redis cannot be reached, so the shadow run's input cannot be fixed.")
+    added, trimmed = head
+    usable = [p for p in start_points(job) if p["n"] >= trimmed and added > p["n"]]
+    if not usable:
+        if step_seconds(action) > float(action.params.get("input_wait_seconds") or INPUT_WAIT_SECONDS):
+            raise ActionFailed(
+                f"No record arrived in {job.source_stream} to compare on; nothing was run. Request it again once the "
+                "stream has input."
+            )
+        return Wait(f"waiting for input: {job.source_stream} has no record after the job's state to compare on", 2.0)
+    start = next((p for p in usable if added - p["n"] >= records), usable[-1])
+    ending = _ending(job, start, records)
+    remember(action, start=start, ending=ending, records=ending["n"] - start["n"])
+    if start["kind"] == "batch":
+        return Next("savepoint")
+    if start["kind"] == "savepoint":
+        remember(action, savepoint=start["savepoint"])
+    return Next("run")
+
+
+def _ending(job: Job, start: dict[str, Any], records: int) -> dict[str, Any]:
+    """The source offset ``records`` entries after the start (or the stream's head, if nearer)."""
+    try:
+        entries = redis_client().xrange(job.source_stream, min=f"({start['id']}" if start["id"] else "-", count=records)
+    except RedisError as exc:
+        raise ActionFailed(f"Redis cannot be reached, so the shadow run's input cannot be fixed: {exc}") from None
+    if not entries:
+        raise ActionFailed(f"{job.source_stream} was trimmed while the shadow run fixed its input; request it again.")
+    last = entries[-1][0]
+    return {"id": last.decode() if isinstance(last, bytes) else str(last), "n": int(start["n"]) + len(entries)}
+
+
+def _run(action: Action) -> Outcome:
+    """Both versions over the range, on scratch copies, in a Spark process of its own while the action waits."""
+    job = action.job
+    target = str(action.params["pipeline"])
+    ending = action.params["ending"]
+    scratch = scratch_dir(action, "shadow")
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    if "shadow" not in action.memo:
         remove_tree(scratch)
-        with suppress(RedisError):
-            redis_client().delete(dead_letters)
-    read = ending["n"] - int(savepoint.manifest["source_offsets"][0]["n"])
-    shadow = {"target": target, "current": job.pipeline, "savepoint": savepoint.id, "records": read, **result}
+        for side in ("old", "new"):
+            if savepoint is not None:
+                action_progress(action, f"copying savepoint #{savepoint.id} for the {side} version")
+                shutil.copytree(Path(savepoint.path) / "checkpoint", scratch / side)
+            else:
+                (scratch / side).mkdir(parents=True)
+    spec = scratch_spec(job, scratch_dead_letters(action, "shadow")) | {
+        "old_reference": pipelines.reference(job.pipeline), "new_reference": pipelines.reference(target),
+        "ending": ending, "limit": 50,
+    }  # fmt: skip
+    try:
+        result = tool_process(
+            action, "shadow", "shadow", scratch, int(savepoint.batch_id or 0) if savepoint else -1, spec
+        )
+    except ActionFailed:
+        scratch_cleanup(action, "shadow")
+        raise
+    if result is None:
+        if step_seconds(action) > SHADOW_LIMIT:
+            scratch_cleanup(action, "shadow")
+            raise ActionFailed(f"The shadow run did not finish within {SHADOW_LIMIT} s")
+        return Wait(f"running {job.pipeline} and {target} over {action.params['records']} records", 1.0)
+    scratch_cleanup(action, "shadow")
+    where = f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning of the stream"
+    shadow = {"target": target, "current": job.pipeline, "savepoint": savepoint.id if savepoint else None,
+              "from": where, "records": action.params["records"], **result}  # fmt: skip
     remember(action, shadow=shadow)
     counts = result["counts"]
-    return (
-        f"Shadow run of {target} beside {job.pipeline}, from savepoint #{savepoint.id} over the next {read} records: "
-        f"{counts['added']} result rows added, {counts['removed']} removed, {counts['changed']} changed, "
+    return Done(
+        f"Shadow run of {target} beside {job.pipeline}, from {where} over the next {action.params['records']} "
+        f"records: {counts['added']} result rows added, {counts['removed']} removed, {counts['changed']} changed, "
         f"{result['same']} the same."
     )
+
+
+SHADOW_STEPS: Steps = {
+    "range": ("fix the input", _range),
+    **savepoint_steps("shadow", then="run", batch=lambda action: action.params["start"]["batch"]),
+    "run": ("run both versions", _run),
+}

@@ -7,14 +7,17 @@
 2. Switch: stop after the batch in flight, take a savepoint (the way back), start the new version on the same
    checkpoint, and watch its first batch. If the new version fails before it commits one, the upgrade rolls back by
    itself: the savepoint is restored into a fork and the old version starts on it.
+   A quiet job has no input to prove a batch with: the upgrade returns once the new run is up (and a few seconds
+   passed without failure), marked "running, not yet proven", and the watch goes on (``upgrades_watch``, every few
+   seconds): the first batch proves it, and a failure before that still rolls it back by itself.
 3. "Roll back the upgrade" does the same on request, for the job's latest upgrade.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import suppress
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -24,15 +27,46 @@ from redis.exceptions import RedisError
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, remove_tree
 from dashboard.connections import redis_client
-from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job, Run, RunStatus, Savepoint, SavepointStatus
-from dashboard.services.action_steps import action_progress, alive_run, run_state_tool, wait_until_stopped
+from dashboard.models import (
+    Action,
+    ActionKind,
+    ActionStatus,
+    Deploy,
+    Job,
+    Run,
+    Savepoint,
+    SavepointStatus,
+    StateBackend,
+)
+from dashboard.selectors.lag import stream_head
+from dashboard.services.action_steps import (
+    Done,
+    Next,
+    Outcome,
+    Steps,
+    Wait,
+    action_progress,
+    alive_run,
+    exit_step,
+    memo_save,
+    reader_listening,
+    reader_step,
+    remember,
+    run_up,
+    start_once,
+    state_reader_ask,
+    step_seconds,
+    stop_step,
+    stopped,
+    tool_process,
+)
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import savepoint_fork, switch_to_fork
-from dashboard.services.runs import job_request_start
-from dashboard.services.savepoints import savepoint_take
+from dashboard.services.savepoints import savepoint_steps
 
 COMPATIBLE, EVOLVES, INCOMPATIBLE = "compatible", "evolves", "incompatible"
-WATCH_MIN_SECONDS = 120  # how long the new version gets to commit its first batch (at least 10 triggers)
+WATCH_MIN_SECONDS = 120  # how long an upgrade waits for the first batch when input is waiting (at least 10 triggers)
+QUIET_SECONDS = 3  # how long the new run of a job with no input waiting must stay up before the upgrade returns
 
 
 @dataclass
@@ -117,7 +151,7 @@ def upgrade_refusal(job: Job, target: str) -> str:
         return f"There is no registered pipeline {target!r}; the registry has {', '.join(pipelines.names())}."
     if target == job.pipeline:
         return f"{job.name} already runs {target}."
-    if new.needs_rocksdb and job.state_backend != "rocksdb":
+    if new.needs_rocksdb and job.state_backend == StateBackend.MEMORY:  # either RocksDB kind will do
         return (
             f"{target} keeps transformWithState state, which needs the RocksDB backend; {job.name} uses "
             f"{job.state_backend}."
@@ -125,33 +159,59 @@ def upgrade_refusal(job: Job, target: str) -> str:
     return ""
 
 
-def upgrade_plan(action: Action, target: str) -> dict[str, Any]:
-    """The preview of moving the job to ``target``: verdicts, and whether the upgrade may go ahead. Runs Spark on a
-    scratch copy; the job keeps running and nothing of it changes."""
+def _plan_copy(action: Action) -> Outcome:
+    """Copy the checkpoint as of its newest committed batch into a scratch directory the plan may change."""
     job = action.job
+    target = str(action.params.get("pipeline", ""))
     if refusal := upgrade_refusal(job, target):
         raise ActionFailed(refusal)
-    new, old = pipelines.get(target), pipelines.find(job.pipeline)
     batches = committed_batches(job.checkpoint_location)
     if not batches:
-        return {"target": target, "batch": None, "verdicts": [], "incompatible": False,
+        plan: dict[str, Any] = {"target": target, "batch": None, "verdicts": [], "incompatible": False,
                 "summary": f"{job.name} has no committed state yet: {target} starts from the beginning of the source."}  # fmt: skip
+        remember(action, plan=plan)
+        return Next("gate")
     batch = batches[-1]
-    scratch = job.directory / f"upgrade-preview-{action.id}"
-    dead_letters = f"{job.dead_letter_stream}:preview-{action.id}"
+    scratch = scratch_dir(action, "preview")
     remove_tree(scratch)
+    action_progress(action, f"copying the checkpoint as of batch {batch} into a scratch directory")
     try:
-        action_progress(action, f"copying the checkpoint as of batch {batch} into a scratch directory")
         copy_checkpoint(job.checkpoint_location, scratch, batch)
-        action_progress(action, f"re-running batch {batch} with {target} on the scratch copy")
-        spec = scratch_spec(job, dead_letters) | {"reference": pipelines.reference(target)}
-        result = run_state_tool("plan", scratch, batch, spec=spec)
     except CheckpointError as exc:
         raise ActionFailed(f"The checkpoint cannot be copied for the preview: {exc}") from None
-    finally:
-        remove_tree(scratch)
-        with suppress(RedisError):  # a Redis hiccup must not fail the preview; the key holds only replayed rejects
-            redis_client().delete(dead_letters)
+    memo_save(action, plan_batch=batch)
+    return Next("reader")
+
+
+def _plan(action: Action) -> Outcome:
+    """Re-run the copied batch with the new pipeline, in the warm state reader when it listens (a second or two),
+    else in a process of its own while the action waits; then the verdicts."""
+    job = action.job
+    target = str(action.params.get("pipeline", ""))
+    batch = int(action.memo["plan_batch"])
+    scratch = scratch_dir(action, "preview")
+    spec = scratch_spec(job, scratch_dead_letters(action, "preview")) | {"reference": pipelines.reference(target)}
+    action_progress(action, f"re-running batch {batch} with {target} on the scratch copy")
+    result = None
+    if "plan" not in action.memo and reader_listening():
+        result = state_reader_ask({"command": "plan", "path": str(scratch), "number": batch, "spec": spec}, 600)
+        if result is not None and "error" in result:
+            scratch_cleanup(action, "preview")
+            raise ActionFailed(f"Spark could not plan the state: {result['error']}")
+        if result is None or "stale" in result:  # the reader went away, or runs older code of the pipeline: a
+            result = None  # process of its own plans on a fresh copy
+            remove_tree(scratch)
+            copy_checkpoint(job.checkpoint_location, scratch, batch)
+    if result is None:
+        try:
+            result = tool_process(action, "plan", "plan", scratch, batch, spec)
+        except ActionFailed:
+            scratch_cleanup(action, "preview")
+            raise
+        if result is None:
+            return Wait(f"re-running batch {batch} with {target} in a Spark process of its own", 1.0)
+    scratch_cleanup(action, "preview")
+    old, new = pipelines.find(job.pipeline), pipelines.get(target)
     verdicts = compare(result, old, new)
     bad = [v for v in verdicts if v.verdict == INCOMPATIBLE]
     if bad:
@@ -165,8 +225,36 @@ def upgrade_plan(action: Action, target: str) -> dict[str, Any]:
             + (f" ({evolving} state variable(s) through Spark's schema evolution)" if evolving else "")
             + f"; the replayed batch produced {result.get('output_rows', 0)} result rows."
         )
-    return {"target": target, "batch": batch, "verdicts": [asdict(v) for v in verdicts], "incompatible": bool(bad),
+    plan = {"target": target, "batch": batch, "verdicts": [asdict(v) for v in verdicts], "incompatible": bool(bad),
             "summary": summary}  # fmt: skip
+    remember(action, plan=plan)
+    return Next("gate")
+
+
+def scratch_dir(action: Action, use: str) -> Path:
+    """Where a preview's or a shadow run's (``use``) scratch copy of the job's state is made."""
+    return action.job.directory / f"upgrade-{use}-{action.id}"
+
+
+def scratch_dead_letters(action: Action, use: str) -> str:
+    """Where the entries a scratch run rejects go, apart from the job's own dead letters."""
+    return f"{action.job.dead_letter_stream}:{use}-{action.id}"
+
+
+def scratch_cleanup(action: Action, use: str) -> None:
+    remove_tree(scratch_dir(action, use))
+    with suppress(RedisError):  # a Redis hiccup must not fail the action; the key holds only replayed rejects
+        redis_client().delete(scratch_dead_letters(action, use))
+
+
+def plan_steps() -> Steps:
+    """The preview's steps, "copy", "reader" (until it listens) and "plan", which leave the plan in the action's
+    params and go on to "gate"."""
+    return {
+        "copy": ("copy the checkpoint for the preview", _plan_copy),
+        **reader_step(then="plan"),
+        "plan": ("re-run a batch with the new version", _plan),
+    }
 
 
 def scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
@@ -177,63 +265,6 @@ def scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
         "skip_list": job.skip_list, "max_future_seconds": job.max_future_seconds, "source_kind": job.source_kind,
         "source_path": job.source_path, "source_format": job.source_format,
     }  # fmt: skip
-
-
-def remember(action: Action, **params: Any) -> None:
-    action.params = {**action.params, **params}
-    Action.objects.filter(id=action.id).update(params=action.params)
-
-
-def upgrade_preview_action(action: Action) -> str:
-    plan = upgrade_plan(action, str(action.params.get("pipeline", "")))
-    remember(action, plan=plan)
-    return str(plan["summary"])
-
-
-def _watch(run: Run, after_batch: int | None, seconds: float) -> str:
-    """'' when the new run committed a batch (or is running and healthy at the deadline, with no input to prove a
-    batch), else why it failed: it ended (failed, lost, refused, stopped) or never started running."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        committed = run.checkpoints.all()
-        if after_batch is not None:
-            committed = committed.filter(batch_id__gt=after_batch)
-        if committed.exists():
-            return ""
-        if not run.is_active:
-            return run.message or f"run #{run.id} ended {run.status}"
-        time.sleep(0.5)
-    if run.status != RunStatus.RUNNING:
-        return f"run #{run.id} was still {run.status} after {seconds:.0f} s"
-    return ""
-
-
-def _wait_for_exit(job: Job, seconds: float = 60) -> None:
-    """A failed driver ends its process a few seconds after its run ended; the checkpoint is touched only after."""
-    deadline = time.monotonic() + seconds
-    while alive_run(job) is not None:
-        if time.monotonic() > deadline:
-            raise ActionFailed(f"run #{alive_run(job).id} of {job.name} is still alive; nothing was restored")  # type: ignore[union-attr]
-        time.sleep(0.5)
-
-
-def _roll_back(action: Action, savepoint: Savepoint | None, to_pipeline: str, start: bool) -> str:
-    """Stop the job, put back the savepoint taken before the upgrade (in a fork) and the old pipeline, start it."""
-    job = action.job
-    wait_until_stopped(action, job)
-    _wait_for_exit(job)
-    if savepoint is not None:
-        fork = f"checkpoint-upgrade-rollback-{action.id}"
-        savepoint_fork(action, savepoint, fork)
-        switch_to_fork(job, fork)
-    Job.objects.filter(id=job.id).update(pipeline=to_pipeline, start_offset=None, updated_at=timezone.now())
-    job.pipeline = to_pipeline
-    where = f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning"
-    if not start:
-        return f"{to_pipeline} from {where}; the job stays stopped"
-    run = job_request_start(job=job, requested_by=action.requested_by)
-    return f"{to_pipeline} from {where}, run #{run.id} starting"
 
 
 def _start_empty(action: Action, savepoint: Savepoint) -> str:
@@ -255,13 +286,24 @@ def _start_empty(action: Action, savepoint: Savepoint) -> str:
     )
 
 
-def upgrade_action(action: Action) -> str:
+def latest_upgrade(job: Job) -> Action | None:
+    return job.actions.filter(kind=ActionKind.UPGRADE, status=ActionStatus.SUCCEEDED).order_by("-id").first()
+
+
+def _preview_done(action: Action) -> Done:
+    return Done(str(action.params["plan"]["summary"]))
+
+
+PREVIEW_STEPS: Steps = {**plan_steps(), "gate": ("verdict", _preview_done)}
+
+
+def _gate(action: Action) -> Next:
+    """Refuse an incompatible change before anything stops (unless with empty state)."""
     job = action.job
-    target = str(action.params.get("pipeline", ""))
-    source = job.pipeline
+    plan = action.params["plan"]
+    source = action.params.get("from_pipeline") or job.pipeline
     empty = bool(action.params.get("empty_state"))
-    plan = upgrade_plan(action, target)
-    remember(action, plan=plan, from_pipeline=source)
+    remember(action, from_pipeline=source)
     if plan["incompatible"] and not empty:
         raise ActionFailed(
             f"Refused before anything stopped. {plan['summary']}. To run it anyway, upgrade with empty state: the new "
@@ -270,47 +312,174 @@ def upgrade_action(action: Action) -> str:
         )
     if empty and not job.reads_redis:
         raise ActionFailed("Starting with empty state needs a Redis stream source (a start offset); nothing stopped.")
-    was_running = alive_run(job) is not None
-    wait_until_stopped(action, job)
-    savepoint = None
-    if committed_batches(job.checkpoint_location):
-        savepoint = savepoint_take(job=job, action=action, origin="before-upgrade")
-        remember(action, savepoint=savepoint.id, from_deploy=savepoint.deploy_id)
+    if "was_running" not in action.params:
+        remember(action, was_running=alive_run(job) is not None)
+    return Next("stop")
+
+
+def _stop(action: Action) -> Outcome:
+    job = action.job
+    if (waiting := stopped(action, job)) is not None:
+        return waiting
+    return Next("savepoint" if committed_batches(job.checkpoint_location) else "switch")
+
+
+def _switch(action: Action) -> Outcome:
+    job = action.job
+    target, source = action.params["plan"]["target"], action.params["from_pipeline"]
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
     emptied = ""
-    if empty and savepoint is not None:
-        emptied = _start_empty(action, savepoint)
+    if savepoint is not None:
+        remember(action, from_deploy=savepoint.deploy_id)
+        if action.params.get("empty_state"):
+            emptied = _start_empty(action, savepoint)
     Job.objects.filter(id=job.id).update(pipeline=target, updated_at=timezone.now())
     job.pipeline = target
     kept = f"savepoint #{savepoint.id} of {source} kept as the way back" if savepoint else "no state to keep"
-    kept += emptied
-    if not was_running and not action.params.get("start"):
-        return f"Switched {job.name} from {source} to {target}; {kept}. The job stays stopped: its next start runs {target}."
-    run = job_request_start(job=job, requested_by=action.requested_by)
-    remember(action, run=run.id)
-    action_progress(action, f"run #{run.id} of {target} starting: waiting for its first batch")
-    watch = float(action.params.get("watch_seconds") or max(WATCH_MIN_SECONDS, 10 * job.trigger_interval_seconds))
-    failure = _watch(run, savepoint.batch_id if savepoint and not emptied else None, watch)
-    if failure:
-        action_progress(action, f"{target} failed: rolling back to {source}")
-        back = _roll_back(action, savepoint, source, start=True)
-        raise ActionFailed(
-            f"The upgrade to {target} failed ({failure.strip()[:600]}) and was rolled back by itself: {back}."
+    remember(action, kept=kept + emptied)
+    if not action.params["was_running"] and not action.params.get("start"):
+        return Done(
+            f"Switched {job.name} from {source} to {target}; {kept}{emptied}. The job stays stopped: its next start "
+            f"runs {target}."
         )
+    return Next("start")
+
+
+def _start(action: Action) -> Next:
+    start_once(action, launch=True)
+    return Next("up")
+
+
+def _up(action: Action) -> Outcome:
+    run = Run.objects.get(id=action.params["run"])
+    state = run_up(action, run)
+    if isinstance(state, Wait):
+        return state
+    if isinstance(state, str):
+        memo_save(action, failure=state)
+        return Next("roll-back")
+    memo_save(action, input_waiting=_input_waiting(action))
+    return Next("first-batch")
+
+
+def _input_waiting(action: Action) -> bool:
+    """Whether the source holds records after where the new version starts: then a first batch will come, and the
+    upgrade waits for it; a quiet job's upgrade returns once the run is up."""
+    job = action.job
+    if not job.reads_redis:
+        return False
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    offset = (savepoint.manifest.get("source_offsets") or [None])[0] if savepoint else None
+    numbers = stream_head(job.source_stream)
+    if numbers is None:
+        return False
+    added = numbers[0]
+    return added > int(offset["n"]) if isinstance(offset, dict) and "n" in offset else added > 0
+
+
+def after_batch(action: Action) -> int | None:
+    """The batch the new version's first own batch comes after (None: any batch proves it, a new checkpoint)."""
+    if action.params.get("empty_state"):
+        return None
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    return savepoint.batch_id if savepoint else None
+
+
+def first_batch(run: Run, after_batch: int | None) -> int | None:
+    """The first batch the run committed after ``after_batch``, or None."""
+    committed = run.checkpoints.all()
+    if after_batch is not None:
+        committed = committed.filter(batch_id__gt=after_batch)
+    first = committed.order_by("batch_id").values_list("batch_id", flat=True).first()
+    return int(first) if first is not None else None
+
+
+def _first_batch(action: Action) -> Outcome:
+    run = Run.objects.get(id=action.params["run"])
+    job = action.job
+    if (batch := first_batch(run, after_batch(action))) is not None:
+        return _upgraded(action, run, {"state": "proven", "batch": batch, "at": timezone.now().isoformat()})
+    if not run.is_active:
+        memo_save(action, failure=run.message or f"run #{run.id} ended {run.status}")
+        return Next("roll-back")
+    window = (
+        float(action.params.get("watch_seconds") or max(WATCH_MIN_SECONDS, 10 * job.trigger_interval_seconds))
+        if action.memo.get("input_waiting")
+        else QUIET_SECONDS
+    )
+    if step_seconds(action) < window:
+        return Wait(f"run #{run.id} of {job.pipeline} is up: waiting for its first batch", 0.5)
+    return _upgraded(action, run, {"state": "unproven", "since": timezone.now().isoformat()})
+
+
+def _upgraded(action: Action, run: Run, proof: dict[str, Any]) -> Done:
+    job = action.job
     run.refresh_from_db()
     if run.deploy_id:
         Deploy.objects.filter(id=run.deploy_id, upgrade=None).update(upgrade=action)
-    committed = run.checkpoints.exists()
-    return (
-        f"Upgraded {job.name} from {source} to {target}; run #{run.id} "
-        f"{'committed its first batch' if committed else 'is running (no new input yet to prove a batch)'}; {kept}."
+    remember(action, proof=proof)
+    source, target = action.params["from_pipeline"], action.params["plan"]["target"]
+    shown = (
+        f"committed its first batch ({proof['batch']})"
+        if proof["state"] == "proven"
+        else "is running, not yet proven (no input yet for a first batch; it is watched, and rolls back by itself if "
+        "its first batch fails)"
+    )
+    return Done(f"Upgraded {job.name} from {source} to {target}; run #{run.id} {shown}; {action.params['kept']}.")
+
+
+def _roll_back_stop(action: Action) -> Outcome:
+    action_progress(
+        action, f"{action.params['plan']['target']} failed: rolling back to {action.params['from_pipeline']}"
+    )
+    return stopped(action, action.job) or Next("roll-back-exit")
+
+
+def _put_back(action: Action, savepoint: Savepoint | None, to_pipeline: str) -> str:
+    """Put back the savepoint taken before the upgrade (in a fork, once) and the old pipeline."""
+    job = action.job
+    fork = f"checkpoint-upgrade-rollback-{action.id}"
+    if savepoint is not None and job.checkpoint_dir != fork:
+        savepoint_fork(action, savepoint, fork)
+        switch_to_fork(job, fork)
+    Job.objects.filter(id=job.id).update(pipeline=to_pipeline, start_offset=None, updated_at=timezone.now())
+    job.pipeline = to_pipeline
+    return f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning"
+
+
+def _roll_back_fork(action: Action) -> Next:
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    memo_save(action, put_back=_put_back(action, savepoint, action.params["from_pipeline"]))
+    return Next("roll-back-start")
+
+
+def _roll_back_start(action: Action) -> Done:
+    run = start_once(action, key="rollback_run", launch=True)
+    source, target = action.params["from_pipeline"], action.params["plan"]["target"]
+    failure = str(action.memo.get("failure", "")).strip()[:600]
+    raise ActionFailed(
+        f"The upgrade to {target} failed ({failure}) and was rolled back by itself: {source} from "
+        f"{action.memo['put_back']}, run #{run.id} starting."
     )
 
 
-def latest_upgrade(job: Job) -> Action | None:
-    return job.actions.filter(kind=ActionKind.UPGRADE, status=ActionStatus.SUCCEEDED).order_by("-id").first()
+UPGRADE_STEPS: Steps = {
+    **plan_steps(),
+    "gate": ("refuse an incompatible change", _gate),
+    "stop": ("stop the job", _stop),
+    **savepoint_steps("before-upgrade", then="switch"),
+    "switch": ("switch the pipeline", _switch),
+    "start": ("start the new version", _start),
+    "up": ("the new run comes up", _up),
+    "first-batch": ("its first batch", _first_batch),
+    "roll-back": ("roll back: stop", _roll_back_stop),
+    "roll-back-exit": exit_step(then="roll-back-fork"),
+    "roll-back-fork": ("roll back: restore the savepoint", _roll_back_fork),
+    "roll-back-start": ("roll back: start the old version", _roll_back_start),
+}
 
 
-def upgrade_rollback_action(action: Action) -> str:
+def _rollback_check(action: Action) -> Next:
     job = action.job
     upgrade = latest_upgrade(job)
     if upgrade is None or upgrade.id != int(action.params.get("upgrade") or 0):
@@ -322,6 +491,41 @@ def upgrade_rollback_action(action: Action) -> str:
     )
     if upgrade.params.get("savepoint") and (savepoint is None or savepoint.status != SavepointStatus.VERIFIED):
         raise ActionFailed("The savepoint taken before the upgrade is gone; the upgrade cannot be rolled back.")
-    was_running = alive_run(job) is not None
-    back = _roll_back(action, savepoint, str(upgrade.params["from_pipeline"]), start=was_running)
-    return f"Rolled back upgrade #{upgrade.id}: {back}."
+    remember(
+        action, savepoint=savepoint.id if savepoint else None, from_pipeline=upgrade.params["from_pipeline"],
+        was_running=alive_run(job) is not None or bool(action.params.get("automatic")),
+    )  # fmt: skip
+    return Next("stop")
+
+
+def _rollback_fork(action: Action) -> Outcome:
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    memo_save(action, put_back=_put_back(action, savepoint, action.params["from_pipeline"]))
+    return Next("start") if action.params["was_running"] else Next("done")
+
+
+def _rollback_start(action: Action) -> Next:
+    start_once(action, launch=True)
+    return Next("done")
+
+
+def _rolled_back(action: Action) -> Done:
+    upgrade = int(action.params["upgrade"])
+    where = f"{action.params['from_pipeline']} from {action.memo['put_back']}"
+    started = f", run #{action.params['run']} starting" if action.params.get("run") else "; the job stays stopped"
+    if action.params.get("automatic"):
+        return Done(
+            f"Upgrade #{upgrade} failed after it returned ({action.params.get('cause', '')[:600]}) and was rolled back "
+            f"by itself: {where}{started}."
+        )
+    return Done(f"Rolled back upgrade #{upgrade}: {where}{started}.")
+
+
+UPGRADE_ROLLBACK_STEPS: Steps = {
+    "check": ("check the upgrade", _rollback_check),
+    "stop": stop_step(then="exit"),
+    "exit": exit_step(then="fork"),
+    "fork": ("restore the savepoint", _rollback_fork),
+    "start": ("start the old version", _rollback_start),
+    "done": ("rolled back", _rolled_back),
+}

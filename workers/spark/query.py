@@ -3,13 +3,14 @@ sink. No Django here."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
+from statekeeper_sdk import Pipeline, apply
 
-from workers.spark.pipelines.base import Pipeline
 from workers.spark.session import backend_conf
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events
@@ -41,6 +42,7 @@ class JobSpec:
     source_path: str = ""
     source_format: str = "json"
     starting_offset: str = ""  # JSON {"id", "n"}: where a new checkpoint starts reading the stream
+    parameters: str = "{}"  # JSON: the job's values for the pipeline's parameters
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -83,7 +85,7 @@ def start_query(
 ) -> StreamingQuery:
     for key, value in {**spec.session_conf(), **pipeline.conf}.items():
         spark.conf.set(key, value)
-    output = pipeline.transform(events_frame(spark, spec, pipeline))
+    output = apply(pipeline, events_frame(spark, spec, pipeline), json.loads(spec.parameters))
     writer = (
         output.writeStream.queryName(spec.name)
         .outputMode(pipeline.output_mode)

@@ -4,7 +4,9 @@ ten to fifteen a new JVM costs.
 
     python -m workers.spark.state_reader SOCKET IDLE_SECONDS
 
-One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out. Each
+One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out. An
+upgrade's plan is answered too (one batch re-run on a scratch copy, in a session of its own); when the pipeline's
+module changed on disk since the reader imported it, the answer is {"stale": …} and the reader ends. Each
 request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
 damaged copy is caught as a new process would catch it; verification never asks the job's own driver. The reader
 holds ``SOCKET.lock`` for its life (one started beside it waits LOCK_WAIT for it, then exits) with its pid in it,
@@ -27,10 +29,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workers.spark.state_tool import READ_ONLY, answer, describe, session
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+from workers.spark.fork_server import ForkServer
+from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, describe, session
 
 MAX_REQUESTS = 1000  # a fresh JVM now and then bounds whatever a long life would accumulate
 LINE_LIMIT = 1 << 20
@@ -56,8 +63,14 @@ def serve(path: Path, idle_seconds: float) -> int:
     lock.truncate()
     lock.write(str(os.getpid()))
     lock.flush()
+    # An upgrade's plan starts a query: Spark starts a Python process for the stream reader and another for a
+    # transformWithState query's planning, each importing PySpark and PyArrow first (about a second of a plan's two
+    # or three); a fork server that has done those imports hands them out ready (see fork_server.py).
+    forks = ForkServer()
+    os.environ.update(forks.env)
     spark = session()
     warm = threading.Event()
+    stale = threading.Event()
     served = 0
     last = time.monotonic()
 
@@ -71,9 +84,14 @@ def serve(path: Path, idle_seconds: float) -> int:
                 if command == "status":  # how a caller knows the warm-up is over
                     self.wfile.write(json.dumps({"warm": warm.is_set(), "served": served}).encode() + b"\n")
                     return
-                if command not in READ_ONLY:
+                if command not in READER_COMMANDS:
                     raise ValueError(f"the state reader only reads; {command!r} runs in a process of its own")
-                result = answer(spark, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
+                # a plan runs the pipeline's query: in a session of its own, so its Spark settings stay with it
+                where = spark.newSession() if command == "plan" else spark
+                result = answer(where, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
+            except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
+                result = {"stale": str(exc)}
+                stale.set()
             except Exception as exc:
                 result = {"error": describe(exc)}
             self.wfile.write(json.dumps(result).encode() + b"\n")
@@ -91,7 +109,7 @@ def serve(path: Path, idle_seconds: float) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the console: remove the socket on the way out
     print(f"state reader listening on {path} (pid {os.getpid()}), warming up", flush=True)
     try:
-        while served < MAX_REQUESTS and time.monotonic() - last < idle_seconds:
+        while served < MAX_REQUESTS and time.monotonic() - last < idle_seconds and not stale.is_set():
             server.handle_request()
     finally:
         server.server_close()
@@ -99,6 +117,7 @@ def serve(path: Path, idle_seconds: float) -> int:
             path.unlink()
         with contextlib.suppress(Exception):  # its JVM may have gone with it (the console ends the process group)
             spark.stop()
+        forks.close()
     print(f"state reader on {path} ends after {served} request(s)", flush=True)
     return 0
 
@@ -134,8 +153,34 @@ def warm_up(spark: Any, where: Path) -> None:
             query.stop()
         for command, spec in (("verify", {}), ("partition-rows", {}), ("inspect", {"mode": "keys"})):
             answer(spark, command, checkpoint, 0, spec)
+        # and transformWithState's path (its planning, its Python workers, its state schema files), which an
+        # upgrade's plan of such a pipeline takes: a first one costs seconds more than the next in a new JVM
+        query = (
+            spark.readStream.schema("k string").json(str(scratch / "in")).groupBy("k")
+            .transformWithState(WarmUpCount(), "k string, n bigint", "Update", "None")
+            .writeStream.format("noop").outputMode("update").option("checkpointLocation", str(scratch / "tws"))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        if not query.awaitTermination(120):
+            query.stop()
+        answer(spark, "verify", str(scratch / "tws"), 0, {})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+class WarmUpCount(StatefulProcessor):
+    """Rows per key in a ValueState: the smallest transformWithState processor, for the warm-up."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "n bigint")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
+        n = (self.count.get() or (0,))[0] + sum(1 for _ in rows)
+        self.count.update((n,))
+        yield Row(k=key[0], n=n)
+
+    def close(self) -> None:
+        pass
 
 
 if __name__ == "__main__":

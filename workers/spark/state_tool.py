@@ -26,6 +26,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from statekeeper_sdk.code import newest_change
 
 from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session
@@ -174,7 +175,7 @@ def _scratch_job(spec: dict[str, Any], name: str, checkpoint: str, pipeline: Any
         checkpoint=checkpoint, batches_retained=1000, max_records=spec["max_records"], dead_letter=spec["dead_letter"],
         skip_list=spec.get("skip_list", ""), max_future_seconds=spec.get("max_future_seconds", 300),
         source_kind=spec.get("source_kind", "redis-stream"), source_path=spec.get("source_path", ""),
-        source_format=spec.get("source_format", "json"), **extra,
+        source_format=spec.get("source_format", "json"), parameters=json.dumps(spec.get("parameters", {})), **extra,
     )  # fmt: skip
 
 
@@ -219,9 +220,21 @@ def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, A
     return result
 
 
+class StaleCode(Exception):
+    """A pipeline's module changed on disk after this long-lived process imported it: its answer would be the old
+    code's."""
+
+
+_LOADED: dict[str, float] = {}  # module -> the newest mtime of its distribution's files when this process imported it
+
+
 def _load_pipeline(reference: str) -> Any:
-    module, _, attribute = reference.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    module_name, _, attribute = reference.partition(":")
+    module = importlib.import_module(module_name)
+    changed = newest_change(module)  # any file of its package: a helper module's edit counts too
+    if _LOADED.setdefault(module_name, changed) != changed:
+        raise StaleCode(f"the code of {module_name} changed on disk since this process imported it")
+    return getattr(module, attribute)
 
 
 def _results_over_range(spark: Any, path: Path, spec: dict[str, Any], reference: str) -> dict[str, Any]:
@@ -308,8 +321,9 @@ def checkpoint_format(root: Path) -> int:
     return 1
 
 
-# What the long-lived state reader (workers/spark/state_reader.py) answers: the commands that only read.
-READ_ONLY = ("verify", "partition-rows", "inspect")
+# What the long-lived state reader (workers/spark/state_reader.py) answers: the commands that only read, and the
+# upgrade plan, which re-runs one batch on a scratch copy the console made for it.
+READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan")
 
 
 def answer(spark: Any, command: str, path: str, number: int, spec: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from statekeeper_sdk import sample_events
 
 from dashboard import pipelines
 
@@ -35,7 +36,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"{target!r}: expected PIPELINE=STREAM with a pipeline from {', '.join(pipelines.names())}"
                 )
-            targets.append((stream, pipeline.generator(rng)))
+            targets.append((stream, sample_events(pipeline, rng)))
         client = redis.Redis.from_url(settings.REDIS_URL)
         sent, tick, started = 0, 0.1, time.monotonic()
         while not opts["count"] or sent < opts["count"]:

@@ -10,7 +10,7 @@ transformWithState value: the events and amount so far, the number of sessions (
 - ``user-sessions-by-region``: keys the state by region instead of user. Incompatible: Spark itself would accept it
   (the key is still one string) and read every user's totals as a region's; Statekeeper's upgrade preview refuses it.
 
-A pipeline is any object with the fields of ``workers.spark.pipelines.base.Pipeline``; registering it is the
+The package depends on the SDK only (``statekeeper-sdk>=1,<2``); registering a pipeline is the
 ``statekeeper.pipelines`` entry point in ``pyproject.toml``.
 """
 
@@ -23,9 +23,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-
-from workers.spark.pipelines.base import Pipeline, Result, ResultView
-from workers.spark.sources.redis_streams import Field, PayloadFormat, parse_id
+from statekeeper_sdk import Field, PayloadFormat, Pipeline, Result, ResultView, parse_id
 
 PAYLOAD = PayloadFormat("json", (Field("user", "string"), Field("region", "string"), Field("amount", "double")))
 SESSION_GAP_MS = 30_000

@@ -11,9 +11,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-
-from workers.spark.pipelines.base import Pipeline, Result, ResultView
-from workers.spark.sources.redis_streams import Field, PayloadFormat, parse_id
+from statekeeper_sdk import Field, PayloadFormat, Pipeline, Result, ResultView, parse_id
 
 PAYLOAD = PayloadFormat("json", (Field("key", "string"), Field("value", "double")))
 WINDOW = 2

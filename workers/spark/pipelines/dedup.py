@@ -7,9 +7,7 @@ from collections.abc import Callable, Iterable
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
-
-from workers.spark.pipelines.base import Pipeline, Result, ResultView
-from workers.spark.sources.redis_streams import Field, PayloadFormat
+from statekeeper_sdk import Field, PayloadFormat, Pipeline, Result, ResultView
 
 PAYLOAD = PayloadFormat(
     "json", (Field("event_id", "string"), Field("ts", "long"), Field("user", "string", False)), event_time="ts"

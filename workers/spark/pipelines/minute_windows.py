@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterable
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
+from statekeeper_sdk import Pipeline, Result, ResultView
 
-from workers.spark.pipelines.base import ACCESS_LOG, Pipeline, Result, ResultView
+from workers.spark.pipelines.access_log import ACCESS_LOG
 from workers.spark.pipelines.url_counts import access_log_line
 
 WATERMARK = "2 minutes"

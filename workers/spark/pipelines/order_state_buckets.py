@@ -20,9 +20,9 @@ from typing import Any
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from statekeeper_sdk import Pipeline
 
 from workers.spark.pipelines import order_state_machine as v1
-from workers.spark.pipelines.base import Pipeline
 
 BUCKETS = 256
 SCAN_FACTOR = 4  # read a whole bucket when it holds at most this many orders per order of the batch in it

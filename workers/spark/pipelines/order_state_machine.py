@@ -12,9 +12,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-
-from workers.spark.pipelines.base import Pipeline, Result, ResultView
-from workers.spark.sources.redis_streams import Field, PayloadFormat, parse_id
+from statekeeper_sdk import Field, PayloadFormat, Pipeline, Result, ResultView, parse_id
 
 PAYLOAD = PayloadFormat(
     "json", (Field("order_id", "string"), Field("event", "string"), Field("ts", "long")), event_time="ts"

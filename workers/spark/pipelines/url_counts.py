@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
+from statekeeper_sdk import Pipeline, Result, ResultView
 
-from workers.spark.pipelines.base import ACCESS_LOG, Pipeline, Result, ResultView
+from workers.spark.pipelines.access_log import ACCESS_LOG
 
 URLS = ["/api/a", "/api/b", "/api/orders", "/api/users", "/login", "/", "/static/app.js", "/health"]
 

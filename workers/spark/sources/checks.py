@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from workers.spark.sources.redis_streams import Limits, PayloadFormat, Rejected, dead_letter, parse_entries
+from statekeeper_sdk import Limits, PayloadFormat, Rejected, parse_entries
+
+from workers.spark.sources.redis_streams import dead_letter
 
 # (entry id, [b"v", payload]) pairs to check, the rows already rejected on the way, and where each entry came from
 # (entry id -> a place named in its dead letter's reason; empty when the id says enough)

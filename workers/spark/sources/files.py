@@ -16,14 +16,14 @@ from urllib.parse import unquote
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, MapType, StructType
+from statekeeper_sdk import Limits, PayloadFormat, Rejected
 
 from workers.spark.sources.checks import Entries, check_batches
-from workers.spark.sources.redis_streams import Limits, PayloadFormat, Rejected
 
 FORMATS = ("json", "csv", "parquet")
 MAX_FILES_PER_TRIGGER = 100
 CORRUPT = "_corrupt_record"
-SPARK_TYPES = {"string": "string", "long": "bigint", "double": "double"}
 CSV_MARK = "\x00csv:"  # before the text of a CSV line that did not parse (a NUL never starts JSON)
 
 
@@ -33,6 +33,9 @@ def unsupported(payload: PayloadFormat, file_format: str) -> str:
         return f"a file source reads {', '.join(FORMATS)}, not {file_format!r}"
     if payload.kind != "json":
         return f"its payload is parsed as {payload.kind}, and a file source gives rows of named fields (JSON's shape)"
+    nested = [f.name for f in payload.struct.fields if isinstance(f.dataType, (ArrayType, MapType, StructType))]
+    if file_format == "csv" and nested:
+        return f"a CSV row is flat, and its payload nests {', '.join(nested)} (JSON lines or Parquet hold them)"
     return ""
 
 
@@ -56,8 +59,8 @@ def _rows(spark: SparkSession, path: str, file_format: str, payload: PayloadForm
     reader = spark.readStream.option("maxFilesPerTrigger", str(MAX_FILES_PER_TRIGGER))
     if file_format == "json":
         return reader.format("text").load(path), F.col("value")
-    columns = ", ".join(f"`{f.name}` {SPARK_TYPES[f.type]}" for f in payload.fields)
-    fields = F.to_json(F.struct(*[F.col(f"`{f.name}`") for f in payload.fields]))
+    columns = payload.columns()
+    fields = F.to_json(F.struct(*[F.col(f"`{name}`") for name in payload.names]))
     if file_format == "csv":
         frame = (
             reader.format("csv").schema(f"{columns}, {CORRUPT} string").option("header", "true")
@@ -83,7 +86,7 @@ def file_events(
         text.alias("v"),
     )
     option, limits = payload.to_option(), Limits(max_future_seconds=max_future_seconds)
-    mark, columns_named = CSV_MARK.encode(), ", ".join(f.name for f in payload.fields)
+    mark, columns_named = CSV_MARK.encode(), ", ".join(payload.names)
 
     def entries_of(batch: Any, counters: dict[tuple[str, int], int]) -> Entries:
         columns = batch.to_pydict()

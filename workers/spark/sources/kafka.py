@@ -10,9 +10,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from statekeeper_sdk import Limits, PayloadFormat
 
 from workers.spark.sources.checks import Entries, check_batches
-from workers.spark.sources.redis_streams import Limits, PayloadFormat
 
 
 def kafka_events(

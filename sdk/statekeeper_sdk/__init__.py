@@ -1,0 +1,24 @@
+"""Statekeeper's pipeline SDK: what a pipeline package imports to be run, savepointed, upgraded and rolled back by
+the console. It depends on PySpark only.
+
+    from statekeeper_sdk import Parameter, Pipeline, PayloadFormat, ResultView
+
+Register a ``Pipeline`` under the ``statekeeper.pipelines`` entry-point group of your package, and declare
+``statekeeper-sdk>=1,<2`` among its dependencies: the console refuses a package built for an SDK major it does not
+support, with the reason.
+"""
+
+from statekeeper_sdk.events import Limits, Rejected, parse_entries, parse_id
+from statekeeper_sdk.nested import SchemaError, parse_ddl
+from statekeeper_sdk.payload import Field, PayloadFormat
+from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultView, apply, resolve
+from statekeeper_sdk.samples import sample_events
+
+__version__ = "1.0.0"
+MAJOR = 1
+
+__all__ = [
+    "MAJOR", "Field", "Limits", "Parameter", "Params", "PayloadFormat", "Pipeline", "Rejected", "Result",
+    "ResultView", "SchemaError", "__version__", "apply", "parse_ddl", "parse_entries", "parse_id", "resolve",
+    "sample_events",
+]  # fmt: skip

@@ -1,0 +1,173 @@
+"""The pipeline record a package registers, the views of its results, and its parameters.
+
+A package exposes ``Pipeline`` records through the ``statekeeper.pipelines`` entry-point group. The console runs
+``transform`` on the checked events of the job's source (a DataFrame with ``_id`` and the payload's fields) and hands
+each micro-batch's output rows to ``results``, whose ``(kind, key, value)`` triples are upserted, so a replayed batch
+changes nothing. A pipeline that declares ``parameters`` gets their values as a second argument of ``transform``::
+
+    def transform(events: DataFrame, params: Params) -> DataFrame:
+        return events.withWatermark("at", f"{params.window_minutes} minutes")...
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, Row
+
+from statekeeper_sdk.payload import PayloadFormat
+
+# A sink result: (kind, key, value). Rows are upserted on (job, kind, key), so a replayed batch changes nothing.
+Result = tuple[str, str, dict[str, Any]]
+PARAMETER_TYPES = ("int", "float", "str", "bool")
+
+
+@dataclass(frozen=True)
+class ResultView:
+    """How the job page shows one kind of result: a table of value fields, largest first by ``order_by``."""
+
+    kind: str
+    title: str
+    columns: tuple[tuple[str, str], ...]  # (heading, key in the value; "key" for the row key)
+    order_by: str = ""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A value the job sets and the pipeline reads (a window's length, a threshold). Changing it on a running job is
+    an upgrade: previewed on the job's state, savepointed, rolled back by itself if the new run fails."""
+
+    name: str
+    type: str  # int | float | str | bool
+    default: Any
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"parameter {self.name!r}: a name is a Python identifier")
+        if self.type not in PARAMETER_TYPES:
+            raise ValueError(f"parameter {self.name!r}: type is one of {', '.join(PARAMETER_TYPES)}, not {self.type!r}")
+        self.clean(self.default)  # a default outside its own bounds is the package's mistake, found at import
+
+    def clean(self, value: Any) -> Any:
+        """The value as the pipeline gets it; ValueError naming the parameter when it cannot be one."""
+        name = self.name
+        if self.type == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false", "on", "off", "1", "0"):
+                return value.lower() in ("true", "on", "1")
+            raise ValueError(f"{name}: expected true or false, got {value!r}")
+        if self.type == "str":
+            if not isinstance(value, str):
+                raise ValueError(f"{name}: expected text, got {value!r}")
+            if self.choices and value not in self.choices:
+                raise ValueError(f"{name}: {value!r} is not one of {', '.join(self.choices)}")
+            if len(value) > 1000:
+                raise ValueError(f"{name}: at most 1,000 characters")
+            return value
+        number: float | int
+        expected = "an integer" if self.type == "int" else "a number"
+        if isinstance(value, bool):
+            raise ValueError(f"{name}: expected {expected}, got {value!r}")
+        if self.type == "int" and isinstance(value, int):
+            number = value
+        elif (
+            self.type == "int"
+            and isinstance(value, float)
+            and value.is_integer()
+            or self.type == "int"
+            and isinstance(value, str)
+            and re.fullmatch(r"\s*[-+]?\d{1,19}\s*", value)
+        ):
+            number = int(value)
+        elif self.type == "float" and isinstance(value, (int, float, str)) and _is_number(value):
+            number = float(value)
+        else:
+            raise ValueError(f"{name}: expected {expected}, got {value!r}")
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ValueError(f"{name}: expected a finite number, got {value!r}")
+        if self.type == "int" and not -(2**63) <= number < 2**63:
+            raise ValueError(f"{name}: {number} is out of range for a 64-bit integer")
+        if self.minimum is not None and number < self.minimum:
+            raise ValueError(f"{name}: must be at least {self.minimum:g}, got {number:g}")
+        if self.maximum is not None and number > self.maximum:
+            raise ValueError(f"{name}: must be at most {self.maximum:g}, got {number:g}")
+        return number
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        return len(str(value)) <= 100 and abs(float(value)) < 2**1024
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+class Params(dict[str, Any]):
+    """A job's parameter values as a pipeline reads them: ``params.window_minutes`` or ``params["window_minutes"]``."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no parameter {name!r}; the pipeline declares {', '.join(self) or 'none'}") from None
+
+
+def resolve(parameters: Iterable[Parameter], given: Mapping[str, Any]) -> Params:
+    """Every declared parameter's value: the given one, checked, else its default. ValueError lists what is wrong
+    (an unknown name, a value out of bounds), one problem per line."""
+    declared = {p.name: p for p in parameters}
+    problems = [f"{name}: the pipeline has no such parameter" for name in given if name not in declared]
+    values = Params()
+    for name, parameter in declared.items():
+        try:
+            values[name] = parameter.clean(given[name]) if name in given else parameter.default
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ValueError("\n".join(problems))
+    return values
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A stateful streaming pipeline as the console runs it.
+
+    ``generator`` (rng -> now_ms -> payload) feeds the demo producer and a standby's warm-up; without one, the warm-up
+    uses ``samples`` (a JSON-lines file in the package) or events made from the payload's schema."""
+
+    name: str
+    title: str
+    description: str
+    payload: PayloadFormat
+    transform: Callable[..., DataFrame]
+    output_mode: str
+    results: Callable[[list[Row]], Iterable[Result]]
+    views: tuple[ResultView, ...]
+    generator: Callable[[random.Random], Callable[[int], str]] | None = None
+    needs_rocksdb: bool = False
+    # Spark session settings the pipeline needs (e.g. transformWithState's Arrow settings).
+    conf: dict[str, str] = field(default_factory=dict)
+    parameters: tuple[Parameter, ...] = ()
+    samples: str = ""  # a JSON-lines file of sample payloads (absolute, or beside the module that defines it)
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.parameters]
+        if duplicated := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"pipeline {self.name!r}: the parameter {duplicated[0]!r} is declared twice")
+
+
+def apply(pipeline: Any, events: DataFrame, values: Mapping[str, Any]) -> DataFrame:
+    """The pipeline's output for these events, with its parameters' values when it declares any."""
+    declared = tuple(getattr(pipeline, "parameters", ()) or ())
+    if not declared:
+        return pipeline.transform(events)
+    return pipeline.transform(events, resolve(declared, values))
