@@ -104,6 +104,7 @@ def test_five_actions_at_once_on_five_jobs_all_succeed_with_every_count_exact(ma
         job_request_stop(job=job)
 
 
+@pytest.mark.chaos  # a worker killed mid-action: about 90 s, with -m chaos
 def test_a_rescale_whose_worker_is_killed_mid_action_resumes_on_a_new_worker(make_job, redis, celery_worker):
     job = new_job(make_job, "url-counts", state_backend="rocksdb", state_partitions=2)
     sent = feed(redis, job, 300, seed=1)

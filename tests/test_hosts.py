@@ -39,6 +39,7 @@ def two_hosts(checkpoint_root: Path, tmp_path: Path) -> Iterator[dict[str, Celer
         end_workers_and_their_processes(workers)
 
 
+@pytest.mark.chaos  # two hosts, a kill and a lost host: about 100 s, with -m chaos
 def test_a_kill_goes_through_the_drivers_host_and_a_lost_host_hands_its_job_over_exactly_once(
     make_job, redis, stream_name, two_hosts
 ):

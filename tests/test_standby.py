@@ -40,6 +40,7 @@ def ready_standby(job, after: int = 0) -> StandbyDriver | None:
 
 
 @pytest.mark.browser
+@pytest.mark.chaos  # a standby warmed up, then kill -9: about three minutes, with -m chaos
 def test_a_standby_takes_over_a_killed_driver_and_counts_every_event_once(make_job, redis, stream_name, celery_worker):
     # a cold restart would wait 30 s: a successor sooner than that can only be the standby
     job = make_job(parallelism=1, trigger_interval_seconds=1, standby=True, restart_strategy="fixed-delay",
