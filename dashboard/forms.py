@@ -43,6 +43,12 @@ def _pipeline_choices() -> list[tuple[str, str]]:
 
 class JobForm(forms.ModelForm):
     pipeline = forms.ChoiceField(choices=_pipeline_choices)
+    parameters = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "window_minutes = 10"}),
+        help_text="the pipeline's parameters, one name = value per line (the list beside says which it takes; "
+        "defaults fill the rest). On a job with state, change them by an upgrade (Deploys tab).",
+    )
 
     class Meta:
         model = Job
@@ -53,6 +59,7 @@ class JobForm(forms.ModelForm):
             "source_stream",
             "source_path",
             "source_format",
+            "parameters",
             "state_backend",
             "trigger_interval_seconds",
             "state_partitions",
@@ -87,6 +94,34 @@ class JobForm(forms.ModelForm):
         for name in self.OPTIONAL:
             self.fields[name].required = False
         self.fields["source_stream"].required = False
+        self.initial["parameters"] = pipelines.format_parameters(self.instance.parameters or {}, self.instance.pipeline)
+
+    def clean_parameters(self) -> dict[str, Any]:
+        try:
+            return pipelines.parse_parameters(str(self.cleaned_data.get("parameters") or ""))
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def _clean_parameters(self, data: dict[str, Any], pipeline: Any) -> None:
+        """The values must fit the pipeline (checked and kept as it will read them); on a job with state a change is
+        an upgrade, which previews it on the state first."""
+        if "parameters" in self.errors or pipeline is None:
+            return
+        given = data.get("parameters") or {}
+        try:
+            resolved = pipelines.parameter_values(pipeline.name, given)
+        except ValueError as exc:
+            self.add_error("parameters", forms.ValidationError([line for line in str(exc).splitlines()]))
+            return
+        data["parameters"] = {name: resolved[name] for name in given}
+        if self.instance.pk and self.instance.has_state() and pipeline.name == self.instance.pipeline:
+            before = pipelines.parameter_values(pipeline.name, self.instance.parameters or {})
+            if resolved != before:
+                self.add_error(
+                    "parameters",
+                    "This job has state: a parameter change is an upgrade (Deploys → Upgrade, with these values), "
+                    "which previews it on the state, takes a savepoint and rolls back by itself if the new run fails.",
+                )
 
     def _clean_source(self, data: dict[str, Any], pipeline: Any) -> None:
         """A Redis stream needs its key; a file source a directory under an allowed root, in a format the pipeline's
@@ -151,6 +186,7 @@ class JobForm(forms.ModelForm):
                 data[name] = getattr(self.instance, name)
         pipeline = pipelines.find(data.get("pipeline") or "")
         self._clean_source(data, pipeline)
+        self._clean_parameters(data, pipeline)
         if data.get("standby") and connection.vendor != "postgresql":
             self.add_error("standby", "A standby waits on a PostgreSQL lock: it needs the console on PostgreSQL.")
         if (
@@ -236,6 +272,7 @@ class InspectForm(forms.Form):
         ("keys", "Page through keys"),
         ("lookup", "Keys whose JSON contains a text"),
         ("diff", "What changed between two batches"),
+        ("timers", "Registered timers, next firing first"),
         ("raw", "Raw RocksDB statistics (rocksdict)"),
     ]
     mode = forms.ChoiceField(choices=MODES)

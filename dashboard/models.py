@@ -479,6 +479,15 @@ class Action(models.Model):
         """An upgrade's watch of its new version: {"state": unproven | proven | failed | stopped, …}."""
         return dict(self.params.get("proof") or {})
 
+    @property
+    def parameter_changes(self) -> list[str]:
+        """An upgrade's (or its preview's, or shadow run's) parameter changes, as ``name: old → new``."""
+        if "from_parameters" not in self.params or "parameters" not in self.params:
+            return []
+        from dashboard.pipelines import parameter_changes
+
+        return parameter_changes(self.params["from_parameters"], self.params["parameters"])
+
 
 class SavepointStatus(models.TextChoices):
     IN_PROGRESS = "in-progress", "In progress"

@@ -11,6 +11,7 @@ the rest still load.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -160,3 +161,51 @@ def parameter_values(name: str, given: dict[str, Any]) -> dict[str, Any]:
     """Every parameter's value for a job of pipeline ``name``: the given ones, checked, and defaults for the rest.
     ValueError with one problem per line."""
     return dict(resolve(getattr(get(name), "parameters", ()) or (), given))
+
+
+def parameter_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Each parameter whose value differs, as ``name: old → new`` (``—`` where one side has none)."""
+    return [
+        f"{name}: {before.get(name, '—')} → {after.get(name, '—')}"
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    ]
+
+
+def parse_parameters(text: str) -> dict[str, Any]:
+    """Parameter values as an operator types them: ``name = value`` lines (``#`` starts a comment; the value is
+    checked against the parameter's type later) or a JSON object. ValueError naming what is wrong."""
+    text = text.strip()
+    if len(text) > 20_000:
+        raise ValueError("Parameters are at most 20,000 characters.")
+    if text.startswith("{"):
+        try:
+            found = json.loads(text)
+        except (ValueError, RecursionError):
+            raise ValueError("Parameters that start with { must be a JSON object.") from None
+        if not isinstance(found, dict):
+            raise ValueError("Parameters must be a JSON object.")
+        return found
+    values: dict[str, Any] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        name, equals, value = line.partition("=")
+        name = name.strip()
+        if not equals or not name.isidentifier():
+            raise ValueError(f"Line {number}: write name = value (e.g. window_minutes = 10).")
+        if name in values:
+            raise ValueError(f"Line {number}: {name} is set twice.")
+        values[name] = value.strip()
+    return values
+
+
+def format_parameters(values: dict[str, Any], pipeline: str = "") -> str:
+    """Values as ``name = value`` lines, in the order the pipeline declares them (a JSON column keeps no order)."""
+    declared = [p.name for p in getattr(find(pipeline), "parameters", ()) or ()] if pipeline else []
+    order = {name: i for i, name in enumerate(declared)}
+    return "\n".join(
+        f"{name} = {str(value).lower() if isinstance(value, bool) else value}"
+        for name, value in sorted(values.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+    )

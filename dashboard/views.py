@@ -59,7 +59,7 @@ from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.shadow import SHADOW_RECORDS
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
-from dashboard.services.upgrades import upgrade_refusal
+from dashboard.services.upgrades import target_parameters, upgrade_refusal
 
 
 @login_required
@@ -198,6 +198,11 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
     steps = {"upgrade": ActionKind.UPGRADE, "shadow": ActionKind.UPGRADE_SHADOW}
     kind = steps.get(request.POST.get("step", ""), ActionKind.UPGRADE_PREVIEW)
     params: dict[str, Any] = {"pipeline": target}
+    try:
+        given = pipelines.parse_parameters(request.POST.get("parameters", ""))
+    except ValueError as exc:
+        messages.error(request, f"Parameters: {exc}")
+        return redirect("dashboard:job_deploys", name=job.name)
     if kind == ActionKind.UPGRADE and request.POST.get("empty_state"):
         params["empty_state"] = 1
     if kind == ActionKind.UPGRADE_SHADOW:
@@ -208,9 +213,10 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
         if not 1 <= params["records"] <= 100_000:
             messages.error(request, "A shadow run reads 1 to 100,000 records.")
             return redirect("dashboard:job_deploys", name=job.name)
-    if refusal := upgrade_refusal(job, target):
+    if refusal := upgrade_refusal(job, target, given):
         messages.error(request, refusal)
         return redirect("dashboard:job_deploys", name=job.name)
+    params["parameters"] = target_parameters(job, target, given)
     return _request_to(request, job, kind, params, "dashboard:job_deploys")
 
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
 from dashboard.api.tokens import token_create
-from dashboard.models import AuditEntry, Checkpoint, IdempotentRequest, Run, RunStatus
+from dashboard.models import Action, AuditEntry, Checkpoint, IdempotentRequest, Run, RunStatus
 from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
@@ -231,3 +231,30 @@ def test_a_path_the_api_does_not_have_is_a_json_404(client, token):
         answer = client.get(path, HTTP_AUTHORIZATION=token("viewer", f"v{len(path)}"))
         assert answer.status_code == 404 and answer["Content-Type"] == "application/json", path
         assert "error" in answer.json()
+
+
+def test_an_upgrade_through_the_api_takes_parameter_values_checked_against_the_pipeline(client, token, make_job):
+    make_job(name="spend", pipeline="customer-spend", state_backend="rocksdb", parameters={"threshold": 80})
+    operator = token("operator")
+    listed = call(client, "GET", "/api/v1/jobs/spend", operator).json()
+    assert listed["parameters"] == {"threshold": 80}
+    for body, status, message in [
+        ({"pipeline": "customer-spend"}, 409, "already runs customer-spend with window_minutes=60, threshold=80.0"),
+        ({"pipeline": "customer-spend", "parameters": {"threshold": 80}}, 409, "already runs customer-spend"),
+        ({"pipeline": "customer-spend", "parameters": {"threshold": -1}}, 409, "threshold: must be at least 0"),
+        (
+            {"pipeline": "customer-spend", "parameters": {"colour": 1}},
+            409,
+            "colour: the pipeline has no such parameter",
+        ),
+        ({"pipeline": "customer-spend", "parameters": [1]}, 400, "parameters must be an object"),
+    ]:
+        response = call(client, "POST", "/api/v1/jobs/spend/upgrade-preview", operator, body)
+        assert response.status_code == status and message in response.json()["error"], (body, response.json())
+    accepted = call(
+        client, "POST", "/api/v1/jobs/spend/upgrade-preview", operator,
+        {"pipeline": "customer-spend", "parameters": {"window_minutes": "15"}},
+    )  # fmt: skip
+    assert accepted.status_code == 202, accepted.json()
+    action = Action.objects.get(id=accepted.json()["action"]["id"])
+    assert action.params["parameters"] == {"window_minutes": 15, "threshold": 80.0, "lateness_minutes": 10}

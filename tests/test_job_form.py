@@ -130,3 +130,29 @@ def test_an_edit_never_writes_back_the_lease_or_fork_it_read(client):
     form.save()
     job.refresh_from_db()
     assert (job.lease_token, job.checkpoint_dir, job.max_records_per_batch) == (7, "checkpoint-restore-3", 900)
+
+
+def test_a_jobs_parameters_are_checked_against_its_pipeline_and_a_change_with_state_is_an_upgrade(client):
+    spend = {**VALID, "name": "spend", "pipeline": "customer-spend", "state_backend": "rocksdb"}
+    refused = client.post("/jobs/new", {**spend, "parameters": "window_minutes = 0\ncolour = red"})
+    assert refused.status_code == 400
+    assert (
+        "window_minutes: must be at least 1, got 0" in refused.text
+        and "colour: the pipeline has no such parameter" in refused.text
+    )
+    assert client.post("/jobs/new", {**spend, "parameters": "window minutes 5"}).status_code == 400
+    assert not Job.objects.filter(name="spend").exists()
+
+    assert client.post("/jobs/new", {**spend, "parameters": "window_minutes = 15\nthreshold = 49.5"}).status_code == 302
+    job = Job.objects.get(name="spend")
+    assert job.parameters == {"window_minutes": 15, "threshold": 49.5}, "kept as the pipeline reads them"
+    form = client.get("/jobs/spend/edit").text
+    assert "window_minutes = 15\nthreshold = 49.5" in form and 'data-parameters-of="customer-spend"' in form
+
+    job.latest_checkpoint = Checkpoint.objects.create(
+        job=job, batch_id=0, committed_at="2026-11-24T00:00:00Z", duration_ms=10
+    )
+    job.save()
+    changed = client.post("/jobs/spend/edit", {**spend, "parameters": "window_minutes = 30"})
+    assert changed.status_code == 400 and "a parameter change is an upgrade" in changed.text
+    assert Job.objects.get(name="spend").parameters == {"window_minutes": 15, "threshold": 49.5}

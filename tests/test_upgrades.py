@@ -54,7 +54,26 @@ def test_verdicts_per_state_variable():
     assert added[0][0] == EVOLVES and "added largest" in added[0][1]
     renamed_key = verdicts([operator(schema(region="string"), V1)])
     assert renamed_key[0][0] == INCOMPATIBLE
-    assert "key schema changed: (user string) → (region string)" in renamed_key[0][1]
+    assert "key schema changed (added region string; removed user)" in renamed_key[0][1]
+    window = {
+        "type": "struct",
+        "fields": [{"name": "start", "type": "timestamp"}, {"name": "end", "type": "timestamp"}],
+    }
+    items = {"type": "array", "elementType": schema(sku="string", qty="integer"), "containsNull": True}
+    nested_before = operator(schema(window=window, customer="string"), schema(items=items))
+    wider = {**items, "elementType": schema(sku="string", qty="long")}
+    nested_after = operator(
+        schema(window={**window, "fields": window["fields"][:1]}, customer="string"), schema(items=wider)
+    )
+    plan = {"before": [nested_before], "after": [nested_after]}
+    nested = compare(plan, pipelines.get("user-sessions"), pipelines.get("user-sessions"))
+    assert nested[0].verdict == INCOMPATIBLE and "key schema changed (removed window.end)" in nested[0].reason
+    plan = {
+        "before": [nested_before],
+        "after": [operator(schema(window=window, customer="string"), schema(items=wider))],
+    }
+    nested = compare(plan, pipelines.get("user-sessions"), pipelines.get("user-sessions"))
+    assert nested[0].verdict == EVOLVES and "items[].qty integer → long" in nested[0].reason
     new_operator = verdicts([operator(schema(user="string"), V1), operator(schema(user="string"), V1, op_id=1)])
     assert (INCOMPATIBLE, "operator added: it has no state to start from") in new_operator
     removed_variable = verdicts([operator(schema(user="string"), V1, variables="other")])
@@ -125,7 +144,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     page.get_by_role("button", name="Upgrade", exact=True).click()
     refused = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE).latest("id"))
     assert refused.status == ActionStatus.FAILED and "Refused before anything stopped" in refused.outcome
-    assert verdict_shown("key schema changed: (user string) → (region string)")
+    assert verdict_shown("key schema changed (added region string; removed user)")
     assert page.locator("[data-verdict]").get_attribute("data-verdict") == "incompatible"
     page.screenshot(path=str(tmp_path / "refused-incompatible.png"), full_page=True)
     first.refresh_from_db()
@@ -276,7 +295,7 @@ def test_each_upgrade_button_requests_its_action(as_role, make_job):
     ):
         client.post(f"/jobs/{job.name}/upgrade", {"pipeline": "user-sessions-v2", "step": step, **extra})
         action = Action.objects.get(job=job, kind=kind)
-        assert action.params == {"pipeline": "user-sessions-v2", **extra}
+        assert action.params == {"pipeline": "user-sessions-v2", "parameters": {}, **extra}
         Action.objects.filter(id=action.id).update(status=ActionStatus.FAILED)  # one action at a time per job
     refused = client.post(f"/jobs/{job.name}/upgrade", {"pipeline": "no-such", "step": "preview"}, follow=True)
     assert "There is no registered pipeline &#x27;no-such&#x27;" in refused.content.decode()

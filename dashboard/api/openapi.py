@@ -37,6 +37,10 @@ JOB = {
     "properties": {
         "name": {"type": "string"},
         "pipeline": {"type": "string"},
+        "parameters": {
+            "type": "object",
+            "description": "the values the job sets; the pipeline's defaults fill the rest",
+        },
         "source_stream": {"type": "string"},
         "state_backend": {"type": "string"},
         "trigger_interval_seconds": {"type": "number"},
@@ -141,6 +145,8 @@ def _write(verb: str, summary: str, result: str) -> dict[str, Any]:
         "properties": {
             name: {"type": "string", "minLength": lo, "maxLength": hi}
             if kind is str
+            else {"type": "object", "maxProperties": hi, "description": "the pipeline's parameter values (name: value)"}
+            if kind is dict
             else {"type": "integer", "minimum": lo, "maximum": hi}
             for name, (kind, lo, hi, _) in fields.items()
         },

@@ -28,7 +28,7 @@ from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import job_request_start, job_request_stop
-from dashboard.services.upgrades import upgrade_refusal
+from dashboard.services.upgrades import target_parameters, upgrade_refusal
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 500
@@ -123,6 +123,7 @@ def job_json(job: Job) -> dict[str, Any]:
     return {
         "name": job.name,
         "pipeline": job.pipeline,
+        "parameters": job.parameters,
         "source_stream": job.source_stream,
         "state_backend": job.state_backend,
         "trigger_interval_seconds": job.trigger_interval_seconds,
@@ -251,9 +252,18 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     ActionKind.ROLLBACK: {"batch": (int, 0, 2**62, True)},
     ActionKind.RESCALE: {"parallelism": (int, 1, 64, False), "state_partitions": (int, 1, 1024, False)},
     # a string's bounds are its length
-    ActionKind.UPGRADE_PREVIEW: {"pipeline": (str, 1, 40, True)},
-    ActionKind.UPGRADE_SHADOW: {"pipeline": (str, 1, 40, True), "records": (int, 1, 100_000, False)},
-    ActionKind.UPGRADE: {"pipeline": (str, 1, 40, True), "empty_state": (int, 0, 1, False)},
+    # an object's bounds are its number of keys: the pipeline's parameter values, checked against what it declares
+    ActionKind.UPGRADE_PREVIEW: {"pipeline": (str, 1, 40, True), "parameters": (dict, 0, 100, False)},
+    ActionKind.UPGRADE_SHADOW: {
+        "pipeline": (str, 1, 40, True),
+        "records": (int, 1, 100_000, False),
+        "parameters": (dict, 0, 100, False),
+    },  # fmt: skip
+    ActionKind.UPGRADE: {
+        "pipeline": (str, 1, 40, True),
+        "empty_state": (int, 0, 1, False),
+        "parameters": (dict, 0, 100, False),
+    },  # fmt: skip
     ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
 }
 
@@ -284,6 +294,9 @@ def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
         if kind is str:
             if not isinstance(value, str) or not low <= len(value) <= high:
                 raise ApiError(400, f"{field} must be a string of {low} to {high} characters.")
+        elif kind is dict:
+            if not isinstance(value, dict) or not low <= len(value) <= high:
+                raise ApiError(400, f"{field} must be an object of at most {high} names.")
         elif not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ApiError(400, f"{field} must be an integer from {low} to {high}.")
         clean[field] = value
@@ -363,10 +376,12 @@ def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
     elif (
         verb == ActionKind.ROLLBACK
         and (refused := rollback_preview(job, params["batch"]).refusal)
-        or verb in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW)
-        and (refused := upgrade_refusal(job, params["pipeline"]))
+        or verb in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW)
+        and (refused := upgrade_refusal(job, params["pipeline"], params.get("parameters")))
     ):
         raise ActionRefused(refused)
+    if verb in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW):
+        params["parameters"] = target_parameters(job, params["pipeline"], params.get("parameters"))
 
 
 def _writer(verb: str) -> Callable[..., JsonResponse]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Count, Max, Min
 
@@ -11,12 +12,19 @@ from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job
 
 
 def deploy_history(job: Job) -> list[Deploy]:
-    """Every deploy, newest first, with how many runs ran it and when."""
-    return list(
+    """Every deploy, newest first, with how many runs ran it and when, and its parameters' changes from the deploy
+    before it (``parameter_changes``; every value for the first)."""
+    deploys: list[Deploy] = list(
         job.deploys.select_related("operator", "upgrade")
         .annotate(run_count=Count("runs"), first_run=Min("runs__requested_at"), last_run=Max("runs__requested_at"))
         .order_by("-id")
     )
+    for deploy, before in zip(deploys, [*deploys[1:], None][: len(deploys)], strict=True):
+        if before is None:
+            deploy.parameter_changes = [f"{k} = {v}" for k, v in deploy.parameters.items()]  # type: ignore[attr-defined]
+        else:
+            deploy.parameter_changes = pipelines.parameter_changes(before.parameters, deploy.parameters)  # type: ignore[attr-defined]
+    return deploys
 
 
 @dataclass
@@ -26,6 +34,8 @@ class UpgradeView:
     shadow: Action | None  # the newest shadow run that finished with a diff
     rollback: Action | None  # the latest succeeded upgrade, while the job still runs its target
     history: list[Action]
+    parameters: str  # the job's values now, as the upgrade form's text (name = value lines)
+    declared: list[tuple[str, list[Any]]]  # (pipeline, its Parameter records) for every target that declares any
 
 
 def upgrade_view(job: Job) -> UpgradeView:
@@ -47,4 +57,17 @@ def upgrade_view(job: Job) -> UpgradeView:
         key=lambda name: (found.references[name].partition(":")[0] != module, name),
     )
     targets = [(name, found.pipelines[name].title) for name in others]
-    return UpgradeView(targets, plan, shadow, rollback, history)
+    current = found.pipelines.get(job.pipeline)
+    if current is not None and tuple(
+        getattr(current, "parameters", None) or ()
+    ):  # the same code with other values is an upgrade
+        targets.insert(0, (job.pipeline, "the same pipeline, with the parameters below"))
+    try:
+        values = pipelines.parameter_values(job.pipeline, job.parameters)
+    except (KeyError, ValueError):
+        values = dict(job.parameters)
+    declared = [(name, list(found.pipelines[name].parameters)) for name, _ in targets
+                if tuple(getattr(found.pipelines[name], "parameters", None) or ())]  # fmt: skip
+    return UpgradeView(
+        targets, plan, shadow, rollback, history, pipelines.format_parameters(values, job.pipeline), declared
+    )

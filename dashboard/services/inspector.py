@@ -31,7 +31,7 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed
 
-MODES = ("variables", "keys", "lookup", "diff", "raw")
+MODES = ("variables", "keys", "lookup", "diff", "timers", "raw")
 
 
 def _source(action: Action, scratch: Path) -> tuple[Path, int, str]:

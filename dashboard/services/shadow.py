@@ -35,11 +35,12 @@ from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import restorable_batches
 from dashboard.services.savepoints import savepoint_steps
 from dashboard.services.upgrades import (
+    checked_target,
+    described,
     scratch_cleanup,
     scratch_dead_letters,
     scratch_dir,
     scratch_spec,
-    upgrade_refusal,
 )
 
 SHADOW_RECORDS = 5000  # input a shadow run reads by default
@@ -71,9 +72,7 @@ def start_points(job: Job) -> list[dict[str, Any]]:
 
 def _range(action: Action) -> Outcome:
     job = action.job
-    target = str(action.params.get("pipeline", ""))
-    if refusal := upgrade_refusal(job, target):
-        raise ActionFailed(refusal)
+    checked_target(action)
     if pipelines.find(job.pipeline) is None:
         raise ActionFailed(f"{job.pipeline}, which {job.name} runs now, is not registered: nothing to compare with.")
     if not job.reads_redis:
@@ -119,7 +118,7 @@ def _ending(job: Job, start: dict[str, Any], records: int) -> dict[str, Any]:
 def _run(action: Action) -> Outcome:
     """Both versions over the range, on scratch copies, in a Spark process of its own while the action waits."""
     job = action.job
-    target = str(action.params["pipeline"])
+    target = described(str(action.params["pipeline"]), action.params["from_parameters"], action.params["parameters"])
     ending = action.params["ending"]
     scratch = scratch_dir(action, "shadow")
     savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
@@ -132,7 +131,9 @@ def _run(action: Action) -> Outcome:
             else:
                 (scratch / side).mkdir(parents=True)
     spec = scratch_spec(job, scratch_dead_letters(action, "shadow")) | {
-        "old_reference": pipelines.reference(job.pipeline), "new_reference": pipelines.reference(target),
+        "old_reference": pipelines.reference(job.pipeline),
+        "new_reference": pipelines.reference(action.params["pipeline"]),
+        "old_parameters": action.params["from_parameters"], "new_parameters": action.params["parameters"],
         "ending": ending, "limit": 50,
     }  # fmt: skip
     try:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -77,35 +78,57 @@ class Verdict:
     reason: str
 
 
+def _leaves(data_type: Any, path: str, found: dict[str, str]) -> dict[str, str]:
+    """Every leaf of a Spark type (its JSON form) by path: ``customer.id``, ``items[].price``, ``tags{}`` (a map's
+    values; its keys at ``tags{key}``), with the leaf's type."""
+    if isinstance(data_type, dict) and data_type.get("type") == "struct":
+        for field in data_type.get("fields", []):
+            _leaves(field["type"], f"{path}.{field['name']}" if path else field["name"], found)
+    elif isinstance(data_type, dict) and data_type.get("type") == "array":
+        _leaves(data_type.get("elementType"), f"{path}[]", found)
+    elif isinstance(data_type, dict) and data_type.get("type") == "map":
+        _leaves(data_type.get("keyType"), f"{path}{{key}}", found)
+        _leaves(data_type.get("valueType"), f"{path}{{}}", found)
+    else:
+        found[path] = data_type if isinstance(data_type, str) else json.dumps(data_type, sort_keys=True)
+    return found
+
+
 def _columns(schema: dict[str, Any] | None) -> dict[str, str]:
-    """A struct schema's fields as name -> type (a nested type as its JSON)."""
-    if not schema:
-        return {}
-    return {f["name"]: f["type"] if isinstance(f["type"], str) else str(f["type"]) for f in schema.get("fields", [])}
+    """A struct schema's leaves as path -> type, nested fields by their path (``window.start``, ``items[].qty``)."""
+    return _leaves(schema, "", {}) if schema else {}
 
 
-def _shown(columns: dict[str, str]) -> str:
-    return "(" + ", ".join(f"{name} {kind}" for name, kind in columns.items()) + ")"
+def _differences(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """What changed between two schemas' leaves, each named by its path."""
+    changes = [f"added {path} {new[path]}" for path in new if path not in old]
+    changes += [f"removed {path}" for path in old if path not in new]
+    changes += [f"{path} {old[path]} → {new[path]}" for path in old if path in new and old[path] != new[path]]
+    return changes or (["fields reordered"] if list(old) != list(new) else [])
 
 
 def _variable_verdict(operator: str, name: str, before: dict[str, Any], after: dict[str, Any]) -> Verdict:
-    old_key, new_key = _columns(before["key"]), _columns(after["key"])
-    if old_key != new_key:
+    if bool(before.get("ttl")) != bool(after.get("ttl")):
+        change = "a TTL added" if after.get("ttl") else "its TTL removed"
         return Verdict(
             operator, name, INCOMPATIBLE,
-            f"key schema changed: {_shown(old_key)} → {_shown(new_key)}; the old state would be read under new keys",
+            f"{change}: Spark stores a value with a TTL beside its expiry, so the stored values' layout changes",
+        )  # fmt: skip
+    old_key, new_key = _columns(before["key"]), _columns(after["key"])
+    if list(old_key.items()) != list(new_key.items()):
+        return Verdict(
+            operator, name, INCOMPATIBLE,
+            f"key schema changed ({'; '.join(_differences(old_key, new_key))}): the old state would be read under "
+            "new keys",
         )  # fmt: skip
     old_value, new_value = _columns(before["value"]), _columns(after["value"])
-    if old_value == new_value:
-        return Verdict(operator, name, COMPATIBLE, "same key and value schema")
-    changes = [f"added {f}" for f in new_value if f not in old_value]
-    changes += [f"removed {f}" for f in old_value if f not in new_value]
-    changes += [
-        f"{f} {old_value[f]} → {new_value[f]}" for f in old_value if f in new_value and old_value[f] != new_value[f]
-    ]
-    if not changes:
-        changes = ["fields reordered"]
-    return Verdict(operator, name, EVOLVES, "Spark's schema evolution reads the old values: " + ", ".join(changes))
+    if list(old_value.items()) == list(new_value.items()):
+        ttl = " (values expire: TTL)" if after.get("ttl") else ""
+        return Verdict(operator, name, COMPATIBLE, f"same key and value schema{ttl}")
+    return Verdict(
+        operator, name, EVOLVES,
+        "Spark's schema evolution reads the old values: " + ", ".join(_differences(old_value, new_value)),
+    )  # fmt: skip
 
 
 def compare(result: dict[str, Any], old: Any, new: Any) -> list[Verdict]:
@@ -133,6 +156,19 @@ def compare(result: dict[str, Any], old: Any, new: Any) -> list[Verdict]:
                 Verdict(label, "", INCOMPATIBLE, f"operator replaced by {after[op_id]['name']} at the same place")
             )
             continue
+        old_mode, new_mode = before[op_id].get("time_mode", ""), after[op_id].get("time_mode", "")
+        if old_mode != new_mode:
+            verdicts.append(
+                Verdict(label, "timers", INCOMPATIBLE, f"time mode changed: {old_mode or 'none'} → {new_mode or 'none'}; "
+                        "the registered timers are kept in the old mode's index and would never fire")
+            )  # fmt: skip
+        elif before[op_id].get("timers") or after[op_id].get("timers"):
+            kept = before[op_id].get("timers") and after[op_id].get("timers")
+            verdicts.append(
+                Verdict(label, "timers", COMPATIBLE,
+                        f"{new_mode} timers: the registered ones are kept and fire in the new version"
+                        if kept else f"{new_mode} timers: the new version registers its first ones")
+            )  # fmt: skip
         old_vars, new_vars = before[op_id]["variables"], after[op_id]["variables"]
         for name in sorted(old_vars.keys() | new_vars.keys()):
             if name not in new_vars:
@@ -144,13 +180,41 @@ def compare(result: dict[str, Any], old: Any, new: Any) -> list[Verdict]:
     return verdicts
 
 
-def upgrade_refusal(job: Job, target: str) -> str:
-    """Why ``target`` cannot even be previewed for the job; empty when it can."""
+def current_parameters(job: Job) -> dict[str, Any]:
+    """The values the job's pipeline runs with now (its defaults filling what the job does not set)."""
+    try:
+        return pipelines.parameter_values(job.pipeline, job.parameters)
+    except (KeyError, ValueError):  # unregistered now, or the values no longer fit it: as stored
+        return dict(job.parameters)
+
+
+def target_parameters(job: Job, target: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The values ``target`` would run with: the given ones over the job's values for the parameters it declares,
+    checked, and defaults for the rest. ValueError with one problem per line."""
+    declared = {p.name for p in getattr(pipelines.get(target), "parameters", ()) or ()}
+    kept = {name: value for name, value in job.parameters.items() if name in declared}
+    return pipelines.parameter_values(target, kept | (given or {}))
+
+
+def described(pipeline: str, before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The target as an operator reads it: the pipeline, and the parameters that change."""
+    changes = pipelines.parameter_changes(before, after)
+    return f"{pipeline} ({', '.join(changes)})" if changes else pipeline
+
+
+def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None) -> str:
+    """Why ``target`` (with the ``given`` parameter values) cannot even be previewed for the job; empty when it
+    can. The same pipeline with other parameter values is an upgrade like any other."""
     new = pipelines.find(target)
     if new is None:
         return f"There is no registered pipeline {target!r}; the registry has {', '.join(pipelines.names())}."
-    if target == job.pipeline:
-        return f"{job.name} already runs {target}."
+    try:
+        values = target_parameters(job, target, given)
+    except ValueError as exc:
+        return f"{target}'s parameters: " + "; ".join(str(exc).splitlines()) + "."
+    if target == job.pipeline and values == current_parameters(job):
+        shown = f" with {', '.join(f'{k}={v}' for k, v in values.items())}" if values else ""
+        return f"{job.name} already runs {target}{shown}."
     if new.needs_rocksdb and job.state_backend == StateBackend.MEMORY:  # either RocksDB kind will do
         return (
             f"{target} keeps transformWithState state, which needs the RocksDB backend; {job.name} uses "
@@ -159,16 +223,35 @@ def upgrade_refusal(job: Job, target: str) -> str:
     return ""
 
 
+def checked_target(action: Action) -> str:
+    """The pipeline the action moves the job to, refused as ``upgrade_refusal`` refuses it; the parameter values it
+    would run with, and the job's now, are kept in the action (``parameters``, ``from_parameters``)."""
+    job = action.job
+    target = str(action.params.get("pipeline", ""))
+    given = action.params.get("parameters")
+    if refusal := upgrade_refusal(job, target, given):
+        raise ActionFailed(refusal)
+    if "from_parameters" not in action.params:
+        remember(action, from_parameters=current_parameters(job), parameters=target_parameters(job, target, given))
+    return target
+
+
+def _target_shown(action: Action) -> str:
+    """The upgrade's target as the operator reads it, with the parameters it changes."""
+    return described(action.params["plan"]["target"], action.params.get("from_parameters", {}),
+                     action.params["plan"].get("parameters", {}))  # fmt: skip
+
+
 def _plan_copy(action: Action) -> Outcome:
     """Copy the checkpoint as of its newest committed batch into a scratch directory the plan may change."""
     job = action.job
-    target = str(action.params.get("pipeline", ""))
-    if refusal := upgrade_refusal(job, target):
-        raise ActionFailed(refusal)
+    target = checked_target(action)
+    shown = described(target, action.params["from_parameters"], action.params["parameters"])
     batches = committed_batches(job.checkpoint_location)
     if not batches:
-        plan: dict[str, Any] = {"target": target, "batch": None, "verdicts": [], "incompatible": False,
-                "summary": f"{job.name} has no committed state yet: {target} starts from the beginning of the source."}  # fmt: skip
+        plan: dict[str, Any] = {"target": target, "parameters": action.params["parameters"], "batch": None,
+                "verdicts": [], "incompatible": False,
+                "summary": f"{job.name} has no committed state yet: {shown} starts from the beginning of the source."}  # fmt: skip
         remember(action, plan=plan)
         return Next("gate")
     batch = batches[-1]
@@ -190,8 +273,11 @@ def _plan(action: Action) -> Outcome:
     target = str(action.params.get("pipeline", ""))
     batch = int(action.memo["plan_batch"])
     scratch = scratch_dir(action, "preview")
-    spec = scratch_spec(job, scratch_dead_letters(action, "preview")) | {"reference": pipelines.reference(target)}
-    action_progress(action, f"re-running batch {batch} with {target} on the scratch copy")
+    spec = scratch_spec(job, scratch_dead_letters(action, "preview")) | {
+        "reference": pipelines.reference(target), "parameters": action.params["parameters"],
+    }  # fmt: skip
+    shown = described(target, action.params["from_parameters"], action.params["parameters"])
+    action_progress(action, f"re-running batch {batch} with {shown} on the scratch copy")
     result = None
     if "plan" not in action.memo and reader_listening():
         result = state_reader_ask({"command": "plan", "path": str(scratch), "number": batch, "spec": spec}, 600)
@@ -209,24 +295,24 @@ def _plan(action: Action) -> Outcome:
             scratch_cleanup(action, "preview")
             raise
         if result is None:
-            return Wait(f"re-running batch {batch} with {target} in a Spark process of its own", 1.0)
+            return Wait(f"re-running batch {batch} with {shown} in a Spark process of its own", 1.0)
     scratch_cleanup(action, "preview")
     old, new = pipelines.find(job.pipeline), pipelines.get(target)
     verdicts = compare(result, old, new)
     bad = [v for v in verdicts if v.verdict == INCOMPATIBLE]
     if bad:
-        summary = f"Incompatible with {target}: " + "; ".join(
+        summary = f"Incompatible with {shown}: " + "; ".join(
             f"{' '.join(filter(None, (v.operator, v.variable)))}: {v.reason}" for v in bad
         )
     else:
         evolving = sum(v.verdict == EVOLVES for v in verdicts)
         summary = (
-            f"Compatible with {target} at batch {batch}"
+            f"Compatible with {shown} at batch {batch}"
             + (f" ({evolving} state variable(s) through Spark's schema evolution)" if evolving else "")
             + f"; the replayed batch produced {result.get('output_rows', 0)} result rows."
         )
-    plan = {"target": target, "batch": batch, "verdicts": [asdict(v) for v in verdicts], "incompatible": bool(bad),
-            "summary": summary}  # fmt: skip
+    plan = {"target": target, "parameters": action.params["parameters"], "batch": batch,
+            "verdicts": [asdict(v) for v in verdicts], "incompatible": bool(bad), "summary": summary}  # fmt: skip
     remember(action, plan=plan)
     return Next("gate")
 
@@ -263,7 +349,7 @@ def scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
         "stream": job.source_stream, "redis_url": settings.REDIS_URL, "backend": job.state_backend,
         "partitions": job.state_partitions, "max_records": job.max_records_per_batch, "dead_letter": dead_letters,
         "skip_list": job.skip_list, "max_future_seconds": job.max_future_seconds, "source_kind": job.source_kind,
-        "source_path": job.source_path, "source_format": job.source_format,
+        "source_path": job.source_path, "source_format": job.source_format, "parameters": job.parameters,
     }  # fmt: skip
 
 
@@ -326,15 +412,19 @@ def _stop(action: Action) -> Outcome:
 
 def _switch(action: Action) -> Outcome:
     job = action.job
-    target, source = action.params["plan"]["target"], action.params["from_pipeline"]
+    source = action.params["from_pipeline"]
+    target = _target_shown(action)
     savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
     emptied = ""
     if savepoint is not None:
         remember(action, from_deploy=savepoint.deploy_id)
         if action.params.get("empty_state"):
             emptied = _start_empty(action, savepoint)
-    Job.objects.filter(id=job.id).update(pipeline=target, updated_at=timezone.now())
-    job.pipeline = target
+    values = action.params["plan"].get("parameters", job.parameters)
+    Job.objects.filter(id=job.id).update(
+        pipeline=action.params["plan"]["target"], parameters=values, updated_at=timezone.now()
+    )
+    job.pipeline, job.parameters = action.params["plan"]["target"], values
     kept = f"savepoint #{savepoint.id} of {source} kept as the way back" if savepoint else "no state to keep"
     remember(action, kept=kept + emptied)
     if not action.params["was_running"] and not action.params.get("start"):
@@ -418,7 +508,8 @@ def _upgraded(action: Action, run: Run, proof: dict[str, Any]) -> Done:
     if run.deploy_id:
         Deploy.objects.filter(id=run.deploy_id, upgrade=None).update(upgrade=action)
     remember(action, proof=proof)
-    source, target = action.params["from_pipeline"], action.params["plan"]["target"]
+    source = action.params["from_pipeline"]
+    target = _target_shown(action)
     shown = (
         f"committed its first batch ({proof['batch']})"
         if proof["state"] == "proven"
@@ -436,14 +527,17 @@ def _roll_back_stop(action: Action) -> Outcome:
 
 
 def _put_back(action: Action, savepoint: Savepoint | None, to_pipeline: str) -> str:
-    """Put back the savepoint taken before the upgrade (in a fork, once) and the old pipeline."""
+    """Put back the savepoint taken before the upgrade (in a fork, once), the old pipeline and its parameters."""
     job = action.job
     fork = f"checkpoint-upgrade-rollback-{action.id}"
     if savepoint is not None and job.checkpoint_dir != fork:
         savepoint_fork(action, savepoint, fork)
         switch_to_fork(job, fork)
-    Job.objects.filter(id=job.id).update(pipeline=to_pipeline, start_offset=None, updated_at=timezone.now())
-    job.pipeline = to_pipeline
+    values = action.params.get("from_parameters", job.parameters)
+    Job.objects.filter(id=job.id).update(
+        pipeline=to_pipeline, parameters=values, start_offset=None, updated_at=timezone.now()
+    )
+    job.pipeline, job.parameters = to_pipeline, values
     return f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning"
 
 
@@ -455,7 +549,8 @@ def _roll_back_fork(action: Action) -> Next:
 
 def _roll_back_start(action: Action) -> Done:
     run = start_once(action, key="rollback_run", launch=True)
-    source, target = action.params["from_pipeline"], action.params["plan"]["target"]
+    source = action.params["from_pipeline"]
+    target = _target_shown(action)
     failure = str(action.memo.get("failure", "")).strip()[:600]
     raise ActionFailed(
         f"The upgrade to {target} failed ({failure}) and was rolled back by itself: {source} from "
@@ -484,8 +579,11 @@ def _rollback_check(action: Action) -> Next:
     upgrade = latest_upgrade(job)
     if upgrade is None or upgrade.id != int(action.params.get("upgrade") or 0):
         raise ActionFailed("Only the job's latest succeeded upgrade can be rolled back; nothing was changed.")
-    if job.pipeline != upgrade.params.get("pipeline"):
-        raise ActionFailed(f"{job.name} no longer runs {upgrade.params.get('pipeline')}; nothing was changed.")
+    upgraded_to = upgrade.params.get("parameters")
+    if job.pipeline != upgrade.params.get("pipeline") or upgraded_to is not None and job.parameters != upgraded_to:
+        shown = described(str(upgrade.params.get("pipeline")), upgrade.params.get("from_parameters", {}),
+                          upgraded_to or {})  # fmt: skip
+        raise ActionFailed(f"{job.name} no longer runs {shown}; nothing was changed.")
     savepoint = (
         job.savepoints.filter(id=upgrade.params.get("savepoint")).first() if upgrade.params.get("savepoint") else None
     )
@@ -493,6 +591,7 @@ def _rollback_check(action: Action) -> Next:
         raise ActionFailed("The savepoint taken before the upgrade is gone; the upgrade cannot be rolled back.")
     remember(
         action, savepoint=savepoint.id if savepoint else None, from_pipeline=upgrade.params["from_pipeline"],
+        from_parameters=upgrade.params.get("from_parameters", job.parameters),
         was_running=alive_run(job) is not None or bool(action.params.get("automatic")),
     )  # fmt: skip
     return Next("stop")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
@@ -102,3 +102,14 @@ def duration_h(seconds: float | int | None) -> str:
     if total < 3600:
         return f"{total // 60}m {total % 60}s"
     return f"{total // 3600}h {total % 3600 // 60}m"
+
+
+@register.filter
+def ms_moment(value: int | None) -> str:
+    """Epoch milliseconds (a timer's firing time, a TTL's expiry) as a UTC time and how far off it is."""
+    if value is None:
+        return "–"
+    moment = datetime.fromtimestamp(int(value) / 1000, UTC)
+    delta = (moment - timezone.now()).total_seconds()
+    off = f"in {duration_h(delta)}" if delta >= 0 else f"{duration_h(-delta)} ago"
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC ({off})"

@@ -69,6 +69,8 @@ class Bad(ValueError):
 def parse_ddl(text: str) -> StructType:
     """``"a string NOT NULL, b array<struct<c: int>>"`` (or ``struct<...>``) as a StructType."""
     tokens = _tokens(text)
+    if not tokens:
+        raise SchemaError("a schema needs at least one field")
     parser = _Parser(tokens, text)
     if len(tokens) > 1 and tokens[0].lower() == "struct" and tokens[1] == "<":
         parser.take("struct")

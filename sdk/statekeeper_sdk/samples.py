@@ -34,12 +34,22 @@ def sample_events(pipeline: Any, rng: random.Random) -> Callable[[int], str]:
     schema (a regex payload without either has no form to make one from: ValueError)."""
     if getattr(pipeline, "generator", None) is not None:
         return pipeline.generator(rng)
+    struct, event_time = pipeline.payload.struct, pipeline.payload.event_time
     if lines := _sample_lines(pipeline):
         at = iter(range(1 << 62))
-        return lambda now_ms: lines[next(at) % len(lines)]
+
+        def sample(now_ms: int) -> str:
+            line = lines[next(at) % len(lines)]
+            if not event_time or pipeline.payload.kind != "json":
+                return line
+            value = json.loads(line)  # a sample's event time is now, or the watermark would drop it as late
+            if isinstance(value, dict):
+                value[event_time] = now_ms if "long" in str(struct[event_time].dataType).lower() else _iso(now_ms)
+            return json.dumps(value)
+
+        return sample
     if pipeline.payload.kind != "json":
         raise ValueError(f"{pipeline.name} parses {pipeline.payload.kind} and has neither a generator nor samples")
-    struct, event_time = pipeline.payload.struct, pipeline.payload.event_time
 
     def event(now_ms: int) -> str:
         value = _made(struct, rng, now_ms, 0)

@@ -32,12 +32,21 @@ from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session
 
 
+def _variables(props: dict[str, Any]) -> list[dict[str, Any]]:
+    """A transformWithState operator's own state variables (Spark's timer indexes, named ``$...``, are not one)."""
+    return [var for var in props.get("stateVariables", []) if not str(var.get("stateName", "")).startswith("$")]
+
+
+def _has_timers(props: dict[str, Any]) -> bool:
+    return any(var.get("stateVariableType") == "TimerState" for var in props.get("stateVariables", []))
+
+
 def _readers(spark: Any, path: str, batch: int) -> Iterator[tuple[Any, str, Any]]:
     """For each stateful operator in the checkpoint's metadata and each of its state variables: the operator's
     metadata row, the state's name, and Spark's state reader on it at the batch."""
     for row in spark.read.format("state-metadata").load(path).collect():
         props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        for name in [var["stateName"] for var in props.get("stateVariables", [])] or [None]:
+        for name in [var["stateName"] for var in _variables(props)] or [None]:
             reader = (
                 spark.read.format("statestore")
                 .option("batchId", str(batch))
@@ -102,16 +111,35 @@ def inspect(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     operators = []
     for row in spark.read.format("state-metadata").load(path).collect():
         props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        variables = [var["stateName"] for var in props.get("stateVariables", [])]
+        variables = _variables(props)
         operators.append(
             {"id": row["operatorId"], "name": row["operatorName"], "partitions": row["numPartitions"],
-             "variables": variables, "min_batch": row["minBatchId"], "max_batch": row["maxBatchId"]}
+             "variables": [var["stateName"] for var in variables], "min_batch": row["minBatchId"],
+             "max_batch": row["maxBatchId"], "time_mode": props.get("timeMode", ""),
+             "details": [{"name": var["stateName"], "type": var.get("stateVariableType", ""),
+                          "ttl": bool(var.get("ttlEnabled"))} for var in variables]}
         )  # fmt: skip
+        if mode == "variables" and _has_timers(props):
+            timers = _timers(spark, path, batch, row["operatorId"])
+            first = timers.agg(F.count(F.lit(1)).alias("n"), F.min("expiration_timestamp_ms").alias("next")).first()
+            operators[-1]["timers"] = {"count": first["n"], "next_ms": first["next"]}
     if mode == "variables":
         return {"operators": operators}
     operator = int(spec.get("operator", 0))
     variable = spec.get("variable") or None
     limit, offset = min(int(spec.get("limit", 50)), 500), max(0, int(spec.get("offset", 0)))
+    if mode == "timers":
+        if not any(op["id"] == operator and op.get("time_mode") not in ("", "None", "NoTime") for op in operators):
+            raise ValueError(f"operator {operator} keeps no timers (only transformWithState with a time mode does)")
+        timers = _timers(spark, path, batch, operator)
+        total = timers.count()
+        rows = timers.orderBy("expiration_timestamp_ms", F.to_json("key")).offset(offset).limit(limit).collect()
+        return {
+            "operators": operators, "total": total, "offset": offset,
+            "rows": [{"key": json.dumps(r["key"].asDict(recursive=True), default=str),
+                      "value": _moment(r["expiration_timestamp_ms"]), "fires_ms": r["expiration_timestamp_ms"],
+                      "partition": r["partition_id"]} for r in rows],
+        }  # fmt: skip
     frame = _reader(spark, path, batch, operator, variable)
     if mode in ("keys", "lookup"):
         if mode == "lookup":
@@ -147,6 +175,23 @@ def inspect(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     raise ValueError(f"unknown inspection {mode!r}")
 
 
+def _timers(spark: Any, path: str, batch: int, operator: int) -> Any:
+    """The operator's registered timers at the batch: ``key``, ``expiration_timestamp_ms``, ``partition_id``."""
+    return (
+        spark.read.format("statestore").option("batchId", str(batch)).option("operatorId", str(operator))
+        .option("readRegisteredTimers", "true").load(path)
+    )  # fmt: skip
+
+
+def _moment(ms: int | None) -> str:
+    if ms is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+TTL_FIELDS = ("value", "ttlExpirationMs")  # how Spark stores a value with a time to live: the value, its expiry
+
+
 def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
     """Each stateful operator with its output mode and, per state variable, the key and value schemas Spark reads
     its state with at the batch."""
@@ -156,12 +201,21 @@ def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
         entry = operators.setdefault(
             row["operatorId"],
             {"id": row["operatorId"], "name": row["operatorName"], "output_mode": props.get("outputMode", ""),
-             "partitions": row["numPartitions"], "variables": {}},
+             "partitions": row["numPartitions"], "variables": {}, "time_mode": props.get("timeMode", ""),
+             "timers": _has_timers(props)},
         )  # fmt: skip
         fields = {f.name: f.dataType for f in state.schema.fields}
+        value = fields.get("value")
+        ttl = any(var["stateName"] == name and var.get("ttlEnabled") for var in _variables(props))
+        if ttl and value is not None and tuple(f.name for f in value.fields) == TTL_FIELDS:
+            value = value["value"].dataType  # the value itself, without the expiry Spark keeps beside it
         entry["variables"][name] = {
             "key": fields["key"].jsonValue() if "key" in fields else None,
-            "value": fields["value"].jsonValue() if "value" in fields else None,
+            "value": value.jsonValue() if value is not None else None,
+            "type": next(
+                (var.get("stateVariableType", "") for var in _variables(props) if var["stateName"] == name), ""
+            ),
+            "ttl": ttl,
         }
     return list(operators.values())
 
@@ -266,8 +320,10 @@ def shadow(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str,
     """The new pipeline and the current one, each from its own copy of the same savepoint, over the same input: the
     result rows the new one would add, remove or change. Beside the live job, so its timing is not a difference."""
     root = Path(path)
-    old = _results_over_range(spark, root / "old", spec, spec["old_reference"])
-    new = _results_over_range(spark, root / "new", spec, spec["new_reference"])
+    old = _results_over_range(spark, root / "old", spec | {"parameters": spec.get("old_parameters", {})},
+                              spec["old_reference"])  # fmt: skip
+    new = _results_over_range(spark, root / "new", spec | {"parameters": spec.get("new_parameters", {})},
+                              spec["new_reference"])  # fmt: skip
     before, after = old["rows"], new["rows"]
     limit = int(spec.get("limit", 50))
     changes: dict[str, list[dict[str, Any]]] = {"added": [], "removed": [], "changed": []}

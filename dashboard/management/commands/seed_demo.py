@@ -1,5 +1,6 @@
 """Create the demo jobs and request the start of the first two (memory and RocksDB-incremental); the third, on the
-example package's user-sessions pipeline, waits to be started and upgraded (Deploys tab)."""
+example package's user-sessions pipeline, waits to be started and upgraded (Deploys tab), as does the fourth, the team
+job example's customer-spend (nested orders, with parameters: upgrade it to a shorter window or a lower threshold)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ DEMO_JOBS = [
         "state_backend": StateBackend.ROCKSDB,
         "parallelism": 1,
         "trigger_interval_seconds": 2,
+        "start": False,
+    },
+    {
+        "name": "spend-rocksdb",
+        "pipeline": "customer-spend",
+        "source_stream": "events:team-orders",
+        "state_backend": StateBackend.ROCKSDB,
+        "parallelism": 1,
+        "trigger_interval_seconds": 2,
+        "parameters": {"window_minutes": 5, "threshold": 2000},
         "start": False,
     },
 ]

@@ -1,0 +1,1 @@
+"""A team's order-analytics job, packaged for Statekeeper with the SDK only (see ``jobs.py``)."""

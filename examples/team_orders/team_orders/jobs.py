@@ -1,0 +1,124 @@
+"""Spend per customer per event-time window, from nested JSON order events: the kind of job a PySpark team already
+runs, brought to Statekeeper with light edits (its ``readStream`` is the console's checked source, its sink the
+results table; everything else is the team's own DataFrame code).
+
+An order event::
+
+    {"order_id": "o-17", "customer": {"id": "c-3", "region": "eu"}, "placed_at": "2026-11-24T05:00:00Z",
+     "express": false, "items": [{"sku": "A1", "qty": 2, "price": "9.99"}, ...]}
+
+- ``customer-spend``: per customer and tumbling window of ``window_minutes`` on ``placed_at`` (watermark
+  ``lateness_minutes``), the orders, items and total spent (exact decimals); a window whose total reaches
+  ``threshold`` is marked big.
+- ``customer-spend-v2``: the same state, and the average order value in the results (a code change the upgrade
+  preview finds compatible).
+
+Changing a parameter of a running job (a longer window, a lower threshold) is an upgrade: previewed on the job's
+state, savepointed, rolled back by itself if the new run fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
+from statekeeper_sdk import Parameter, Params, PayloadFormat, Pipeline, Result, ResultView
+
+from team_orders.money import MONEY, item_count, order_value
+
+ORDER_SCHEMA = """
+    order_id string NOT NULL,
+    customer struct<id: string NOT NULL, region: string> NOT NULL,
+    placed_at timestamp NOT NULL,
+    express boolean,
+    items array<struct<sku: string NOT NULL, qty: int NOT NULL, price: decimal(10,2) NOT NULL>> NOT NULL
+"""
+PARAMETERS = (
+    Parameter("window_minutes", "int", 60, "length of each customer's spend window", minimum=1, maximum=1440),
+    Parameter("threshold", "float", 100.0, "a window whose total reaches this is marked big", minimum=0),
+    Parameter("lateness_minutes", "int", 10, "how late an order may arrive for its window", minimum=0, maximum=1440),
+)
+
+
+def spend(events: DataFrame, params: Params) -> DataFrame:
+    orders = events.select(
+        F.col("customer.id").alias("customer"),
+        F.col("placed_at"),
+        order_value(F.col("items")).alias("value"),
+        item_count(F.col("items")).alias("items"),
+    )
+    return (
+        orders.withWatermark("placed_at", f"{params.lateness_minutes} minutes")
+        .groupBy(F.window("placed_at", f"{params.window_minutes} minutes"), "customer")
+        .agg(F.count(F.lit(1)).alias("orders"), F.sum("items").alias("items"), F.sum("value").alias("total"))
+        .select(
+            "customer",
+            F.col("window.start").alias("start"),
+            F.col("window.end").alias("end"),
+            "orders",
+            "items",
+            F.col("total").cast(MONEY).alias("total"),
+            (F.col("total") >= F.lit(params.threshold)).alias("big"),
+        )
+    )
+
+
+def spend_v2(events: DataFrame, params: Params) -> DataFrame:
+    return spend(events, params).withColumn("average", (F.col("total") / F.col("orders")).cast(MONEY))
+
+
+def results(rows: list[Row]) -> Iterable[Result]:
+    for row in rows:
+        start, end = row["start"].strftime("%Y-%m-%d %H:%M"), row["end"].strftime("%Y-%m-%d %H:%M")
+        value = {
+            "customer": row["customer"], "start": start, "end": end, "orders": int(row["orders"]),
+            "items": int(row["items"]), "total": str(row["total"]), "big": bool(row["big"]),
+        }  # fmt: skip
+        if "average" in row:
+            value["average"] = str(row["average"])
+        yield "spend", f"{row['customer']}|{start}|{end}", value
+
+
+CUSTOMER_SPEND = Pipeline(
+    name="customer-spend",
+    title="Spend per customer per window",
+    description="Nested JSON orders → orders, items and spend per customer per event-time window (parameters: "
+    "window, threshold, lateness).",
+    payload=PayloadFormat("json", schema=ORDER_SCHEMA, event_time="placed_at"),
+    transform=spend,
+    output_mode="update",
+    results=results,
+    views=(
+        ResultView(
+            "spend",
+            "Spend per customer and window",
+            (
+                ("Customer", "customer"),
+                ("From", "start"),
+                ("To", "end"),
+                ("Orders", "orders"),
+                ("Items", "items"),
+                ("Total", "total"),
+                ("Big", "big"),
+            ),
+            "start",
+        ),
+    ),  # fmt: skip
+    parameters=PARAMETERS,
+    samples="samples.jsonl",
+)
+CUSTOMER_SPEND_V2 = replace(
+    CUSTOMER_SPEND,
+    name="customer-spend-v2",
+    title="Spend per customer per window, with the average order",
+    description="customer-spend with the average order value in the results (the same state).",
+    transform=spend_v2,
+    views=(
+        replace(
+            CUSTOMER_SPEND.views[0],
+            columns=(*CUSTOMER_SPEND.views[0].columns, ("Average", "average")),
+        ),
+    ),
+)

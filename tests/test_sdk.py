@@ -1,0 +1,128 @@
+"""The pipeline SDK as a package author meets it: its schema language reads DDL as Spark does, a package built for
+another SDK major is refused by the registry with its name and the reason, the deploy's code version sees an edit to
+any file of the package, and parameters are checked as the job form and the API check them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from statekeeper_sdk import Parameter, SchemaError, parse_ddl, resolve
+from statekeeper_sdk.code import code_version
+
+from dashboard import pipelines
+
+DDL = [
+    "a string, b bigint, c double",
+    "order_id string NOT NULL, items array<struct<sku: string NOT NULL, qty: int, price: decimal(10,2)>> NOT NULL",
+    "customer struct<id: string NOT NULL, tags: map<string, array<string>>>, seen timestamp, day date, ok boolean",
+    "`odd name` string, `back``tick` int, n smallint, t tinyint, f float, ts timestamp_ntz",
+    "deep struct<a: struct<b: struct<c: array<map<string, decimal(38, 0)>>>>>",
+]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("ddl", DDL)
+def test_the_sdk_reads_a_schema_exactly_as_spark_does(spark, ddl):
+    assert parse_ddl(ddl) == spark.createDataFrame([], ddl).schema
+
+
+@pytest.mark.parametrize(
+    ("ddl", "reason"),
+    [
+        ("a strin", "unknown type 'strin'"),
+        ("a array<string", "expected > in the schema"),
+        ("a map<int, string>", "a map's keys must be strings"),
+        ("a decimal(40, 2)", "decimal"),
+        ("a string, a bigint", "twice"),
+        ("", "at least one field"),
+    ],
+)
+def test_a_schema_spark_would_not_take_is_refused_with_the_reason(ddl, reason):
+    with pytest.raises(SchemaError) as refused:
+        parse_ddl(ddl)
+    assert reason in str(refused.value), str(refused.value)
+
+
+def _distribution(site: Path, name: str, requires: str, helper: str = "RATE = 1\n") -> None:
+    """An installed package on ``site``: module, helper module and its metadata, as pip leaves them."""
+    package = site / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text(helper)
+    (package / "jobs.py").write_text(
+        "from statekeeper_sdk import Field, PayloadFormat, Pipeline\n"
+        "from .helpers import RATE\n\n"
+        f"PIPELINE = Pipeline(name={name + '-job'!r}, title='t', description='d', "
+        "payload=PayloadFormat('json', (Field('a', 'string'),)), transform=lambda events: events, "
+        "output_mode='append', results=lambda rows: [], views=())\n"
+    )
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Dist: {requires}\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+    (info / "entry_points.txt").write_text(f"[statekeeper.pipelines]\n{name}-job = {name}.jobs:PIPELINE\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pipelines.registry.cache_clear()
+    yield tmp_path
+    pipelines.registry.cache_clear()
+
+
+def test_the_registry_refuses_a_package_built_for_another_sdk_major_and_keeps_the_rest(site):
+    _distribution(site, "acme_future", "statekeeper-sdk>=2,<3")
+    _distribution(site, "acme_current", "statekeeper-sdk>=1,<2")
+    found = pipelines.registry()
+    refused = {r.reference: r.reason for r in found.refused}
+    reason = refused["acme_future.jobs:PIPELINE"]
+    assert "acme_future 1.0 is built for statekeeper-sdk<3,>=2" in reason and "supports statekeeper-sdk 1.x" in reason
+    assert "acme_current-job" in found.pipelines and "acme_future-job" not in found.pipelines
+    assert "url-counts" in found.pipelines, "the other pipelines still load"
+
+
+def test_a_deploys_code_version_sees_an_edit_to_a_helper_module(site):
+    _distribution(site, "acme_helpers", "statekeeper-sdk>=1,<2")
+    import acme_helpers.jobs
+
+    before = code_version(acme_helpers.jobs)
+    assert before.package == "acme_helpers 1.0" and before.files == 3
+    (site / "acme_helpers" / "helpers.py").write_text("RATE = 2\n")
+    after = code_version(acme_helpers.jobs)
+    assert after.package == before.package and after.code_hash != before.code_hash, "the helper's edit is a new version"
+
+
+def test_parameters_are_checked_against_what_the_pipeline_declares():
+    declared = (
+        Parameter("window_minutes", "int", 60, minimum=1, maximum=1440),
+        Parameter("threshold", "float", 100.0, minimum=0),
+        Parameter("mode", "str", "fast", choices=("fast", "exact")),
+        Parameter("dry_run", "bool", False),
+    )
+    assert resolve(declared, {"window_minutes": "15", "dry_run": "true"}) == {
+        "window_minutes": 15, "threshold": 100.0, "mode": "fast", "dry_run": True,
+    }  # fmt: skip
+    with pytest.raises(ValueError) as wrong:
+        resolve(declared, {"window_minutes": 0, "threshold": "nan", "mode": "slow", "colour": 1, "dry_run": 2})
+    lines = str(wrong.value).splitlines()
+    assert "colour: the pipeline has no such parameter" in lines
+    assert "window_minutes: must be at least 1, got 0" in lines
+    assert any(line.startswith("threshold: expected a number") for line in lines)
+    assert "mode: 'slow' is not one of fast, exact" in lines and any(line.startswith("dry_run:") for line in lines)
+    with pytest.raises(ValueError, match="out of range for a 64-bit integer"):
+        resolve(declared, {"window_minutes": 2**70})
+    with pytest.raises(ValueError, match="must be at most 1440"):
+        resolve(declared, {"window_minutes": 10**18})
+
+
+def test_an_operator_types_parameters_as_lines_or_json():
+    assert pipelines.parse_parameters("window_minutes = 10\n# a comment\nthreshold=50  # euros\n") == {
+        "window_minutes": "10", "threshold": "50",
+    }  # fmt: skip
+    assert pipelines.parse_parameters(json.dumps({"threshold": 5})) == {"threshold": 5}
+    for text, reason in [("window 10", "Line 1"), ("a = 1\na = 2", "set twice"), ("[1]", "Line 1"), ("{", "JSON")]:
+        with pytest.raises(ValueError, match=reason):
+            pipelines.parse_parameters(text)

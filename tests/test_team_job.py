@@ -1,0 +1,226 @@
+"""A team's job brought as it is written (examples/team_orders: nested JSON orders with an array of items, exact
+decimals, event-time windows, parameters; the package depends on the SDK only): every result is checked against the
+orders sent, every broken order is dead-lettered with the path that is wrong, and the parameters reach the pipeline
+and the deploy. The long form runs it through savepoint, kill -9, rollback, restore, a parameter upgrade, a code
+upgrade and the upgrade's rollback (``-m chaos``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job, ResultRow, SavepointStatus
+from dashboard.services.actions import action_request
+from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
+from tests.conftest import run_through, wait_for
+from tests.test_chaos import running_with_progress
+from tests.test_upgrades import finished, switched_to
+
+CUSTOMERS = [f"c-{n}" for n in range(6)]
+
+
+class Orders:
+    """Orders sent to a stream, kept so that every expected figure comes from them, not from the job."""
+
+    def __init__(self, redis: Any, stream: str) -> None:
+        self.redis, self.stream = redis, stream
+        self.sent: list[dict[str, Any]] = []
+        self.poison: dict[str, str] = {}  # entry id -> the path its dead letter must name
+
+    def send(self, count: int, seed: int, customers: list[str] = CUSTOMERS) -> int:
+        rng, pipe, now = random.Random(seed), self.redis.pipeline(transaction=False), time.time()
+        for n in range(count):
+            items = [
+                # prices as JSON text and as JSON numbers: both are exact decimals to the job
+                {"sku": f"S{rng.randrange(40)}", "qty": rng.randint(1, 5),
+                 "price": f"{rng.randint(1, 20000) / 100:.2f}" if rng.random() < 0.7 else rng.randint(1, 300) / 4}
+                for _ in range(rng.randint(1, 4))
+            ]  # fmt: skip
+            order = {
+                "order_id": f"o-{seed}-{n}",
+                "customer": {"id": rng.choice(customers), "region": rng.choice(["eu", "us", None])},
+                "placed_at": datetime.fromtimestamp(now - rng.uniform(0, 20), UTC).isoformat(),
+                "express": rng.random() < 0.3,
+                "items": items,
+            }
+            self.sent.append(order)
+            pipe.xadd(self.stream, {"v": json.dumps(order)})
+        pipe.execute()
+        return count
+
+    def send_poison(self) -> None:
+        now = datetime.now(UTC).isoformat()
+        good = {
+            "order_id": "p",
+            "customer": {"id": "c-0"},
+            "placed_at": now,
+            "items": [{"sku": "a", "qty": 1, "price": "1"}],
+        }
+        broken = [
+            (dict(good, items=[good["items"][0], {"sku": "b", "qty": 2, "price": "abc"}]), "items[1].price"),
+            (dict(good, customer={"region": "eu"}), "customer.id"),
+            (dict(good, items=[{"sku": "a", "qty": 2**40, "price": "1"}]), "items[0].qty"),
+            (dict(good, express="yes"), "express"),
+            (dict(good, placed_at="2099-01-01T00:00:00Z"), "placed_at"),
+            (dict(good, items=[{"sku": "a", "qty": 1, "price": "123456789012.5"}]), "items[0].price"),
+            (dict(good, items=[{"sku": "\ud800", "qty": 1, "price": "1"}]), "items[0].sku"),
+            (dict(good, items={"sku": "a"}), "items"),
+        ]
+        for order, path in broken:
+            entry = self.redis.xadd(self.stream, {"v": json.dumps(order)})
+            self.poison[entry.decode()] = path
+
+    def expected(self, window_minutes: int = 60, threshold: float = 100.0) -> dict[str, dict[str, Any]]:
+        """The results the job must hold: orders, items and total per customer and window, from what was sent."""
+        width = window_minutes * 60
+        found: dict[str, dict[str, Any]] = {}
+        for order in self.sent:
+            placed = datetime.fromisoformat(order["placed_at"]).timestamp()
+            start = int(placed // width * width)
+            shown = [datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") for t in (start, start + width)]
+            key = f"{order['customer']['id']}|{shown[0]}|{shown[1]}"
+            row = found.setdefault(key, {"customer": order["customer"]["id"], "start": shown[0], "end": shown[1],
+                                         "orders": 0, "items": 0, "total": Decimal(0)})  # fmt: skip
+            row["orders"] += 1
+            row["items"] += sum(i["qty"] for i in order["items"])
+            row["total"] += sum(i["qty"] * Decimal(str(i["price"])) for i in order["items"])
+        for row in found.values():
+            row["big"] = float(row["total"]) >= threshold
+            row["total"] = str(row["total"].quantize(Decimal("0.01")))
+        return found
+
+
+def sink(job: Job, fields: tuple[str, ...] = ("customer", "start", "end", "orders", "items", "total")) -> dict:
+    return {r.key: {f: r.value[f] for f in fields} for r in ResultRow.objects.filter(job=job, kind="spend")}
+
+
+def stop(job: Job) -> None:
+    """Stop the job and wait for its driver's process to be gone (a restore or rollback refuses one still exiting)."""
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["starting", "running", "stopping"]).exists(), 120, 1, "the stop")
+    pids = [pid for pid in job.runs.values_list("pid", flat=True) if pid]
+    wait_for(lambda: not any(pid_alive(pid) for pid in pids), 60, 0.5, "the driver's process to exit")
+
+
+def totals_match(job: Job, orders: Orders) -> bool:
+    want = {
+        k: {f: v[f] for f in ("customer", "start", "end", "orders", "items", "total")}
+        for k, v in orders.expected().items()
+    }
+    return sink(job) == want
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_a_team_job_with_nested_orders_and_parameters_counts_every_order_and_names_each_broken_path(
+    make_job, start_driver, redis, stream_name
+):
+    orders = Orders(redis, stream_name)
+    orders.send(40, seed=1)
+    orders.send_poison()
+    orders.send(40, seed=2)
+    # a threshold in the middle of the totals: some windows are big, some are not
+    threshold = float(sorted(Decimal(r["total"]) for r in orders.expected(window_minutes=30).values())[3])
+    job = make_job(pipeline="customer-spend", parameters={"window_minutes": 30, "threshold": threshold}, parallelism=1)
+    run_through(start_driver(job), redis, redis.xlen(stream_name))
+
+    expected = orders.expected(window_minutes=30, threshold=threshold)
+    got = sink(job, ("customer", "start", "end", "orders", "items", "total", "big"))
+    assert got == expected, "every order counted once, with exact decimals, in 30-minute windows, big at the threshold"
+    assert any(row["big"] for row in got.values()) and not all(row["big"] for row in got.values())
+
+    dead = {f[b"entry"].decode(): f[b"reason"].decode() for _, f in redis.xrange(job.dead_letter_stream)}
+    assert set(dead) == set(orders.poison), "each broken order dead-lettered once, no good one"
+    for entry, path in orders.poison.items():
+        assert dead[entry].startswith(f"{path}:"), (path, dead[entry])
+
+    deploy = Deploy.objects.get(job=job)
+    assert deploy.parameters == {"window_minutes": 30, "threshold": threshold, "lateness_minutes": 10}
+    assert deploy.package == "statekeeper-example-team-orders 1.0.0"
+
+
+@pytest.mark.chaos  # savepoint, kill -9, rollback, restore, two upgrades and a rollback: several minutes
+@pytest.mark.django_db(transaction=True)
+def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_every_total_exact(
+    make_job, redis, stream_name, celery_worker
+):
+    job = make_job(pipeline="customer-spend", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1,
+                   restart_strategy="fixed-delay", restart_delay_seconds=1)  # fmt: skip
+    orders = Orders(redis, stream_name)
+    orders.send(60, seed=1)
+    orders.send_poison()
+    job_request_start(job=job)
+    wait_for(lambda: totals_match(job, orders), 240, 1, "the first orders to be counted")
+
+    savepoint = finished(action_request(job=job, kind=ActionKind.SAVEPOINT, params={}))
+    assert savepoint.status == ActionStatus.SUCCEEDED, savepoint.outcome
+    saved = job.savepoints.get(status=SavepointStatus.VERIFIED)
+
+    # kill -9 the driver while orders arrive: the restart replays, nothing counts twice
+    run = wait_for(lambda: running_with_progress(job), 60, 1, "a running driver")
+    orders.send(40, seed=2)
+    os.killpg(run.pid, signal.SIGKILL)
+    wait_for(lambda: running_with_progress(job, run.id), 180, 1, "the recovery after kill -9")
+    orders.send(40, seed=3)
+    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the kill")
+
+    # roll back to a middle batch (of a stopped job, as the console asks): it replays what came after it
+    stop(job)
+    batches = sorted(
+        job.checkpoints.filter(location=Job.objects.get(id=job.id).checkpoint_dir).values_list("batch_id", flat=True)
+    )
+    middle = batches[len(batches) // 2]
+    rolled = finished(action_request(job=job, kind=ActionKind.ROLLBACK, params={"batch": middle}))
+    assert rolled.status == ActionStatus.SUCCEEDED, rolled.outcome
+    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the rollback")
+
+    # restore the savepoint taken after the first orders: the rest are read again, counted once
+    stop(job)
+    restored = finished(action_request(job=job, kind=ActionKind.RESTORE, params={"savepoint": saved.id}))
+    assert restored.status == ActionStatus.SUCCEEDED, restored.outcome
+    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the restore")
+
+    # a parameter change is an upgrade: the same pipeline, threshold 50; the rows it emits next say big at 50
+    lower = finished(action_request(job=job, kind=ActionKind.UPGRADE,
+                                    params={"pipeline": "customer-spend", "parameters": {"threshold": 50}}))  # fmt: skip
+    assert lower.status == ActionStatus.SUCCEEDED, lower.outcome
+    assert "threshold: 100.0 → 50.0" in lower.outcome and "Compatible" in lower.params["plan"]["summary"]
+    assert Job.objects.get(id=job.id).parameters == {"window_minutes": 60, "threshold": 50.0, "lateness_minutes": 10}
+    orders.send(30, seed=4)
+    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the parameter upgrade")
+    touched = {o["customer"]["id"] for o in orders.sent[-30:]}
+    at_fifty = orders.expected(threshold=50.0)
+    for key, row in ResultRow.objects.filter(job=job, kind="spend").values_list("key", "value"):
+        if row["customer"] in touched and key == max(k for k in at_fifty if k.startswith(row["customer"] + "|")):
+            assert row["big"] == at_fifty[key]["big"], (key, row)
+
+    # a code change: version 2 adds the average order to the results, on the same state
+    v2 = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "customer-spend-v2"}))
+    assert v2.status == ActionStatus.SUCCEEDED and switched_to(job, "customer-spend-v2"), v2.outcome
+    orders.send(30, seed=5)
+    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the code upgrade")
+    assert any("average" in r.value for r in ResultRow.objects.filter(job=job, kind="spend"))
+
+    # and back: version 1 from the savepoint taken before version 2, with the threshold it ran with
+    back = finished(action_request(job=job, kind=ActionKind.UPGRADE_ROLLBACK, params={"upgrade": v2.id}))
+    assert back.status == ActionStatus.SUCCEEDED, back.outcome
+    assert switched_to(job, "customer-spend") and Job.objects.get(id=job.id).parameters["threshold"] == 50.0
+    orders.send(20, seed=6)
+    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the upgrade's rollback")
+
+    stop(job)
+    assert totals_match(job, orders), "every order counted exactly once across every step"
+    dead = {f[b"entry"].decode() for _, f in redis.xrange(job.dead_letter_stream)}
+    assert dead == set(orders.poison), "each broken order dead-lettered once, whatever was replayed"
+    deploys = list(Deploy.objects.filter(job=job).order_by("id").values_list("pipeline", "parameters"))
+    assert [d[0] for d in deploys][-3:] == ["customer-spend", "customer-spend-v2", "customer-spend"]
+    assert {d[1]["threshold"] for d in deploys} == {100.0, 50.0}
+    assert Action.objects.filter(job=job, status=ActionStatus.FAILED).count() == 0
