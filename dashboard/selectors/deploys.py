@@ -21,7 +21,7 @@ def deploy_history(job: Job) -> list[Deploy]:
     )
     for deploy, before in zip(deploys, [*deploys[1:], None][: len(deploys)], strict=True):
         if before is None:
-            deploy.parameter_changes = [f"{k} = {v}" for k, v in deploy.parameters.items()]  # type: ignore[attr-defined]
+            deploy.parameter_changes = pipelines.format_parameters(deploy.parameters, deploy.pipeline).splitlines()  # type: ignore[attr-defined]
         else:
             deploy.parameter_changes = pipelines.parameter_changes(before.parameters, deploy.parameters)  # type: ignore[attr-defined]
     return deploys

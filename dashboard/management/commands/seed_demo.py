@@ -46,7 +46,7 @@ DEMO_JOBS = [
         "state_backend": StateBackend.ROCKSDB,
         "parallelism": 1,
         "trigger_interval_seconds": 2,
-        "parameters": {"window_minutes": 5, "threshold": 2000},
+        "parameters": {"window_minutes": 5, "threshold": 1_000_000},
         "start": False,
     },
 ]
