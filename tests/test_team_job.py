@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job, ResultRow, SavepointStatus
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
@@ -224,3 +225,44 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
     assert [d[0] for d in deploys][-3:] == ["customer-spend", "customer-spend-v2", "customer-spend"]
     assert {d[1]["threshold"] for d in deploys} == {100.0, 50.0}
     assert Action.objects.filter(job=job, status=ActionStatus.FAILED).count() == 0
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_a_team_job_reads_its_nested_orders_from_parquet_files_and_refuses_csv_for_them(
+    make_job, start_driver, redis, settings, tmp_path
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from workers.spark.sources.files import unsupported
+
+    settings.FILE_SOURCE_ROOTS = [tmp_path.resolve()]
+    inbox = tmp_path / "orders"
+    inbox.mkdir()
+    orders = Orders(redis, "unused")  # only its figures: the orders go to a Parquet file, not a stream
+    rng = random.Random(9)
+    now = datetime.now(UTC)
+    for n in range(30):
+        items = [{"sku": f"S{k}", "qty": rng.randint(1, 3), "price": Decimal(rng.randint(1, 9999)) / 100}
+                 for k in range(rng.randint(1, 3))]  # fmt: skip
+        orders.sent.append({"order_id": f"o{n}", "customer": {"id": rng.choice(CUSTOMERS), "region": "eu"},
+                            "placed_at": now.isoformat(), "express": None, "items": items})  # fmt: skip
+    item = pa.struct([("sku", pa.string()), ("qty", pa.int32()), ("price", pa.decimal128(10, 2))])
+    schema = pa.schema([
+        ("order_id", pa.string()), ("customer", pa.struct([("id", pa.string()), ("region", pa.string())])),
+        ("placed_at", pa.timestamp("us", tz="UTC")), ("express", pa.bool_()), ("items", pa.list_(item)),
+    ])  # fmt: skip
+    rows = [{**o, "placed_at": datetime.fromisoformat(o["placed_at"])} for o in orders.sent]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), inbox / "orders-1.parquet")
+
+    spend = pipelines.get("customer-spend")
+    assert "a CSV row is flat, and its payload nests customer, items" in unsupported(spend.payload, "csv")
+    assert unsupported(spend.payload, "parquet") == unsupported(spend.payload, "json") == ""
+
+    job = make_job(pipeline="customer-spend", source_kind="files", source_path=str(inbox), source_format="parquet",
+                   source_stream="files:orders", parallelism=1)  # fmt: skip
+    driver = start_driver(job)
+    wait_for(lambda: totals_match(job, orders), 180, 1, "every Parquet order counted")
+    assert driver.stop() == "stopped"
+    assert not redis.xlen(job.dead_letter_stream), "no good order dead-lettered"

@@ -133,6 +133,9 @@ def state_reader_ask(request: dict[str, Any], timeout: float) -> dict[str, Any] 
     except (FileNotFoundError, ConnectionRefusedError):
         pass
     except OSError:
+        # it went away mid-request (a reset, a broken pipe): this read is done in a process of its own, and a new
+        # reader is started for the next one (a second beside a live one leaves at once)
+        state_reader_warm()
         return None
     pid = state_reader_warm()
     deadline = time.monotonic() + 120
