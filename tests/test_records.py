@@ -67,3 +67,10 @@ def test_a_rocksdb_jobs_state_size_is_its_sst_files_not_sparks_memory_figure():
     record = checkpoint_record(rocksdb, Measurement(120, 4000, False))
     assert (record["state_sst_bytes"], record["state_memory_bytes"]) == (60_000, 0)
     assert checkpoint_record(PROGRESS, Measurement(120, 4000, False))["state_sst_bytes"] is None, "the memory backend"
+    charted = point(record)
+    assert charted["state_sst"] == 60_000 and [op[2] for op in charted["ops"]] == [52_000, 8_000], (
+        "the chart's figures for a RocksDB job are its SST files, per operator too"
+    )
+    assert [op[2] for op in point(checkpoint_record(PROGRESS, Measurement(120, 4000, False)))["ops"]] == [None] * len(
+        PROGRESS["stateOperators"]
+    )

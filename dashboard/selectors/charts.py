@@ -52,8 +52,15 @@ def point(record: dict[str, Any]) -> dict[str, Any]:
         "location": record.get("location", "checkpoint"),
     }
     p.update({m.point: _shown(m.unit, m.value(record)) for m in MEASURES})
-    # per stateful operator: [rows, bytes in memory]
-    p["ops"] = [[op.get("numRowsTotal", 0), op.get("memoryUsedBytes", 0)] for op in record.get("state_operators") or []]
+    # per stateful operator: [rows, bytes in memory, RocksDB's SST files' bytes (None for the memory backend)]
+    p["ops"] = [
+        [
+            op.get("numRowsTotal", 0),
+            op.get("memoryUsedBytes", 0),
+            (op.get("customMetrics") or {}).get("rocksdbSstFileSize"),
+        ]
+        for op in record.get("state_operators") or []
+    ]
     return _with_lag_seconds(p)
 
 
