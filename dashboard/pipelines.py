@@ -163,6 +163,15 @@ def parameter_values(name: str, given: dict[str, Any]) -> dict[str, Any]:
     return dict(resolve(getattr(get(name), "parameters", ()) or (), given))
 
 
+def values_or_stored(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``parameter_values``, or the given values as stored when the pipeline is no longer registered or they no longer
+    fit it (a page still shows them)."""
+    try:
+        return parameter_values(name, given)
+    except (UnknownPipeline, ValueError):
+        return dict(given)
+
+
 def parameter_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Each parameter whose value differs, as ``name: old → new`` (``—`` where one side has none)."""
     return [

@@ -19,7 +19,7 @@ def deploy_history(job: Job) -> list[Deploy]:
         .annotate(run_count=Count("runs"), first_run=Min("runs__requested_at"), last_run=Max("runs__requested_at"))
         .order_by("-id")
     )
-    for deploy, before in zip(deploys, [*deploys[1:], None][: len(deploys)], strict=True):
+    for deploy, before in zip(deploys, [*deploys[1:], None], strict=False):  # the oldest has none before it
         if before is None:
             deploy.parameter_changes = pipelines.format_parameters(deploy.parameters, deploy.pipeline).splitlines()  # type: ignore[attr-defined]
         else:
@@ -62,10 +62,7 @@ def upgrade_view(job: Job) -> UpgradeView:
         getattr(current, "parameters", None) or ()
     ):  # the same code with other values is an upgrade
         targets.insert(0, (job.pipeline, "the same pipeline, with the parameters below"))
-    try:
-        values = pipelines.parameter_values(job.pipeline, job.parameters)
-    except (KeyError, ValueError):
-        values = dict(job.parameters)
+    values = pipelines.values_or_stored(job.pipeline, job.parameters)
     declared = [(name, list(found.pipelines[name].parameters)) for name, _ in targets
                 if tuple(getattr(found.pipelines[name], "parameters", None) or ())]  # fmt: skip
     return UpgradeView(

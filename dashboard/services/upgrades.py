@@ -182,10 +182,7 @@ def compare(result: dict[str, Any], old: Any, new: Any) -> list[Verdict]:
 
 def current_parameters(job: Job) -> dict[str, Any]:
     """The values the job's pipeline runs with now (its defaults filling what the job does not set)."""
-    try:
-        return pipelines.parameter_values(job.pipeline, job.parameters)
-    except (KeyError, ValueError):  # unregistered now, or the values no longer fit it: as stored
-        return dict(job.parameters)
+    return pipelines.values_or_stored(job.pipeline, job.parameters)
 
 
 def target_parameters(job: Job, target: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -239,7 +236,7 @@ def checked_target(action: Action) -> str:
 def _target_shown(action: Action) -> str:
     """The upgrade's target as the operator reads it, with the parameters it changes."""
     return described(action.params["plan"]["target"], action.params.get("from_parameters", {}),
-                     action.params["plan"].get("parameters", {}))  # fmt: skip
+                     action.params.get("parameters", {}))  # fmt: skip
 
 
 def _plan_copy(action: Action) -> Outcome:
@@ -249,7 +246,7 @@ def _plan_copy(action: Action) -> Outcome:
     shown = described(target, action.params["from_parameters"], action.params["parameters"])
     batches = committed_batches(job.checkpoint_location)
     if not batches:
-        plan: dict[str, Any] = {"target": target, "parameters": action.params["parameters"], "batch": None,
+        plan: dict[str, Any] = {"target": target, "batch": None,
                 "verdicts": [], "incompatible": False,
                 "summary": f"{job.name} has no committed state yet: {shown} starts from the beginning of the source."}  # fmt: skip
         remember(action, plan=plan)
@@ -311,7 +308,7 @@ def _plan(action: Action) -> Outcome:
             + (f" ({evolving} state variable(s) through Spark's schema evolution)" if evolving else "")
             + f"; the replayed batch produced {result.get('output_rows', 0)} result rows."
         )
-    plan = {"target": target, "parameters": action.params["parameters"], "batch": batch,
+    plan = {"target": target, "batch": batch,
             "verdicts": [asdict(v) for v in verdicts], "incompatible": bool(bad), "summary": summary}  # fmt: skip
     remember(action, plan=plan)
     return Next("gate")
@@ -420,7 +417,7 @@ def _switch(action: Action) -> Outcome:
         remember(action, from_deploy=savepoint.deploy_id)
         if action.params.get("empty_state"):
             emptied = _start_empty(action, savepoint)
-    values = action.params["plan"].get("parameters", job.parameters)
+    values = action.params.get("parameters", job.parameters)
     Job.objects.filter(id=job.id).update(
         pipeline=action.params["plan"]["target"], parameters=values, updated_at=timezone.now()
     )

@@ -206,15 +206,14 @@ def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
         )  # fmt: skip
         fields = {f.name: f.dataType for f in state.schema.fields}
         value = fields.get("value")
-        ttl = any(var["stateName"] == name and var.get("ttlEnabled") for var in _variables(props))
+        declared = next((var for var in _variables(props) if var["stateName"] == name), {})
+        ttl = bool(declared.get("ttlEnabled"))
         if ttl and value is not None and tuple(f.name for f in value.fields) == TTL_FIELDS:
             value = value["value"].dataType  # the value itself, without the expiry Spark keeps beside it
         entry["variables"][name] = {
             "key": fields["key"].jsonValue() if "key" in fields else None,
             "value": value.jsonValue() if value is not None else None,
-            "type": next(
-                (var.get("stateVariableType", "") for var in _variables(props) if var["stateName"] == name), ""
-            ),
+            "type": declared.get("stateVariableType", ""),
             "ttl": ttl,
         }
     return list(operators.values())
