@@ -64,15 +64,15 @@ def fill(client: Any, stream: str, pipeline: Any, count: int) -> None:
         pipe.execute()
 
 
-def run(spark: Any, spec: JobSpec, pipeline: Any, part: str, events: int) -> dict[str, float]:
+def run(spark: Any, spec: JobSpec, pipeline: Any, part: str, events: int, sink: Any = None) -> dict[str, float]:
     """One query over the whole backlog, batch after batch with no pause (trigger 0 s) and the job's batch limit,
-    stopped once it has read every event: its rows, and the seconds and state commit time of its batches after the
+    stopped once it has read every event (``sink``: the foreachBatch of a full run, else the job's own): its rows, and the seconds and state commit time of its batches after the
     first (a query's first batch pays its start: the source's process, the first plan, loading the state)."""
     for key, value in {**spec.session_conf(), **pipeline.conf}.items():
         spark.conf.set(key, value)
     if part == "full":
-        sink = batch_writer(job_id=spec.job_id, token=1, pipeline=pipeline, dead_letters=spec.dead_letter,
-                            redis_url=spec.redis_url)  # fmt: skip
+        sink = sink or batch_writer(job_id=spec.job_id, token=1, pipeline=pipeline, dead_letters=spec.dead_letter,
+                                    redis_url=spec.redis_url)  # fmt: skip
         query = start_query(spark, spec, pipeline, sink)
     else:
         frame = events_frame(spark, spec, pipeline)

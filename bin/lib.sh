@@ -29,6 +29,8 @@ ensure_java() {
   fi
 }
 
+package_stamp() { cat "$1/pyproject.toml"; grep -h '^__version__' "$1"/*/__init__.py 2>/dev/null || true; }
+
 ensure_venv() {
   if [ ! -x "$PY" ]; then
     say "creating the virtualenv in .venv"
@@ -41,13 +43,14 @@ ensure_venv() {
   fi
   # The pipeline SDK first (the console and every pipeline package import it), then the example pipeline packages,
   # installed like any user's package (editable, so an edit takes effect).
+  # A package is installed again when its metadata changes: its pyproject.toml, or a version its code declares.
   local example name
   for example in sdk/ examples/*/; do
     name=$(basename "$example")
-    if ! cmp -s "$example/pyproject.toml" "$VENV/.example-$name" 2>/dev/null; then
+    if ! package_stamp "$example" | cmp -s - "$VENV/.example-$name" 2>/dev/null; then
       say "installing the pipeline package $example"
       "$VENV/bin/pip" install -q --disable-pip-version-check -e "$example"
-      cp "$example/pyproject.toml" "$VENV/.example-$name"
+      package_stamp "$example" > "$VENV/.example-$name"
     fi
   done
 }
@@ -85,8 +88,9 @@ ensure_postgres() {
     "$PY" - <<'PYEOF'
 import os, psycopg
 conn = psycopg.connect(f"host={os.environ['PGHOST']} port={os.environ['PGPORT']} user={os.environ['PGUSER']} dbname=postgres", autocommit=True)
-if not conn.execute("SELECT 1 FROM pg_database WHERE datname = 'statekeeper'").fetchone():
-    conn.execute("CREATE DATABASE statekeeper")
+for name in ("statekeeper", "team_orders"):  # the console's, and the demo team job's own (its sink's table)
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+        conn.execute(f"CREATE DATABASE {name}")
 PYEOF
     export DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/statekeeper"
   else

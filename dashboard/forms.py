@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pyspark
 from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
@@ -19,13 +18,6 @@ from dashboard.services.audit import audit_record, client_address
 from dashboard.services.rescale import MEMORY_REPARTITION
 
 KAFKA_SERVERS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}(,[A-Za-z0-9.\-\[\]:]+:\d{1,5})*$")
-
-
-def kafka_connector() -> bool:
-    """Whether Spark's Kafka source is on the class path: in pyspark's own jars, or in STATEKEEPER_SPARK_JARS."""
-    listed = [Path(p.strip()).name for p in os.environ.get("STATEKEEPER_SPARK_JARS", "").split(",") if p.strip()]
-    shipped = [p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")]
-    return any(name.startswith("spark-sql-kafka") for name in listed + shipped)
 
 
 FROZEN = {
@@ -161,7 +153,7 @@ class JobForm(forms.ModelForm):
     def _clean_kafka(self, data: dict[str, Any], pipeline: Any) -> None:
         """A topic, bootstrap servers, and Spark's Kafka connector on the class path: without it Spark cannot read
         Kafka, and the job is refused here rather than failing at its first start."""
-        if not kafka_connector():
+        if not pipelines.kafka_connector():
             self.add_error(
                 "source_kind",
                 "Spark's Kafka connector is not on the class path: the pyspark wheel does not ship it. Put "
@@ -187,6 +179,10 @@ class JobForm(forms.ModelForm):
         pipeline = pipelines.find(data.get("pipeline") or "")
         self._clean_source(data, pipeline)
         self._clean_parameters(data, pipeline)
+        if pipeline is not None and "parameters" not in self.errors:
+            values = pipelines.parameter_values(pipeline.name, data.get("parameters") or {})
+            for problem in pipelines.sink_problems(pipeline.name, values):
+                self.add_error("parameters", problem)
         if data.get("standby") and connection.vendor != "postgresql":
             self.add_error("standby", "A standby waits on a PostgreSQL lock: it needs the console on PostgreSQL.")
         if (

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points, packages_distributions, requires, version
+from pathlib import Path
 from typing import Any
 
+import pyspark
 import statekeeper_sdk
 from django.conf import settings
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from statekeeper_sdk import resolve
+from statekeeper_sdk import FileSink, KafkaSink, resolve
 from statekeeper_sdk.code import code_version as sdk_code_version
+from statekeeper_sdk.sinks import bound
 
 ENTRY_POINT_GROUP = "statekeeper.pipelines"
 # What the console and its driver read from a pipeline; a missing one is refused at registration, not at run time.
@@ -170,6 +174,39 @@ def values_or_stored(name: str, given: dict[str, Any]) -> dict[str, Any]:
         return parameter_values(name, given)
     except (UnknownPipeline, ValueError):
         return dict(given)
+
+
+def kafka_connector() -> bool:
+    """Whether Spark's Kafka connector is on the class path: in pyspark's own jars, or in STATEKEEPER_SPARK_JARS."""
+    listed = [Path(p.strip()).name for p in os.environ.get("STATEKEEPER_SPARK_JARS", "").split(",") if p.strip()]
+    shipped = [p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")]
+    return any(name.startswith("spark-sql-kafka") for name in listed + shipped)
+
+
+def bound_sinks(name: str, values: dict[str, Any]) -> list[Any]:
+    """The sinks a job of pipeline ``name`` writes to, with its parameter values in their targets."""
+    return [bound(sink, values) for sink in get(name).outputs()]
+
+
+def sink_problems(name: str, values: dict[str, Any]) -> list[str]:
+    """Why a job of pipeline ``name`` with these parameter values could not write its output, one line each: a target
+    a file sink's relative directory, a Kafka sink without Spark's Kafka connector."""
+    problems = []
+    try:
+        sinks = bound_sinks(name, values)
+    except ValueError as exc:
+        return [str(exc)]
+    for sink in sinks:
+        if sink.off():
+            continue
+        if isinstance(sink, FileSink) and not Path(sink.path).is_absolute():
+            problems.append(f"sink {sink.name}: its directory must be an absolute path, not {sink.path!r}")
+        elif isinstance(sink, KafkaSink) and not kafka_connector():
+            problems.append(
+                f"sink {sink.name}: Spark's Kafka connector is not on the class path (the pyspark wheel does not ship "
+                "it): put the spark-sql-kafka-0-10 jars in STATEKEEPER_SPARK_JARS, or use another sink"
+            )
+    return problems
 
 
 def parameter_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:

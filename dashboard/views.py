@@ -47,6 +47,7 @@ from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_expo
 from dashboard.selectors.deploys import deploy_history, upgrade_view
 from dashboard.selectors.exceptions import exception_history, failing_batch
 from dashboard.selectors.partitions import partition_view
+from dashboard.selectors.sinks import job_sinks
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.autoscale import window_advice
@@ -285,7 +286,7 @@ def job_dead_letters(request: HttpRequest, name: str) -> HttpResponse | Streamin
 @login_required
 def job_results(request: HttpRequest, name: str) -> HttpResponse:
     job = _listed_job(name)
-    return _job_tab(request, job, "results", {"results": jobs.job_results(job=job)})
+    return _job_tab(request, job, "results", {"results": jobs.job_results(job=job), "sinks": job_sinks(job)})
 
 
 def _plain(values: dict) -> dict:

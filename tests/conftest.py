@@ -98,6 +98,23 @@ def send_events(client: Any, stream: str, pipeline: str, count: int, seed: int =
 
 
 @pytest.fixture
+def team_database() -> Iterator[str]:
+    """A database of a team's own, on the console's PostgreSQL server but apart from its database: the DSN."""
+    from urllib.parse import urlparse
+
+    import psycopg
+
+    server = urlparse(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/statekeeper"))
+    name = f"team_{uuid.uuid4().hex[:8]}"
+    admin = server._replace(scheme="postgresql", path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as db:
+        db.execute(f"CREATE DATABASE {name}")
+    yield server._replace(scheme="postgresql", path=f"/{name}").geturl()
+    with psycopg.connect(admin, autocommit=True) as db:
+        db.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
 def make_job(db: Any, stream_name: str) -> Callable[..., Any]:
     from dashboard.models import Job
 

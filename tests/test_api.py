@@ -257,4 +257,10 @@ def test_an_upgrade_through_the_api_takes_parameter_values_checked_against_the_p
     )  # fmt: skip
     assert accepted.status_code == 202, accepted.json()
     action = Action.objects.get(id=accepted.json()["action"]["id"])
-    assert action.params["parameters"] == {"window_minutes": 15, "threshold": 80.0, "lateness_minutes": 10}
+    assert action.params["parameters"] == {
+        "window_minutes": 15,
+        "threshold": 80.0,
+        "lateness_minutes": 10,
+        "orders_dsn": "",
+        "lake_dir": "",
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dashboard import pipelines
 from dashboard.models import Checkpoint, Job
 from tests.conftest import grant
 
@@ -156,3 +157,22 @@ def test_a_jobs_parameters_are_checked_against_its_pipeline_and_a_change_with_st
     changed = client.post("/jobs/spend/edit", {**spend, "parameters": "window_minutes = 30"})
     assert changed.status_code == 400 and "a parameter change is an upgrade" in changed.text
     assert Job.objects.get(name="spend").parameters == {"window_minutes": 15, "threshold": 49.5}
+
+
+def test_a_pipeline_whose_sink_cannot_be_written_here_is_refused_with_the_reason(client, settings, tmp_path):
+    """A Kafka sink without Spark's Kafka connector, a file sink's relative directory: refused in the form, naming the
+    sink, instead of a job that fails at its first batch. A sink left empty by its parameter is off, and fine."""
+    settings.PIPELINES = [*settings.BUILTIN_PIPELINES, "tests.user_pipelines:SPEND_TO_KAFKA"]
+    pipelines.registry.cache_clear()
+    try:
+        spend = {**VALID, "name": "spend", "state_backend": "rocksdb"}
+        refused = client.post("/jobs/new", {**spend, "pipeline": "spend-to-kafka"})
+        assert refused.status_code == 400
+        assert "sink spend-topic: Spark&#x27;s Kafka connector is not on the class path" in refused.text
+        relative = client.post("/jobs/new", {**spend, "pipeline": "customer-spend", "parameters": "lake_dir = lake"})
+        assert relative.status_code == 400 and "sink lake: its directory must be an absolute path" in relative.text
+        assert not Job.objects.filter(name="spend").exists()
+        lake = f"lake_dir = {tmp_path / 'lake'}"
+        assert client.post("/jobs/new", {**spend, "pipeline": "customer-spend", "parameters": lake}).status_code == 302
+    finally:
+        pipelines.registry.cache_clear()

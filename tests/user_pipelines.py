@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from pyspark.sql import Row
-from statekeeper_sdk import Result
+from statekeeper_sdk import KafkaSink, Result, ResultsTable
+from team_orders import jobs as team_jobs
 from user_sessions import pipelines as user_sessions
 
 from workers.spark.pipelines import url_counts
@@ -33,3 +34,12 @@ def _fails_on_boom(rows: list[Row]) -> Iterable[Result]:
 # Version 2 of the example's user sessions with a bug its upgrade preview cannot see: storing results fails for the
 # user "boom". Found through STATEKEEPER_PIPELINES in the processes a test starts.
 BROKEN_SESSIONS_V2 = replace(user_sessions.SESSIONS_V2, name="user-sessions-v2-broken", results=_fails_on_boom)
+
+
+# The team job writing its spend to a Kafka topic as well: refused where Spark's Kafka connector is not on the class
+# path (the pyspark wheel does not ship it).
+SPEND_TO_KAFKA = replace(
+    team_jobs.CUSTOMER_SPEND,
+    name="spend-to-kafka",
+    sinks=(ResultsTable(), KafkaSink("spend-topic", servers="127.0.0.1:9092", topic="spend", key="customer")),
+)

@@ -171,6 +171,14 @@ class JobDriver:
             return RunStatus.REFUSED
         spec = job_spec(self.job)
         pipeline = pipelines.get(spec.pipeline)
+        values = pipelines.parameter_values(spec.pipeline, json.loads(spec.parameters))
+        if problems := pipelines.sink_problems(spec.pipeline, values):
+            run_finish(
+                run_id=self.run.id,
+                status=RunStatus.FAILED,
+                message=f"The job's output cannot be written: {'; '.join(problems)}"[:2000],
+            )
+            return RunStatus.FAILED
         deploy_record(run=self.run, spark_conf={**spec.session_conf(), **pipeline.conf})
         recorder = ProgressRecorder(
             job_id=self.job.id,
@@ -214,6 +222,10 @@ class JobDriver:
                     pipeline=pipeline,
                     dead_letters=spec.dead_letter,
                     redis_url=spec.redis_url,
+                    job_name=self.job.name,
+                    checkpoint=spec.checkpoint,
+                    parameters=values,
+                    code=pipelines.code_version(spec.pipeline).code_hash,
                 ),
             )
             keeper.queries.append(query)

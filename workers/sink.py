@@ -12,23 +12,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import redis
 from django.db import connection, transaction
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from statekeeper_sdk import Pipeline, Rejected, Result
+from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
+    Fenced,
+    FileSink,
+    ResultsTable,
+    TableSink,
+    TableWriter,
+    Written,
+    bound,
+    chunked,
+    lineage_digest,
+    write_files,
+    write_kafka,
+)
 
 from dashboard.models import ResultRow
 from workers.spark.sources.redis_streams import dead_letter
 
 CHUNK = 5000
+log = logging.getLogger(__name__)
 KEY_MAX = ResultRow._meta.get_field("key").max_length or 500
-
-
-class Fenced(RuntimeError):
-    """This driver no longer holds the checkpoint lease: another driver may own the checkpoint now."""
 
 
 def encoded(key: Any, value: Any) -> tuple[str, str]:
@@ -66,22 +78,23 @@ def lease_hold(cursor: Any, *, job_id: int, token: int, batch_id: int) -> None:
 def write_results(
     *, job_id: int, token: int, batch_id: int, results: Iterable[Result], rejected: list[Rejected] | None = None
 ) -> int:
-    """Upsert the results; the ones that cannot be stored are appended to ``rejected`` instead. A key given twice
-    keeps its last value. Returns how many distinct keys were written."""
-    latest = _storable(batch_id, results, rejected if rejected is not None else [])
+    """Upsert the results, in chunks, in one transaction; the ones that cannot be stored are appended to ``rejected``
+    instead. A key given twice keeps its last value. Returns how many distinct keys each chunk wrote, summed."""
+    written = 0
     with transaction.atomic(), connection.cursor() as cursor:
         lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
-        if connection.vendor == "postgresql":
-            _copy_upsert(cursor, job_id, batch_id, latest)
-        else:
-            rows = [(job_id, kind, key, text, batch_id) for (kind, key), text in latest.items()]
-            for start in range(0, len(rows), CHUNK):
+        for chunk in chunked(iter(results), CHUNK):
+            latest = _storable(batch_id, chunk, rejected if rejected is not None else [])
+            written += len(latest)
+            if connection.vendor == "postgresql":
+                _copy_upsert(cursor, job_id, batch_id, latest)
+            else:
                 cursor.executemany(
                     f"INSERT INTO dashboard_resultrow (job_id, kind, key, value, batch_id, updated_at) "
                     f"VALUES (%s, %s, %s, %s, %s, CURRENT_TIMESTAMP) {UPSERT}",
-                    rows[start : start + CHUNK],
+                    [(job_id, kind, key, text, batch_id) for (kind, key), text in latest.items()],
                 )
-    return len(latest)
+    return written
 
 
 UPSERT = (
@@ -122,26 +135,92 @@ def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]
     return latest
 
 
+def results_rows(pipeline: Pipeline, rows: Iterator[Row]) -> Iterator[Result]:
+    """The pipeline's results for the output rows, handed to it a chunk at a time."""
+    for chunk in chunked(rows, CHUNK):
+        yield from pipeline.results(chunk)
+
+
+def output_rows(frame: DataFrame) -> Iterator[Row]:
+    """A persisted batch's rows on the driver: at once when it is small, else a partition at a time (never the whole
+    of a large batch in the driver's memory)."""
+    if frame.count() <= CHUNK:
+        return iter(frame.collect())
+    return frame.toLocalIterator(prefetchPartitions=True)
+
+
+def batch_offsets_bytes(checkpoint: str, batch_id: int) -> bytes:
+    try:
+        return (Path(checkpoint) / "offsets" / str(batch_id)).read_bytes()
+    except OSError:
+        return b""
+
+
+class SinkSet:
+    """Every sink of a job's pipeline, bound to the job's parameters, and how each writes a batch."""
+
+    def __init__(self, *, job_id: int, job_name: str, token: int, pipeline: Pipeline, parameters: dict[str, Any],
+                 code: str = "") -> None:  # fmt: skip
+        self.job_id, self.job_name, self.token, self.pipeline = job_id, job_name, token, pipeline
+        self.parameters, self.code = parameters, code
+        self.sinks = [s for s in (bound(s, parameters) for s in pipeline.outputs()) if not s.off()]
+        self.tables = {s.name: TableWriter(s, job_name, token) for s in self.sinks if isinstance(s, TableSink)}
+
+    def write(self, frame: DataFrame, batch_id: int, digest: str, rejected: list[Rejected]) -> dict[str, Written]:
+        done: dict[str, Written] = {}
+        for sink in self.sinks:
+            if isinstance(sink, ResultsTable):
+                written = Written()
+                written.rows = write_results(
+                    job_id=self.job_id, token=self.token, batch_id=batch_id,
+                    results=results_rows(self.pipeline, output_rows(frame)), rejected=written.rejected,
+                )  # fmt: skip
+            elif isinstance(sink, TableSink):
+                columns = list(sink.columns or frame.columns)
+                rows = (tuple(r) for r in output_rows(frame.select(*columns)))
+                written = self.tables[sink.name].write(batch_id, digest, columns, chunked(rows, CHUNK))
+            elif isinstance(sink, FileSink):
+                written = write_files(frame, sink, batch_id, digest)
+            else:
+                written = write_kafka(frame, sink, self.job_name, batch_id)
+            rejected += written.rejected
+            done[sink.name] = written
+        return done
+
+    def close(self) -> None:
+        for writer in self.tables.values():
+            writer.close()
+
+
 def batch_writer(
-    *, job_id: int, token: int, pipeline: Pipeline, dead_letters: str = "", redis_url: str = ""
-) -> Callable[[DataFrame, int], None]:
+    *, job_id: int, token: int, pipeline: Pipeline, dead_letters: str = "", redis_url: str = "", job_name: str = "",
+    checkpoint: str = "", parameters: dict[str, Any] | None = None, code: str = "",
+) -> Callable[[DataFrame, int], None]:  # fmt: skip
+    """The query's foreachBatch: the batch computed once (its state files written), then into every sink."""
     client: list[Any] = []
+    values = dict(parameters or {})
+    sinks = SinkSet(job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline,
+                    parameters=values, code=code)  # fmt: skip
 
     def write(frame: DataFrame, batch_id: int) -> None:
         # before the frame is computed: computing it runs the stateful operators, which write the batch's state files
         with connection.cursor() as cursor:
             lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
+        digest = lineage_digest(batch_offsets_bytes(checkpoint, batch_id), code, values)
         rejected: list[Rejected] = []
-        write_results(
-            job_id=job_id,
-            token=token,
-            batch_id=batch_id,
-            results=pipeline.results(frame.collect()),  # every partition at once, not a job each
-            rejected=rejected,
-        )
+        frame.persist()
+        try:
+            written = sinks.write(frame, batch_id, digest, rejected)
+        finally:
+            frame.unpersist()
+        for name, outcome in written.items():
+            if outcome.rewound:
+                log.warning("job %s batch %s: sink %s rewound (%s rows or files of later batches removed)",
+                            job_id, batch_id, name, outcome.rewound)  # fmt: skip
         if rejected and dead_letters:
             if not client:
                 client.append(redis.Redis.from_url(redis_url, socket_timeout=10))
             dead_letter(client[0], dead_letters, rejected)  # each once: a replayed batch rejects the same results
 
+    write.sinks = sinks  # type: ignore[attr-defined]
     return write

@@ -23,6 +23,7 @@ from dashboard.checkpoint_dir.files import (
     verify_files,
 )
 from dashboard.models import Action, Job, Savepoint, SavepointStatus
+from dashboard.selectors.sinks import job_sinks
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -39,6 +40,10 @@ from dashboard.services.deploys import deploy_of_batch
 from dashboard.services.errors import ActionFailed
 
 MANIFEST = "_manifest.json"
+
+
+def sink_positions(job: Job) -> dict[str, int | None]:
+    return {s.name: s.position.last_batch for s in job_sinks(job) if not s.off}
 
 
 def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None = None) -> Savepoint:
@@ -77,6 +82,7 @@ def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None =
             "created_at": timezone.now().isoformat(),
             "files": entries_json(entries),
             "copy_ms": int((copied - started) * 1000),
+            "sinks": sink_positions(job),  # each of the job's own sinks' last batch as the copy was taken
         }
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
     except CheckpointError as exc:

@@ -217,6 +217,8 @@ def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None) 
             f"{target} keeps transformWithState state, which needs the RocksDB backend; {job.name} uses "
             f"{job.state_backend}."
         )
+    if problems := pipelines.sink_problems(target, values):
+        return f"{target}'s output cannot be written: " + "; ".join(problems) + "."
     return ""
 
 

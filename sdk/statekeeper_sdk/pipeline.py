@@ -21,6 +21,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Row
 
 from statekeeper_sdk.payload import PayloadFormat
+from statekeeper_sdk.sinks import ResultsTable, bound
 
 # A sink result: (kind, key, value). Rows are upserted on (job, kind, key), so a replayed batch changes nothing.
 Result = tuple[str, str, dict[str, Any]]
@@ -158,11 +159,22 @@ class Pipeline:
     conf: dict[str, str] = field(default_factory=dict)
     parameters: tuple[Parameter, ...] = ()
     samples: str = ""  # a JSON-lines file of sample payloads (absolute, or beside the module that defines it)
+    # where the output goes (statekeeper_sdk.sinks); none: the console's results table
+    sinks: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parameters]
         if duplicated := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"pipeline {self.name!r}: the parameter {duplicated[0]!r} is declared twice")
+        sinks = [s.name for s in self.sinks]
+        if duplicated := sorted({n for n in sinks if sinks.count(n) > 1}):
+            raise ValueError(f"pipeline {self.name!r}: two sinks are named {duplicated[0]!r}")
+        for sink in self.sinks:
+            bound(sink, {p.name: p.default for p in self.parameters})  # a target naming an undeclared parameter
+
+    def outputs(self) -> tuple[Any, ...]:
+        """The sinks the output goes to: the declared ones, else the console's results table."""
+        return self.sinks or (ResultsTable(),)
 
 
 def apply(pipeline: Any, events: DataFrame, values: Mapping[str, Any]) -> DataFrame:

@@ -1,11 +1,13 @@
 """Create the demo jobs and request the start of the first two (memory and RocksDB-incremental); the third, on the
 example package's user-sessions pipeline, waits to be started and upgraded (Deploys tab), as does the fourth, the team
-job example's customer-spend (nested orders, with parameters: upgrade it to a shorter window or a lower threshold)."""
+job example's customer-spend (nested orders, with parameters: upgrade it to a shorter window or a lower threshold),
+which also writes its own table in the ``team_orders`` database (on PostgreSQL) and Parquet files under var/lake."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from dashboard import pipelines
@@ -52,6 +54,19 @@ DEMO_JOBS = [
 ]
 
 
+def team_sinks() -> dict[str, str]:
+    """The team job's own sinks in the demo: its table in the team_orders database beside the console's (the set-up
+    creates it), and a Parquet directory under var/."""
+    values = {"lake_dir": str(settings.BASE_DIR / "var" / "lake" / "customer_spend")}
+    db = settings.DATABASES["default"]
+    if str(db["ENGINE"]).endswith("postgresql"):
+        user = f"{db.get('USER')}@" if db.get("USER") else ""
+        values["orders_dsn"] = (
+            f"postgresql://{user}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/team_orders"
+        )
+    return values
+
+
 class Command(BaseCommand):
     help = "Create the demo jobs if missing and start them."
 
@@ -61,6 +76,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         for demo in DEMO_JOBS:
             spec = {k: v for k, v in demo.items() if k != "start"}
+            if spec["pipeline"] == "customer-spend":
+                spec["parameters"] = {**spec["parameters"], **team_sinks()}
             if pipelines.find(str(spec["pipeline"])) is None:
                 self.stdout.write(f"skipped job {spec['name']}: its pipeline {spec['pipeline']} is not installed")
                 continue

@@ -1,6 +1,7 @@
 """Spend per customer per event-time window, from nested JSON order events: the kind of job a PySpark team already
-runs, brought to Statekeeper with light edits (its ``readStream`` is the console's checked source, its sink the
-results table; everything else is the team's own DataFrame code).
+runs, brought to Statekeeper with light edits (its ``readStream`` is the console's checked source; everything else is
+the team's own DataFrame code). Its output goes to three sinks: the console's results table, the team's own
+``customer_spend`` table in its database (``orders_dsn``) and a Parquet directory (``lake_dir``).
 
 An order event::
 
@@ -24,7 +25,17 @@ from dataclasses import replace
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
-from statekeeper_sdk import Parameter, Params, PayloadFormat, Pipeline, Result, ResultView
+from statekeeper_sdk import (
+    FileSink,
+    Parameter,
+    Params,
+    PayloadFormat,
+    Pipeline,
+    Result,
+    ResultsTable,
+    ResultView,
+    TableSink,
+)
 
 from team_orders.money import MONEY, item_count, order_value
 
@@ -39,7 +50,26 @@ PARAMETERS = (
     Parameter("window_minutes", "int", 60, "length of each customer's spend window", minimum=1, maximum=1440),
     Parameter("threshold", "float", 100.0, "a window whose total reaches this is marked big", minimum=0),
     Parameter("lateness_minutes", "int", 10, "how late an order may arrive for its window", minimum=0, maximum=1440),
+    Parameter("orders_dsn", "str", "", "the team's PostgreSQL database for customer_spend (empty: not written)"),
+    Parameter("lake_dir", "str", "", "the directory of the Parquet copy of customer_spend (empty: not written)"),
 )
+SPEND_COLUMNS = ("customer", "start", "end", "orders", "items", "total", "big")
+# The team's own table, in its own database: one row per customer and window, upserted, with the batch that last
+# wrote it (which the sink rewinds by after a restore or a rollback).
+TEAM_TABLE = TableSink(
+    name="team-db",
+    table="customer_spend",
+    dsn="{orders_dsn}",
+    columns=SPEND_COLUMNS,
+    key=("customer", "start", "end"),
+    create="""CREATE TABLE IF NOT EXISTS customer_spend (
+        customer text NOT NULL, "start" timestamp NOT NULL, "end" timestamp NOT NULL, orders bigint NOT NULL,
+        items bigint NOT NULL, total numeric(18, 2) NOT NULL, big boolean NOT NULL, batch_id bigint NOT NULL,
+        PRIMARY KEY (customer, "start", "end"))""",
+)
+# Each batch's updated windows as Parquet, for the lake: a reader takes each window's row of the highest batch_id.
+LAKE = FileSink(name="lake", path="{lake_dir}", format="parquet", columns=SPEND_COLUMNS)
+SINKS = (ResultsTable(), TEAM_TABLE, LAKE)
 
 
 def spend(events: DataFrame, params: Params) -> DataFrame:
@@ -108,6 +138,7 @@ CUSTOMER_SPEND = Pipeline(
     ),  # fmt: skip
     parameters=PARAMETERS,
     samples="samples.jsonl",
+    sinks=SINKS,
 )
 CUSTOMER_SPEND_V2 = replace(
     CUSTOMER_SPEND,

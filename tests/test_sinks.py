@@ -1,0 +1,237 @@
+"""The sinks a pipeline declares, each exactly once: the team's own table (a commit table in its database, fenced by the
+driver's token), Spark's file-sink layout (a ``_spark_metadata`` log Spark's readers trust), and the team job writing
+both beside the results table, through a replayed batch and a fork, checked against the orders sent."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from statekeeper_sdk.sinks import (
+    COMMITS,
+    Fenced,
+    FileLog,
+    FileSink,
+    TableSink,
+    TableWriter,
+    chunked,
+    write_files,
+)
+
+from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
+from dashboard.models import Job
+from dashboard.services.forks import rollback_preview, switch_to_fork
+from tests.conftest import run_through
+from tests.test_team_job import Orders, sink
+
+SPEND = ("customer", "start", "end", "orders", "items", "total")
+COUNTS = TableSink(
+    name="counts",
+    table="counts",
+    dsn="",
+    columns=("k", "end", "n"),
+    key=("k", "end"),
+    create='CREATE TABLE IF NOT EXISTS counts (k text NOT NULL, "end" text NOT NULL, n bigint, '
+    'batch_id bigint NOT NULL, PRIMARY KEY (k, "end"))',
+)
+
+
+def write(writer: TableWriter, batch: int, digest: str, rows: list[tuple]) -> Any:
+    return writer.write(batch, digest, ["k", "end", "n"], chunked(iter(rows), 2))
+
+
+def table(dsn: str, sql: str) -> list[tuple]:
+    with psycopg.connect(dsn) as db:
+        return db.execute(sql).fetchall()
+
+
+def test_a_team_table_holds_each_batch_once_refuses_a_stale_token_and_drops_what_a_fork_undoes(team_database):
+    sink = TableSink(**{**COUNTS.__dict__, "dsn": team_database})
+    driver = TableWriter(sink, "orders-job", token=7)
+    assert write(driver, 0, "b0", [("a", "x", 1), ("b", "x", 2), ("c", "x", 3)]).rows == 3
+    again = write(driver, 0, "b0", [("a", "x", 1), ("b", "x", 2), ("c", "x", 3)])
+    assert again.skipped and again.rows == 0, "a replayed batch (same offsets, same code) is skipped"
+    # a row the table refuses (PostgreSQL text cannot hold NUL) is set aside with the reason; the rest is written
+    third = write(driver, 1, "b1", [("a", "x", 10), ("bad\x00key", "x", 1), ("d", "x", 4)])
+    assert third.rows == 2 and len(third.rejected) == 1
+    assert third.rejected[0].stage == "sink" and "NUL" in third.rejected[0].reason
+    write(driver, 2, "b2", [("e", "x", 5)])
+
+    # the driver before this one (an older token) can never write again
+    with pytest.raises(Fenced, match="token 6 is stale"):
+        write(TableWriter(sink, "orders-job", token=6), 3, "b3", [("z", "x", 1)])
+
+    # a fork at batch 0 (a rollback): batch 1 comes again under another digest; what batches 1 and 2 wrote goes first
+    forked = TableWriter(sink, "orders-job", token=8)
+    redo = write(forked, 1, "b1-fork", [("a", "x", 11)])
+    assert redo.rewound == 3, "the rows batches 1 and 2 wrote: a and d (batch 1), e (batch 2)"
+    assert table(team_database, "SELECT k, n, batch_id FROM counts ORDER BY k") == [
+        ("a", 11, 1), ("b", 2, 0), ("c", 3, 0),
+    ]  # fmt: skip
+    assert table(team_database, f"SELECT batch_id, rows, token FROM {COMMITS} ORDER BY batch_id") == [
+        (0, 3, 7),
+        (1, 1, 8),
+    ]
+    assert forked.position().last_batch == 1 and forked.position().recent == ((1, 1), (0, 3))
+    for writer in (driver, forked):
+        writer.close()
+
+
+def test_the_table_contract_works_through_another_db_api_driver(tmp_path):
+    path = tmp_path / "team.db"
+    sink = TableSink(**{**COUNTS.__dict__, "dsn": str(path), "driver": "sqlite3"})
+    writer = TableWriter(sink, "orders-job", token=1)
+    assert write(writer, 0, "b0", [("a", "x", 1), ("a", "x", 2)]).rows == 2, "the same key twice: upserted"
+    assert write(writer, 0, "b0", [("a", "x", 2)]).skipped
+    write(writer, 1, "b1", [("b", "y", 3)])
+    assert write(TableWriter(sink, "orders-job", token=2), 1, "b1-fork", [("b", "y", 4)]).rewound == 1
+    with pytest.raises(Fenced):
+        write(writer, 2, "b2", [("c", "y", 1)])
+    writer.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT k, n, batch_id FROM counts ORDER BY k").fetchall() == [("a", 2, 0), ("b", 4, 1)]
+
+
+@pytest.mark.spark
+def test_a_file_sink_writes_sparks_file_sink_layout_which_spark_reads_back_exactly(spark, tmp_path):
+    out = tmp_path / "lake"
+    lake = FileSink("lake", path=str(out))
+
+    def batch(b: int, tag: str = "") -> Any:
+        return spark.createDataFrame([(f"k{b}{tag}", b), (f"j{b}{tag}", b)], "k string, n long")
+
+    for b in range(13):  # past batch 9, which Spark's readers expect as a compaction of everything before it
+        assert write_files(batch(b), lake, b, f"d{b}").rows == 2
+    assert (out / "_spark_metadata" / "9.compact").is_file() and not (out / "_spark_metadata" / "9").exists()
+    read = spark.read.parquet(str(out))
+    assert read.count() == 26 and sorted(r.batch_id for r in read.collect()) == sorted(list(range(13)) * 2)
+    assert write_files(batch(12), lake, 12, "d12").skipped, "a replay of the last batch is skipped"
+
+    # a file no commit lists (an attempt that died before its log entry) is not read by Spark
+    stray = out / "part-stray.snappy.parquet"
+    shutil.copy(next(out.glob("part-b000000012-*.parquet")), stray)
+    assert spark.read.parquet(str(out)).count() == 26
+    # an attempt that placed its files and died: the next attempt moves them aside before writing
+    log = FileLog(out)
+    log.pending(13, [stray.name])
+    write_files(batch(13), lake, 13, "d13")
+    assert not stray.exists() and (out / "_statekeeper" / "orphans" / stray.name).exists()
+
+    # a fork at batch 4: batch 5 under another digest drops batches 5–13 (their files leave the log and the folder)
+    forked = write_files(batch(5, "b"), lake, 5, "d5-fork")
+    assert forked.rewound == 9
+    assert FileLog(out).batches() == [0, 1, 2, 3, 4, 5]
+    got = sorted(r.k for r in spark.read.parquet(str(out)).collect())
+    assert got == sorted([f"{p}{b}" for b in range(5) for p in "kj"] + ["k5b", "j5b"])
+    assert len(list((out / "_statekeeper" / "rewound").rglob("*.parquet"))) == 9
+    assert FileLog(out).position().recent[0] == (5, 2)
+
+
+def lake_rows(spark: Any, path: Path) -> list[dict[str, Any]]:
+    return [r.asDict() for r in spark.read.parquet(str(path)).collect()]
+
+
+def lake_latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each window's row of the highest batch, as the lake's reader takes it, keyed as the results table is."""
+    latest: dict[str, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: r["batch_id"]):
+        start, end = (row[f].strftime("%Y-%m-%d %H:%M") for f in ("start", "end"))
+        latest[f"{row['customer']}|{start}|{end}"] = {
+            "customer": row["customer"], "start": start, "end": end, "orders": row["orders"],
+            "items": row["items"], "total": str(row["total"]),
+        }  # fmt: skip
+    return latest
+
+
+def team_rows(dsn: str) -> dict[str, dict[str, Any]]:
+    found = {}
+    for customer, start, end, orders, items, total in table(
+        dsn, 'SELECT customer, "start", "end", orders, items, total FROM customer_spend'
+    ):
+        start, end = start.strftime("%Y-%m-%d %H:%M"), end.strftime("%Y-%m-%d %H:%M")
+        found[f"{customer}|{start}|{end}"] = {"customer": customer, "start": start, "end": end, "orders": orders,
+                                              "items": items, "total": str(total)}  # fmt: skip
+    return found
+
+
+def assert_every_sink_exact(spark: Any, job: Job, orders: Orders, dsn: str, lake: Path) -> None:
+    """Each sink holds every order's effect once: the totals the orders give, no batch twice in the files, and no
+    sink ahead of the checkpoint it belongs to."""
+    want = {k: {f: v[f] for f in SPEND} for k, v in orders.expected().items()}
+    assert sink(job) == want, "the results table"
+    assert team_rows(dsn) == want, "the team's table"
+    rows = lake_rows(spark, lake)
+    assert lake_latest(rows) == want, "the Parquet files, each window's latest row"
+    pairs = [(r["batch_id"], r["customer"], r["start"]) for r in rows]
+    assert len(pairs) == len(set(pairs)), "no batch's row written twice into the files"
+    job.refresh_from_db()
+    last = committed_batches(job.checkpoint_location)[-1]
+    commits = [b for (b,) in table(dsn, f"SELECT batch_id FROM {COMMITS} WHERE job = '{job.name}' ORDER BY 1")]
+    assert commits and commits[-1] <= last and len(commits) == len(set(commits))
+    assert max(r["batch_id"] for r in rows) <= last
+
+
+def every_sink_exact(spark: Any, job: Job, orders: Orders, dsn: str, lake: Path) -> bool:
+    """``assert_every_sink_exact`` as a condition to wait for (a sink read mid-write, or mid-rewind, is retried)."""
+    try:
+        assert_every_sink_exact(spark, job, orders, dsn, lake)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_the_team_job_writes_its_own_table_and_parquet_once_through_a_replay_and_a_fork(
+    make_job, start_driver, redis, stream_name, spark, team_database, tmp_path, client, django_user_model
+):
+    lake = tmp_path / "lake" / "customer_spend"
+    orders = Orders(redis, stream_name)
+    orders.send(30, seed=1)
+    orders.send_poison()
+    job = make_job(pipeline="customer-spend", parallelism=1, max_records_per_batch=10,
+                   parameters={"orders_dsn": team_database, "lake_dir": str(lake)})  # fmt: skip
+    run_through(start_driver(job), redis, redis.xlen(stream_name))
+    assert_every_sink_exact(spark, job, orders, team_database, lake)
+
+    # kill -9 between the sinks' commits and Spark's: the checkpoint lacks the last commit, so that batch runs again
+    # with the same offsets, and each sink skips it
+    last = committed_batches(job.checkpoint_location)[-1]
+    first_commit = table(team_database, f"SELECT committed_at FROM {COMMITS} WHERE batch_id = {last}")
+    for name in (str(last), f".{last}.crc"):
+        (job.checkpoint_location / "commits" / name).unlink()
+    orders.send(20, seed=2)
+    run_through(start_driver(job), redis, redis.xlen(stream_name))
+    assert_every_sink_exact(spark, job, orders, team_database, lake)
+    assert table(team_database, f"SELECT committed_at FROM {COMMITS} WHERE batch_id = {last}") == first_commit
+    assert not (lake / "_statekeeper" / "rewound").exists(), "the replayed batch was skipped, not written again"
+
+    # a fork at a middle batch, as a rollback makes it: the preview says what each sink undoes, the replay rewrites it
+    batches = committed_batches(job.checkpoint_location)
+    middle = batches[len(batches) // 2]
+    lines = rollback_preview(job, middle).sinks
+    assert len(lines) == 2 and all(f"batches {middle + 1}–{batches[-1]} are removed" in line for line in lines), lines
+    copy_checkpoint(job.checkpoint_location, job.directory / "checkpoint-fork", middle)
+    switch_to_fork(job, "checkpoint-fork")
+    orders.send(10, seed=3)
+    run_through(start_driver(job), redis, redis.xlen(stream_name))
+    assert_every_sink_exact(spark, job, orders, team_database, lake)
+    assert list((lake / "_statekeeper" / "rewound").rglob("*.parquet")), "the undone batches' files moved aside"
+    dead = {f[b"entry"].decode() for _, f in redis.xrange(job.dead_letter_stream)}
+    assert dead == set(orders.poison)
+
+    # the Results tab shows each sink against the checkpoint
+    admin = django_user_model.objects.create_superuser("admin", "a@example.com", "pw")
+    client.force_login(admin)
+    page = client.get(f"/jobs/{job.name}/results").content.decode()
+    newest = committed_batches(Job.objects.get(id=job.id).checkpoint_location)[-1]
+    for name in ("results", "team-db", "lake"):
+        assert f'data-sink="{name}"' in page
+    for name in ("team-db", "lake"):
+        row = re.search(rf'data-sink="{name}">.*?</tr>', page, re.S)
+        assert row and row.group(0).count(f'<td class="num">{newest}</td>') == 2, (name, "sink and checkpoint agree")
