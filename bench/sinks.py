@@ -101,7 +101,7 @@ def main() -> None:
                 if team in chosen:
                     with psycopg.connect(dsn) as db:
                         found = db.execute("SELECT sum(rows), count(*) FROM statekeeper_sink_commits").fetchone()
-                    figure["team_rows"], figure["team_batches"] = found
+                    figure["team_rows"], figure["team_batches"] = found or (0, 0)
                 if attempt:
                     figures[name].append(figure)
     finally:

@@ -29,7 +29,7 @@ ensure_java() {
   fi
 }
 
-package_stamp() { cat "$1/pyproject.toml"; grep -h '^__version__' "$1"/*/__init__.py 2>/dev/null || true; }
+package_stamp() { cat "$1/pyproject.toml"; grep -sh '^__version__' "$1"/*/__init__.py || true; }
 
 ensure_venv() {
   if [ ! -x "$PY" ]; then
@@ -43,6 +43,12 @@ ensure_venv() {
   fi
   # The pipeline SDK first (the console and every pipeline package import it), then the example pipeline packages,
   # installed like any user's package (editable, so an edit takes effect).
+  # The console itself, for its `statekeeper` command (editable: the code stays where it is).
+  if ! package_stamp . | cmp -s - "$VENV/.console" 2>/dev/null; then
+    say "installing the statekeeper command"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
+    package_stamp . > "$VENV/.console"
+  fi
   # A package is installed again when its metadata changes: its pyproject.toml, or a version its code declares.
   local example name
   for example in sdk/ examples/*/; do

@@ -78,7 +78,7 @@ class JobForm(forms.ModelForm):
         }
 
     # settings with a default that a form (or a script posting one) may leave out: the job's value, or the default
-    OPTIONAL = ("max_future_seconds", "dead_letter_max_entries", "dead_letter_max_age_hours", "source_kind",
+    OPTIONAL: tuple[str, ...] = ("max_future_seconds", "dead_letter_max_entries", "dead_letter_max_age_hours", "source_kind",
                 "source_format")  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

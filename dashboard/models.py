@@ -130,6 +130,12 @@ class Job(models.Model):
     )
     failure_rate_window_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     failed_reason = models.TextField(blank=True, help_text="set when the restart strategy gave up; cleared by a start")
+    archived_at = models.DateTimeField(
+        null=True, blank=True, help_text="set when the job was deleted: stopped with a savepoint, kept, listed no more"
+    )
+    applied_spec = models.JSONField(
+        default=dict, blank=True, help_text="the spec last applied to the job (jobs as code): its page shows any drift"
+    )
     standby = models.BooleanField(
         default=False,
         help_text="keep a warm standby driver that takes over within seconds when the running driver dies",

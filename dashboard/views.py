@@ -58,6 +58,7 @@ from dashboard.services.forks import old_checkpoints, rollback_preview, savepoin
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.shadow import SHADOW_RECORDS
+from dashboard.services.specs import drift
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
 from dashboard.services.upgrades import target_parameters, upgrade_refusal
@@ -100,6 +101,7 @@ def _job_tab(request: HttpRequest, job: Job, tab: str, context: dict[str, Any]) 
         "action_in_flight": job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first(),
         "autoscale": window_advice(job) if job.autoscale_mode != AutoscaleMode.OFF else None,
         "tabs": [(key, label, reverse(url, args=[job.name])) for key, label, url in JOB_TABS],
+        "drift": drift(job),
     }
     if not settings.READ_ONLY and may(request.user, OPERATOR):
         # previews, verifications and inspections read in Spark's state reader, whose start and warm-up take a

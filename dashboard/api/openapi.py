@@ -178,6 +178,74 @@ def _write(verb: str, summary: str, result: str) -> dict[str, Any]:
     }
 
 
+SPEC = {
+    "type": "object",
+    "description": "a job's spec: its settings by field name (as GET /api/v1/jobs/{name} shows them in spec), "
+    "validated exactly as the job form validates them",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$"},
+        "pipeline": {"type": "string"},
+        "parameters": {"type": "object"},
+        "source_stream": {"type": "string"},
+        "state_backend": {"type": "string"},
+        "parallelism": {"type": "integer"},
+        "state_partitions": {"type": "integer"},
+        "trigger_interval_seconds": {"type": "number"},
+        "standby": {"type": "boolean"},
+        "state": {"type": "string", "enum": ["running", "suspended"], "description": "create only: start it or not"},
+    },
+}
+REFUSED = _json(
+    {"type": "object", "properties": {"error": {"type": "string"}, "problems": {"type": "object"}}},
+    "the spec is refused: problems holds each setting's reasons",
+)
+
+
+def _jobs_as_code(paths: dict[str, Any]) -> None:
+    """Create, change and archive jobs, and plan a set of specs (jobs as code)."""
+    created = {"type": "object", "properties": {"job": _ref("Job"), "run": _ref("Run")}}
+    paths["/api/v1/jobs"]["post"] = {
+        "summary": "Create a job from a spec (admin); state running starts it",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": SPEC}}},
+        "responses": {"201": _json(created, "created; ETag and Location headers"), "400": REFUSED, **ERRORS},
+    }
+    match = {"name": "If-Match", "in": "header", "schema": {"type": "string"}, "description": "the job's ETag"}
+    paths["/api/v1/jobs/{name}"]["patch"] = {
+        "summary": "Change the job's settings (admin), with If-Match: its ETag",
+        "parameters": [NAME, match],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": SPEC}}},
+        "responses": {
+            "200": _json({"type": "object", "properties": {"job": _ref("Job")}}, "changed; the new ETag"),
+            "400": REFUSED,
+            "412": _json(ERROR, "the job changed since that ETag"),
+            "428": _json(ERROR, "no If-Match"),
+            **ERRORS,
+        },
+    }
+    paths["/api/v1/jobs/{name}"]["delete"] = {
+        "summary": "Archive the job (admin): stop it with a savepoint, keep its state and history, list it no more",
+        "parameters": [NAME],
+        "responses": {
+            "200": _json({"type": "object"}, "archived"),
+            "202": _json({"type": "object", "properties": {"action": _ref("Action")}}, "archived; stopping"),
+            "409": _json(ERROR, "an action is in flight"),
+            **ERRORS,
+        },
+    }
+    plan_body = {
+        "type": "object",
+        "required": ["jobs"],
+        "properties": {"jobs": {"type": "array", "maxItems": 500, "items": SPEC}, "prune": {"type": "boolean"}},
+    }
+    paths["/api/v1/plan"] = {
+        "post": {
+            "summary": "What applying these specs would do, job by job, with the actions it takes; changes nothing",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": plan_body}}},
+            "responses": {"200": _json({"type": "object"}, "the plan"), "400": _json(ERROR, "a bad body"), **ERRORS},
+        }
+    }
+
+
 def schema() -> dict[str, Any]:
     def list_of(key: str, item: str) -> dict[str, Any]:
         return {"type": "object", "properties": {key: {"type": "array", "items": _ref(item)}}}
@@ -225,6 +293,7 @@ def schema() -> dict[str, Any]:
             "upgrade-rollback", "Roll the job's latest upgrade back from the savepoint it took", "action"
         ),
     }
+    _jobs_as_code(paths)
     return {
         "openapi": "3.0.3",
         "info": {
@@ -232,7 +301,7 @@ def schema() -> dict[str, Any]:
             "version": "1",
             "description": "Jobs, runs, checkpoints, savepoints and operator actions of Spark Structured Streaming "
             "jobs. Authenticate with `Authorization: Bearer <token>` (`manage.py create_token USER NAME`); the "
-            "token acts with its user's role (viewer reads, operator acts).",
+            "token acts with its user's role (viewer reads, operator acts, admin creates, changes and archives jobs).",
         },
         "paths": paths,
         "components": {

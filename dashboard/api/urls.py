@@ -6,6 +6,7 @@ app_name = "api"
 urlpatterns = [
     path("openapi.json", openapi.schema_view, name="openapi"),
     path("v1/jobs", views.jobs, name="jobs"),
+    path("v1/plan", views.plan, name="plan"),
     path("v1/jobs/<str:name>", views.job, name="job"),
     path("v1/jobs/<str:name>/runs", views.runs, name="runs"),
     path("v1/jobs/<str:name>/checkpoints", views.checkpoints, name="checkpoints"),

@@ -17,9 +17,9 @@ from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from dashboard.access import OPERATOR, VIEWER, refusal
+from dashboard.access import ADMIN, OPERATOR, VIEWER, refusal
 from dashboard.api.tokens import token_user
-from dashboard.models import Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
+from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
 from dashboard.records import MEASURES
 from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
 from dashboard.selectors.jobs import job_list
@@ -28,6 +28,8 @@ from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.specs import SpecError, drift, etag, job_archive, job_create, job_update, plan_json, spec_of
+from dashboard.services.specs import plan as plan_specs
 from dashboard.services.upgrades import target_parameters, upgrade_refusal
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,11 @@ def _error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=status)
 
 
-def endpoint(methods: tuple[str, ...], role: str) -> Callable[[Callable[..., Any]], Callable[..., JsonResponse]]:
-    """Method check, authentication, role, and JSON errors for one API view."""
+def endpoint(
+    methods: tuple[str, ...], role: str, writes: str = ""
+) -> Callable[[Callable[..., Any]], Callable[..., JsonResponse]]:
+    """Method check, authentication, role (``writes``: the role a method other than GET needs, where it differs), and
+    JSON errors for one API view."""
 
     def decorate(view: Callable[..., Any]) -> Callable[..., JsonResponse]:
         @csrf_exempt
@@ -63,7 +68,8 @@ def endpoint(methods: tuple[str, ...], role: str) -> Callable[[Callable[..., Any
                 response["WWW-Authenticate"] = 'Bearer realm="statekeeper"'
                 return response
             request.user = user
-            if reason := refusal(user, role) if role != VIEWER else "":
+            needed = writes if writes and request.method != "GET" else role
+            if reason := refusal(user, needed) if needed != VIEWER else "":
                 audit_record(
                     request, verb="denied", target=request.path, outcome="denied", message=reason, origin="api"
                 )
@@ -179,15 +185,121 @@ def action_json(a: Action) -> dict[str, Any]:
     }
 
 
-@endpoint(("GET",), VIEWER)
+@endpoint(("GET", "POST"), VIEWER, writes=ADMIN)
 def jobs(request: HttpRequest) -> Any:
-    return {"jobs": [job_json(j) for j in job_list().order_by("name")]}
+    """GET: every job. POST: create one from a spec (the job's settings, validated as the form validates them, and
+    ``state``: ``running`` starts it)."""
+    if request.method == "GET":
+        return {"jobs": [job_json(j) for j in job_list().order_by("name")]}
+    spec = _spec_body(request)
+    try:
+        created = job_create(spec)
+    except SpecError as exc:
+        audit_record(request, verb="job-create", job=str(spec.get("name", ""))[:63], params=_plain(spec),
+                     outcome="refused", message=str(exc)[:500], origin="api")  # fmt: skip
+        return JsonResponse({"error": str(exc), "problems": exc.problems}, status=400)
+    audit_record(request, verb="job-create", job=created.name, params=_plain(spec), outcome="succeeded", origin="api")
+    body: dict[str, Any] = {"job": _job_with_spec(created)}
+    if spec.get("state", "running") == "running":
+        body["run"] = run_json(job_request_start(job=created, requested_by=request.user))
+        audit_record(request, verb="start", job=created.name, target=f"run #{body['run']['id']}",
+                     outcome="requested", origin="api")  # fmt: skip
+    response = JsonResponse(body, status=201)
+    response["ETag"], response["Location"] = etag(created), f"/api/v1/jobs/{created.name}"
+    return response
 
 
-@endpoint(("GET",), VIEWER)
+@endpoint(("GET", "PATCH", "DELETE"), VIEWER, writes=ADMIN)
 def job(request: HttpRequest, name: str) -> Any:
+    """GET: the job, its spec and ETag, and any drift from the spec last applied. PATCH: change settings, with
+    ``If-Match: <ETag>`` (412 when the job changed since). DELETE: archive it: stop with a savepoint if it runs, keep
+    its state and history, list it no more."""
     found = _job(name)
-    return job_json(found) | {"summary": _summary(found)}
+    if request.method == "GET":
+        response = JsonResponse(_job_with_spec(found) | {"summary": _summary(found)})
+    elif request.method == "PATCH":
+        response = _patch(request, found)
+    else:
+        response = _archive(request, found)
+    if response.status_code < 300 and request.method != "DELETE":
+        response["ETag"] = etag(Job.objects.get(id=found.id))
+    return response
+
+
+def _job_with_spec(job: Job) -> dict[str, Any]:
+    return job_json(job) | {"spec": _plain(spec_of(job)), "etag": etag(job), "drift": drift(job)}
+
+
+def _plain(values: Any) -> Any:
+    return json.loads(json.dumps(values, default=str))
+
+
+def _spec_body(request: HttpRequest) -> dict[str, Any]:
+    try:
+        data = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "The body must be JSON.") from None
+    except RecursionError:
+        raise ApiError(400, "The body is nested too deeply.") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "The body must be a JSON object: the job's spec.")
+    return data
+
+
+def _patch(request: HttpRequest, job: Job) -> JsonResponse:
+    given = request.headers.get("If-Match", "")
+    if not given:
+        return _error(428, f"Send If-Match with the job's ETag (GET /api/v1/jobs/{job.name} gives it).")
+    spec = _spec_body(request)
+    if "name" in spec and spec["name"] != job.name:
+        return _error(400, "name cannot change: it locates the checkpoint directory.")
+    extra = sorted(set(spec) & {"state", "upgrade_mode", "package"})
+    if extra:
+        return _error(400, f"{', '.join(extra)}: a plan applies these (statekeeper apply); PATCH changes settings.")
+    try:
+        with transaction.atomic():
+            locked = Job.objects.select_for_update().get(id=job.id)
+            if given.strip() not in (etag(locked), "*"):
+                return _error(412, f"{job.name} changed since that ETag: GET it again (now {etag(locked)}).")
+            updated = job_update(locked, spec)
+    except SpecError as exc:
+        audit_record(request, verb="job-edit", job=job.name, params=_plain(spec), outcome="refused",
+                     message=str(exc)[:500], origin="api")  # fmt: skip
+        return JsonResponse({"error": str(exc), "problems": exc.problems}, status=400)
+    audit_record(request, verb="job-edit", job=job.name, params=_plain(spec), outcome="succeeded", origin="api")
+    return JsonResponse({"job": _job_with_spec(updated)})
+
+
+def _archive(request: HttpRequest, job: Job) -> JsonResponse:
+    body: dict[str, Any] = {}
+    if job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+        try:
+            stopping = action_request(job=job, kind=ActionKind.STOP_WITH_SAVEPOINT, params={},
+                                      requested_by=request.user, origin="api")  # fmt: skip
+        except ActionRefused as exc:
+            audit_record(request, verb="job-archive", job=job.name, outcome="refused", message=str(exc), origin="api")
+            return _error(409, str(exc))
+        stopping.job = job
+        body["action"] = action_json(stopping)
+    job_archive(job)
+    audit_record(request, verb="job-archive", job=job.name, outcome="succeeded", origin="api")
+    body["archived"] = job.name
+    return JsonResponse(body, status=202 if "action" in body else 200)
+
+
+@endpoint(("POST",), VIEWER)
+def plan(request: HttpRequest) -> Any:
+    """What applying these specs would do, job by job; changes nothing. Body: {"jobs": [spec, ...], "prune": bool}."""
+    data = _spec_body(request)
+    specs, prune = data.get("jobs"), data.get("prune", False)
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs) or len(specs) > 500:
+        raise ApiError(400, "jobs must be a list of at most 500 specs (objects).")
+    if not isinstance(prune, bool):
+        raise ApiError(400, "prune must be true or false.")
+    names = [str(s.get("name", "")) for s in specs]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ApiError(400, f"Two specs name the job {twice[0]!r}.")
+    return {"jobs": _plain(plan_json(plan_specs(specs, prune)))}
 
 
 def _summary(job: Job) -> dict[str, Any]:

@@ -26,10 +26,14 @@ def job_list() -> QuerySet[Job]:
         .annotate(n=Count("id"))
         .values("n")
     )
-    return Job.objects.select_related("latest_checkpoint").annotate(
-        run_status=Subquery(latest_run.values("status")[:1]),
-        run_id=Subquery(latest_run.values("id")[:1]),
-        open_alerts=Coalesce(Subquery(open_alerts[:1]), 0),
+    return (
+        Job.objects.filter(archived_at__isnull=True)
+        .select_related("latest_checkpoint")
+        .annotate(
+            run_status=Subquery(latest_run.values("status")[:1]),
+            run_id=Subquery(latest_run.values("id")[:1]),
+            open_alerts=Coalesce(Subquery(open_alerts[:1]), 0),
+        )
     )
 
 

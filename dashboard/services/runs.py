@@ -40,7 +40,8 @@ def job_request_start(
     user = requested_by if isinstance(requested_by, User) else None
     try:
         with transaction.atomic():
-            Job.objects.select_for_update().get(id=job.id)
+            if Job.objects.select_for_update().get(id=job.id).archived_at is not None:
+                raise ActionRefused(f"{job.name} is archived (deleted): it is kept with its state, not started.")
             busy = job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first() if refuse_during_action else None
             if busy is not None:
                 raise ActionRefused(

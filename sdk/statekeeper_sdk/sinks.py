@@ -160,7 +160,7 @@ def bound(sink: Sink, params: Mapping[str, Any]) -> Sink:
                 raise ValueError(f"sink {sink.name!r}: {f.name} names the parameter {exc}, which is not declared") from None
             except (ValueError, IndexError) as exc:
                 raise ValueError(f"sink {sink.name!r}: {f.name} {value!r} is not a template: {exc}") from None
-    return replace(sink, **changes) if changes else sink
+    return replace(sink, **changes) if changes else sink  # type: ignore[arg-type]
 
 
 def lineage_digest(offsets: bytes, code: str, parameters: Mapping[str, Any]) -> str:
@@ -509,7 +509,7 @@ class FileLog:
 
     def position(self, recent: int = 10) -> Position:
         latest = self.latest()
-        rows = []
+        rows: list[tuple[int, int]] = []
         for batch in range(latest if latest is not None else -1, -1, -1):
             if len(rows) >= recent:
                 break

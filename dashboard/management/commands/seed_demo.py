@@ -77,7 +77,7 @@ class Command(BaseCommand):
         for demo in DEMO_JOBS:
             spec = {k: v for k, v in demo.items() if k != "start"}
             if spec["pipeline"] == "customer-spend":
-                spec["parameters"] = {**spec["parameters"], **team_sinks()}
+                spec["parameters"] = {**dict(spec["parameters"]), **team_sinks()}  # type: ignore[call-overload]
             if pipelines.find(str(spec["pipeline"])) is None:
                 self.stdout.write(f"skipped job {spec['name']}: its pipeline {spec['pipeline']} is not installed")
                 continue

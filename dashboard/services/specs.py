@@ -1,0 +1,250 @@
+"""Jobs as code: a job's spec (the settings a team keeps in its repository), its ETag, creating and changing a job from
+one exactly as the form does, archiving, drift, and the plan that says what applying a set of specs would do.
+
+A spec is flat: the job's settings by their field names, plus ``state`` (``running`` or ``suspended``), the
+``upgrade_mode`` (``savepoint``: an upgrade keeps the state, and an incompatible change is refused; ``stateless``:
+an incompatible change starts from empty state) and, optionally, the ``package`` the pipeline must come from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard import pipelines
+from dashboard.forms import JobForm
+from dashboard.models import ACTIVE_RUN_STATUSES, Job
+
+# settings of the job form, and the policies set elsewhere in the console
+POLICY_FIELDS = (
+    "savepoint_interval_minutes", "savepoints_max_count", "savepoints_max_age_hours", "restart_strategy",
+    "restart_delay_seconds", "restart_max_delay_seconds", "failure_rate_max", "failure_rate_window_minutes",
+)  # fmt: skip
+SETTINGS = (*JobForm.Meta.fields, *POLICY_FIELDS)
+SCALE = ("parallelism", "state_partitions")
+CODE = ("pipeline", "parameters")
+STATES = ("running", "suspended")
+UPGRADE_MODES = ("savepoint", "last-state", "stateless")
+EXTRA = ("state", "upgrade_mode", "package")
+
+
+class SpecError(ValueError):
+    """A spec that cannot be applied: one problem per entry of ``problems`` (field: reason)."""
+
+    def __init__(self, problems: dict[str, list[str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in problems.items()))
+
+
+class SpecForm(JobForm):
+    """The job form with the savepoint and restart policies: a spec is validated exactly as the form validates."""
+
+    class Meta(JobForm.Meta):
+        fields = list(SETTINGS)
+
+    OPTIONAL = (*JobForm.OPTIONAL, *POLICY_FIELDS, "batches_retained", "max_records_per_batch", "memory_budget_mb",
+                "disk_budget_gb", "autoscale_mode", "autoscale_max_per_day", "autoscale_window_minutes",
+                "trigger_interval_seconds", "state_partitions", "parallelism", "state_backend")  # fmt: skip
+
+
+def spec_of(job: Job) -> dict[str, Any]:
+    """The job's settings as a spec holds them, with the state it is in."""
+    spec = {name: getattr(job, name) for name in SETTINGS}
+    spec["parameters"] = dict(job.parameters or {})
+    spec["state"] = "running" if job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists() else "suspended"
+    return spec
+
+
+def etag(job: Job) -> str:
+    """A strong validator of the job's settings: it changes whenever one does (not with its runs)."""
+    settings_only = {name: getattr(job, name) for name in SETTINGS}
+    return '"' + hashlib.sha256(json.dumps(settings_only, sort_keys=True, default=str).encode()).hexdigest()[:32] + '"'
+
+
+def _form_data(spec: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for name, value in spec.items():
+        if name == "parameters":
+            if not isinstance(value, dict):
+                raise SpecError({"parameters": ["must be a mapping of name to value"]})
+            data[name] = pipelines.format_parameters(value)
+        elif name == "standby":
+            if not isinstance(value, bool):
+                raise SpecError({"standby": ["must be true or false"]})
+            if value:
+                data[name] = "on"
+        elif isinstance(value, (dict, list)):
+            raise SpecError({name: ["must be a single value"]})
+        elif value is not None:
+            data[name] = str(value)
+    return data
+
+
+def checked(spec: dict[str, Any], job: Job | None = None) -> SpecForm:
+    """The spec validated as the form validates it (on ``job``: an edit, the fields it leaves out kept); SpecError
+    with every problem otherwise."""
+    if not isinstance(spec, dict):
+        raise SpecError({"spec": ["must be a mapping"]})
+    unknown = sorted(set(spec) - set(SETTINGS) - set(EXTRA))
+    if unknown:
+        raise SpecError({name: ["is not a setting of a job"] for name in unknown[:20]})
+    problems: dict[str, list[str]] = {}
+    if spec.get("state", "running") not in STATES:
+        problems["state"] = [f"is running or suspended, not {spec.get('state')!r}"]
+    if spec.get("upgrade_mode", "savepoint") not in UPGRADE_MODES:
+        problems["upgrade_mode"] = [f"is one of {', '.join(UPGRADE_MODES)}, not {spec.get('upgrade_mode')!r}"]
+    package = spec.get("package")
+    if package and (found := _package(str(spec.get("pipeline") or (job.pipeline if job else "")))) != package:
+        problems["package"] = [f"asks for {package!r}; the console has {found or 'no such pipeline'!r}"]
+    merged = ({**spec_of(job)} if job else {}) | {k: v for k, v in spec.items() if k not in EXTRA}
+    form = SpecForm(_form_data(merged), instance=job or Job())
+    if not form.is_valid():
+        for name, errors in form.errors.items():
+            problems.setdefault(name if name != "__all__" else "spec", []).extend(str(e) for e in errors)
+    if problems:
+        raise SpecError(problems)
+    return form
+
+
+def _package(pipeline: str) -> str:
+    try:
+        return pipelines.code_version(pipeline).package
+    except Exception:
+        return ""
+
+
+def job_create(spec: dict[str, Any]) -> Job:
+    with transaction.atomic():
+        job = checked(spec).save()
+        Job.objects.filter(id=job.id).update(applied_spec=spec)
+    job.refresh_from_db()
+    return job
+
+
+def job_update(job: Job, spec: dict[str, Any]) -> Job:
+    """Change the job's settings (the fields ``spec`` names); refused as the form refuses, e.g. a parameter change of
+    a job with state, which is an upgrade."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(id=job.id)
+        form = checked(spec, locked)
+        saved = form.save()
+        Job.objects.filter(id=job.id).update(applied_spec={**(locked.applied_spec or {}), **spec})
+    saved.refresh_from_db()
+    return saved
+
+
+def job_archive(job: Job) -> None:
+    """The job is listed no more and never started; its state, savepoints and history stay."""
+    Job.objects.filter(id=job.id).update(archived_at=timezone.now(), standby=False)
+
+
+def drift(job: Job) -> list[str]:
+    """What was changed in the console since the job's spec was last applied, one line per setting."""
+    applied = job.applied_spec or {}
+    lines = []
+    for name in SETTINGS:
+        if name in applied and _same(applied[name], getattr(job, name)) is False:
+            lines.append(f"{name}: the spec says {applied[name]!r}, the job has {getattr(job, name)!r}")
+    return lines
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(b, dict) or isinstance(a, dict):
+        return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+    try:
+        return type(b)(a) == b if not isinstance(b, bool) else bool(a) == b
+    except (TypeError, ValueError):
+        return a == b
+
+
+@dataclass
+class Step:
+    action: str  # create | update | start | stop-with-savepoint | rescale | upgrade | archive
+    params: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+
+
+@dataclass
+class JobPlan:
+    name: str
+    change: str  # create | change | none | archive | refused
+    steps: list[Step] = field(default_factory=list)
+    refusal: str = ""
+
+
+def plan(specs: list[dict[str, Any]], prune: bool = False) -> list[JobPlan]:
+    """What applying ``specs`` would do, job by job, in the order to do it; changes nothing. ``prune``: a job no spec
+    names is archived (a directory of specs that no longer holds its file)."""
+    plans = []
+    named = set()
+    for spec in specs:
+        name = str(spec.get("name") or "")
+        named.add(name)
+        plans.append(_plan_one(spec, name))
+    if prune:
+        for job in Job.objects.filter(archived_at__isnull=True).exclude(name__in=named).order_by("name"):
+            if job.applied_spec:  # only jobs that came from specs: a job made in the console is not theirs to remove
+                steps = [Step("stop-with-savepoint", why="it runs")] if spec_of(job)["state"] == "running" else []
+                plans.append(JobPlan(job.name, "archive", [*steps, Step("archive", why="no spec names it")]))
+    return plans
+
+
+def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
+    job = Job.objects.filter(name=name, archived_at__isnull=True).first()
+    want_running = spec.get("state", "running") == "running"
+    steps: list[Step] = []
+    if job is None:
+        if Job.objects.filter(name=name).exists():
+            return JobPlan(name, "refused", refusal=f"{name} is archived: its name is kept until it is freed")
+        try:
+            checked(spec)
+        except SpecError as exc:
+            return JobPlan(name, "refused", refusal=str(exc))
+        steps.append(Step("create", {"spec": spec}))
+        if want_running:
+            steps.append(Step("start"))
+        return JobPlan(name, "create", steps)
+    current = spec_of(job)
+    running = current["state"] == "running"
+    settings_change = {
+        k: v for k, v in spec.items() if k in SETTINGS and k not in (*SCALE, *CODE) and not _same(v, current[k])
+    }
+    if settings_change:
+        try:
+            checked(settings_change, job)
+        except SpecError as exc:
+            return JobPlan(name, "refused", refusal=str(exc))
+        steps.append(Step("update", {"spec": settings_change}, "takes effect at the next start"))
+    target = str(spec.get("pipeline") or job.pipeline)
+    values = spec.get("parameters")
+    code_change = target != job.pipeline or (values is not None and not _same(
+        pipelines.values_or_stored(target, values), pipelines.values_or_stored(job.pipeline, job.parameters or {})
+    ))  # fmt: skip
+    has_state = job.has_state()
+    if code_change and not has_state:
+        steps.append(Step("update", {"spec": {"pipeline": target, "parameters": values or {}}}, "no state yet"))
+    elif code_change:
+        params = {"pipeline": target, **({"parameters": values} if values is not None else {})}
+        mode = spec.get("upgrade_mode", "savepoint")
+        why = "keeps the state: previewed first, refused if the preview finds it incompatible"
+        if mode == "stateless":
+            params["upgrade_mode"] = mode
+            why = "previewed first; if incompatible, the new version starts with empty state (stateless)"
+        steps.append(Step("upgrade", params, why))
+    scale = {k: int(spec[k]) for k in SCALE if k in spec and int(spec[k]) != current[k]}
+    if scale:
+        steps.append(Step("rescale", scale, "from a savepoint, the state repartitioned" if has_state else ""))
+    if want_running and not running:
+        steps.append(Step("start", why="resumes from its checkpoint (where it stopped with a savepoint)"))
+    if not want_running and running:
+        steps.append(Step("stop-with-savepoint", why="suspended"))
+    return JobPlan(name, "change" if steps else "none", steps)
+
+
+def plan_json(plans: list[JobPlan]) -> list[dict[str, Any]]:
+    return [asdict(p) for p in plans]

@@ -1,0 +1,274 @@
+"""``statekeeper``: jobs as code from a shell or a CI pipeline, through the console's API with a token.
+
+    statekeeper plan jobs/            what applying the specs would do (exit 0: nothing, 2: changes, 1: refused)
+    statekeeper apply jobs/ [--prune] do it, action by action, each waited for (exit 0: applied, 1: stopped)
+    statekeeper status [JOB]          jobs, their state and latest checkpoint
+    statekeeper savepoint JOB         take a savepoint and wait for it to be verified
+    statekeeper restore JOB ID        restore a savepoint (the job must be stopped)
+    statekeeper logs JOB              the job's recent runs and actions, with their messages
+
+A spec is a YAML or TOML file per job (a directory of them, or one file): the job's settings by name, ``state:
+running | suspended`` and ``upgrade_mode: savepoint | stateless``. ``--prune``: a job made from specs that no file
+names any more is archived. ``--json`` prints machine-readable output. The console's address and token come from
+``--url``/``--token`` or STATEKEEPER_URL/STATEKEEPER_TOKEN (``manage.py create_token`` makes one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NOTHING, CHANGES, FAILED = 0, 2, 1
+
+
+class ApiFailure(Exception):
+    def __init__(self, status: int, message: str, body: Any = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.body = status, body
+
+
+class Console:
+    def __init__(self, url: str, token: str, timeout: float = 30) -> None:
+        self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.url}/api/v1/{path.lstrip('/')}", data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Content-Type", "application/json")
+        for key, value in (headers or {}).items():
+            request.add_header(key, value)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                payload = {"error": raw[:300].decode("utf-8", "replace")}
+            raise ApiFailure(exc.code, str(payload.get("error", "")), payload) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise ApiFailure(0, f"the console at {self.url} cannot be reached: {exc}") from None
+
+    def wait(self, action: dict[str, Any], timeout: float, say: Any) -> dict[str, Any]:
+        """Poll an action until it succeeds or fails (or ``timeout``)."""
+        deadline, shown = time.monotonic() + timeout, ""
+        while True:
+            action = self.call("GET", f"actions/{action['id']}")
+            if action["status"] in ("succeeded", "failed"):
+                return action
+            if action.get("progress") and action["progress"] != shown:
+                shown = action["progress"]
+                say(f"    … {shown}")
+            if time.monotonic() > deadline:
+                raise ApiFailure(0, f"action #{action['id']} did not finish in {timeout:.0f} s (it goes on)")
+            time.sleep(1)
+
+
+def read_specs(path: Path) -> list[dict[str, Any]]:
+    """Every spec under ``path`` (a file, or the *.yaml, *.yml and *.toml files of a directory), each naming its job
+    (the file's stem when it does not)."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".toml"))
+    specs = []
+    for file in files:
+        text = file.read_text(encoding="utf-8")
+        try:
+            spec = tomllib.loads(text) if file.suffix == ".toml" else yaml.safe_load(text)
+        except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+            raise SystemExit(f"{file}: not valid {file.suffix[1:].upper()}: {exc}") from None
+        if not isinstance(spec, dict):
+            raise SystemExit(f"{file}: a spec is a mapping of a job's settings")
+        spec.setdefault("name", file.stem)
+        specs.append(spec)
+    return specs
+
+
+def preview_verdict(console: Console, job: str, step: dict[str, Any], say: Any, timeout: float) -> dict[str, Any]:
+    """The upgrade's compatibility, from the console's preview on the job's state (a read-only action)."""
+    body = {k: v for k, v in step["params"].items() if k in ("pipeline", "parameters")}
+    try:
+        requested = console.call("POST", f"jobs/{job}/upgrade-preview", body)["action"]
+    except ApiFailure as exc:
+        return {"verdict": "refused", "summary": str(exc.body.get("error") if exc.body else exc)}
+    done = console.wait(requested, timeout, say)
+    plan = (done.get("params") or {}).get("plan") or {}
+    if done["status"] != "succeeded" or not plan:
+        return {"verdict": "refused", "summary": done.get("outcome") or "the preview failed"}
+    if plan.get("incompatible"):
+        if step["params"].get("upgrade_mode") == "stateless":
+            return {"verdict": "empty state", "summary": plan.get("summary", "")}
+        return {"verdict": "refused", "summary": plan.get("summary", "")}
+    return {"verdict": "compatible", "summary": plan.get("summary", "")}
+
+
+def planned(console: Console, specs: list[dict[str, Any]], prune: bool, say: Any, timeout: float) -> list[dict]:
+    jobs = console.call("POST", "plan", {"jobs": specs, "prune": prune})["jobs"]
+    for job in jobs:
+        for step in job["steps"]:
+            if step["action"] == "upgrade":
+                step["verdict"] = preview_verdict(console, job["name"], step, say, timeout)
+                if step["verdict"]["verdict"] == "refused":
+                    job["change"] = "refused"
+                    job["refusal"] = f"the upgrade is refused: {step['verdict']['summary']}"
+    return jobs
+
+
+def show_plan(jobs: list[dict[str, Any]], say: Any) -> None:
+    for job in jobs:
+        say(f"{job['name']}: {job['change']}" + (f" ({job['refusal']})" if job.get("refusal") else ""))
+        for step in job["steps"]:
+            params = {k: v for k, v in step["params"].items() if k != "spec"} or step["params"].get("spec") or ""
+            verdict = step.get("verdict")
+            line = f"  - {step['action']} {json.dumps(params, default=str) if params else ''}".rstrip()
+            if verdict:
+                line += f" → {verdict['verdict']}: {verdict['summary']}"
+            if step.get("why"):
+                line += f" ({step['why']})"
+            say(line)
+
+
+def apply_step(console: Console, job: str, step: dict[str, Any], say: Any, timeout: float) -> str:
+    """Run one step as the console's audited action and wait for it; returns its outcome, raises on failure."""
+    action, params = step["action"], step["params"]
+    if action == "create":
+        console.call("POST", "jobs", {**params["spec"], "state": "suspended"})
+        return "created"
+    if action == "update":
+        tag = console.call("GET", f"jobs/{job}")["etag"]
+        console.call("PATCH", f"jobs/{job}", params["spec"], {"If-Match": tag})
+        return "settings changed"
+    if action == "archive":
+        result = console.call("DELETE", f"jobs/{job}")
+        return "archived" + (f" (stopping with action #{result['action']['id']})" if "action" in result else "")
+    if action == "start":
+        run = console.call("POST", f"jobs/{job}/start")["run"]
+        return wait_running(console, job, run["id"], timeout)
+    body = dict(params)
+    if action == "upgrade":
+        mode = body.pop("upgrade_mode", "savepoint")
+        if mode == "stateless" and (step.get("verdict") or {}).get("verdict") == "empty state":
+            body["empty_state"] = 1
+    requested = console.call("POST", f"jobs/{job}/{action}", body)["action"]
+    done = console.wait(requested, timeout, say)
+    if done["status"] != "succeeded":
+        raise ApiFailure(0, f"{action} #{done['id']} failed: {done['outcome']}")
+    return done["outcome"]
+
+
+def wait_running(console: Console, job: str, run_id: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = console.call("GET", f"jobs/{job}/runs?limit=5")["runs"]
+        run = next((r for r in runs if r["id"] == run_id), None)
+        if run and run["status"] == "running":
+            return f"run #{run_id} running"
+        if run and run["status"] in ("failed", "refused", "lost", "stopped"):
+            raise ApiFailure(0, f"run #{run_id} {run['status']}: {run.get('message') or ''}")
+        time.sleep(1)
+    raise ApiFailure(0, f"run #{run_id} was not running after {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="statekeeper", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=os.environ.get("STATEKEEPER_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--token", default=os.environ.get("STATEKEEPER_TOKEN", ""))
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for each action")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("plan", "apply"):
+        command = commands.add_parser(name)
+        command.add_argument("path", type=Path)
+        command.add_argument("--prune", action="store_true", help="archive spec-made jobs no file names any more")
+    commands.add_parser("status").add_argument("job", nargs="?")
+    commands.add_parser("savepoint").add_argument("job")
+    restore = commands.add_parser("restore")
+    restore.add_argument("job")
+    restore.add_argument("savepoint", type=int)
+    commands.add_parser("logs").add_argument("job")
+    args = parser.parse_args(argv)
+    if not args.token:
+        print("statekeeper: no token (--token or STATEKEEPER_TOKEN)", file=sys.stderr)
+        return FAILED
+    console = Console(args.url, args.token)
+    # in --json mode the human lines go to stderr, and stdout holds one JSON document
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    try:
+        return run(console, args, say)
+    except ApiFailure as exc:
+        print(f"statekeeper: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(exc), "status": exc.status}))
+        return FAILED
+
+
+def run(console: Console, args: argparse.Namespace, say: Any) -> int:
+    out = (lambda value: print(json.dumps(value, indent=1, default=str))) if args.json else None
+    if args.command in ("plan", "apply"):
+        specs = read_specs(args.path)
+        jobs = planned(console, specs, args.prune, say, args.timeout)
+        show_plan(jobs, say)
+        refused = [j for j in jobs if j["change"] == "refused"]
+        if args.command == "plan" or refused:
+            if out:
+                out({"jobs": jobs})
+            if refused:
+                say(f"refused: {', '.join(j['name'] for j in refused)}; nothing applied")
+                return FAILED
+            return CHANGES if any(j["steps"] for j in jobs) else NOTHING
+        report = []
+        for job in jobs:
+            for step in job["steps"]:
+                say(f"{job['name']}: {step['action']} …")
+                try:
+                    outcome = apply_step(console, job["name"], step, say, args.timeout)
+                except ApiFailure as exc:
+                    report.append({"job": job["name"], "action": step["action"], "ok": False, "outcome": str(exc)})
+                    say(f"{job['name']}: {step['action']} FAILED: {exc}; the apply stops here")
+                    if out:
+                        out({"applied": report})
+                    return FAILED
+                report.append({"job": job["name"], "action": step["action"], "ok": True, "outcome": outcome})
+                say(f"{job['name']}: {step['action']}: {outcome}")
+        if out:
+            out({"applied": report})
+        return NOTHING
+    if args.command == "status":
+        jobs = [console.call("GET", f"jobs/{args.job}")] if args.job else console.call("GET", "jobs")["jobs"]
+        if out:
+            out({"jobs": jobs})
+        for job in jobs:
+            latest = job.get("latest_checkpoint") or {}
+            say(f"{job['name']}: {job['status']}, {job['pipeline']}, batch {latest.get('batch_id', '—')}"
+                + (f", drift: {'; '.join(job['drift'])}" if job.get("drift") else ""))  # fmt: skip
+        return NOTHING
+    if args.command in ("savepoint", "restore"):
+        body = {"savepoint": args.savepoint} if args.command == "restore" else {}
+        done = console.wait(console.call("POST", f"jobs/{args.job}/{args.command}", body)["action"], args.timeout, say)
+        if out:
+            out(done)
+        say(f"{args.command} #{done['id']} {done['status']}: {done['outcome']}")
+        return NOTHING if done["status"] == "succeeded" else FAILED
+    runs = console.call("GET", f"jobs/{args.job}/runs?limit=10")["runs"]
+    actions = console.call("GET", f"jobs/{args.job}/actions?limit=10")["actions"]
+    if out:
+        out({"runs": runs, "actions": actions})
+    for r in runs:
+        say(f"run #{r['id']} {r['status']} {r.get('started_at') or ''} {r.get('message') or ''}".rstrip())
+    for a in actions:
+        say(f"action #{a['id']} {a['kind']} {a['status']}: {a['outcome'] or a['progress'] or ''}".rstrip())
+    return NOTHING
+
+
+if __name__ == "__main__":
+    sys.exit(main())
