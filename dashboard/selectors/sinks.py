@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Max
+from django.db.models import Max
 from statekeeper_sdk.sinks import FileLog, Position, ResultsTable, TableSink, TableWriter
 
 from dashboard import pipelines
@@ -42,10 +42,10 @@ class SinkState:
 
 def sink_position(job: Job, sink: Any) -> Position:
     if isinstance(sink, ResultsTable):
+        # each row keeps only the batch that last changed it: the newest batch's rows are that batch's whole output
         batches = ResultRow.objects.filter(job=job)
         last = batches.aggregate(last=Max("batch_id"))["last"]
-        recent = batches.values("batch_id").annotate(rows=Count("id")).order_by("-batch_id")[:10]
-        return Position(last, tuple((r["batch_id"], r["rows"]) for r in recent))
+        return Position(last, ((last, batches.filter(batch_id=last).count()),) if last is not None else ())
     if isinstance(sink, TableSink):
         writer = TableWriter(sink, job.name, 0)
         try:

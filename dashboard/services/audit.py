@@ -37,6 +37,17 @@ def login_name(raw: str) -> str:
     return unicodedata.normalize("NFKC", raw).strip().casefold()[:150]
 
 
+def storable(value: Any) -> Any:
+    """The value as PostgreSQL can keep it: a lone surrogate or a NUL in any string (a key too) written as its escape."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    if isinstance(value, dict):
+        return {storable(str(k)): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
 def audit_record(
     request: HttpRequest | None,
     *,
@@ -58,11 +69,11 @@ def audit_record(
         address=client_address(request),
         origin=origin or ("user" if authenticated else "anonymous"),
         verb=verb,
-        job=job,
-        target=target[:500],
-        params=params or {},
+        job=storable(job)[:63],
+        target=storable(target)[:500],
+        params=storable(params or {}),
         outcome=outcome,
-        message=message[:2000],
+        message=storable(message)[:2000],
     )
 
 

@@ -148,8 +148,18 @@ def drift(job: Job) -> list[str]:
     applied = job.applied_spec or {}
     lines = []
     for name in SETTINGS:
-        if name in applied and _same(applied[name], getattr(job, name)) is False:
-            lines.append(f"{name}: the spec says {applied[name]!r}, the job has {getattr(job, name)!r}")
+        if name not in applied:
+            continue
+        want, have = applied[name], getattr(job, name)
+        if name == "parameters" and isinstance(want, dict):  # as the pipeline reads them (1000000 is 1000000.0)
+            want = pipelines.values_or_stored(job.pipeline, want)
+            have = pipelines.values_or_stored(job.pipeline, have or {})
+            changed = {k for k in want.keys() | have.keys() if not _same(want.get(k), have.get(k))}
+            lines += [
+                f"parameters.{k}: the spec says {want.get(k)!r}, the job has {have.get(k)!r}" for k in sorted(changed)
+            ]
+        elif not _same(want, have):
+            lines.append(f"{name}: the spec says {want!r}, the job has {have!r}")
     return lines
 
 
@@ -240,7 +250,7 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
     if scale:
         steps.append(Step("rescale", scale, "from a savepoint, the state repartitioned" if has_state else ""))
     if want_running and not running:
-        steps.append(Step("start", why="resumes from its checkpoint (where it stopped with a savepoint)"))
+        steps.append(Step("start", why="resumes from its checkpoint" if has_state else ""))
     if not want_running and running:
         steps.append(Step("stop-with-savepoint", why="suspended"))
     return JobPlan(name, "change" if steps else "none", steps)

@@ -5,7 +5,9 @@ which also writes its own table in the ``team_orders`` database (on PostgreSQL) 
 
 from __future__ import annotations
 
+import os
 from typing import Any
+from urllib.parse import urlparse
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -58,12 +60,10 @@ def team_sinks() -> dict[str, str]:
     """The team job's own sinks in the demo: its table in the team_orders database beside the console's (the set-up
     creates it), and a Parquet directory under var/."""
     values = {"lake_dir": str(settings.BASE_DIR / "var" / "lake" / "customer_spend")}
-    db = settings.DATABASES["default"]
-    if str(db["ENGINE"]).endswith("postgresql"):
-        user = f"{db.get('USER')}@" if db.get("USER") else ""
-        values["orders_dsn"] = (
-            f"postgresql://{user}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/team_orders"
-        )
+    # the set-up's own address of the server (its owner), not the console's restricted role
+    server = urlparse(os.environ.get("DATABASE_URL", ""))
+    if server.scheme in ("postgres", "postgresql"):
+        values["orders_dsn"] = server._replace(scheme="postgresql", path="/team_orders").geturl()
     return values
 
 
