@@ -235,6 +235,11 @@ def _plain(values: Any) -> Any:
 
 
 def _spec_body(request: HttpRequest) -> dict[str, Any]:
+    return _json_object(request, "The body must be a JSON object: the job's spec.")
+
+
+def _json_object(request: HttpRequest, what: str = "The body must be a JSON object.") -> dict[str, Any]:
+    """The request's JSON body (none: an empty object); 400 with ``what`` when it is not an object."""
     try:
         data = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError):
@@ -242,7 +247,7 @@ def _spec_body(request: HttpRequest) -> dict[str, Any]:
     except RecursionError:
         raise ApiError(400, "The body is nested too deeply.") from None
     if not isinstance(data, dict):
-        raise ApiError(400, "The body must be a JSON object: the job's spec.")
+        raise ApiError(400, what)
     return data
 
 
@@ -381,17 +386,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
 
 
 def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
-    if not request.body:
-        data: Any = {}
-    else:
-        try:
-            data = json.loads(request.body)
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "The body must be JSON.") from None
-        except RecursionError:
-            raise ApiError(400, "The body is nested too deeply.") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "The body must be a JSON object.")
+    data = _json_object(request)
     spec = BODIES[verb]
     unknown = sorted(set(data) - set(spec))
     if unknown:

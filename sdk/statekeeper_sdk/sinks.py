@@ -157,7 +157,9 @@ def bound(sink: Sink, params: Mapping[str, Any]) -> Sink:
             try:
                 changes[f.name] = value.format_map(dict(params))
             except KeyError as exc:
-                raise ValueError(f"sink {sink.name!r}: {f.name} names the parameter {exc}, which is not declared") from None
+                raise ValueError(
+                    f"sink {sink.name!r}: {f.name} names the parameter {exc}, which is not declared"
+                ) from None
             except (ValueError, IndexError) as exc:
                 raise ValueError(f"sink {sink.name!r}: {f.name} {value!r} is not a template: {exc}") from None
     return replace(sink, **changes) if changes else sink  # type: ignore[arg-type]
