@@ -30,6 +30,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, may, requires
+from dashboard.api.specs import drift
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
@@ -58,7 +59,6 @@ from dashboard.services.forks import old_checkpoints, rollback_preview, savepoin
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.shadow import SHADOW_RECORDS
-from dashboard.services.specs import drift
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
 from dashboard.services.upgrades import target_parameters, upgrade_refusal

@@ -18,6 +18,8 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from dashboard.access import ADMIN, OPERATOR, VIEWER, refusal
+from dashboard.api.specs import SpecError, drift, etag, job_archive, job_create, job_update, plan_json, spec_of
+from dashboard.api.specs import plan as plan_specs
 from dashboard.api.tokens import token_user
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
 from dashboard.records import MEASURES
@@ -28,8 +30,6 @@ from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import job_request_start, job_request_stop
-from dashboard.services.specs import SpecError, drift, etag, job_archive, job_create, job_update, plan_json, spec_of
-from dashboard.services.specs import plan as plan_specs
 from dashboard.services.upgrades import target_parameters, upgrade_refusal
 
 log = logging.getLogger(__name__)
