@@ -87,10 +87,20 @@ def test_a_job_is_created_changed_with_if_match_and_archived_through_the_api(cli
     assert send(client, "GET", "/api/v1/jobs/clicks", viewer).status_code == 404
     assert Job.objects.get(name="clicks").archived_at is not None, "kept, with its state and history"
     assert send(client, "POST", "/api/v1/jobs", admin, SPEC).status_code == 400, "the name stays taken"
+    # asked to, the archived job gives its name up: renamed, its files moving with it, and the name is free again
+    job = Job.objects.get(name="clicks")
+    (job.savepoint_root / "sp-1").mkdir(parents=True)
+    saved = job.savepoints.create(path=str(job.savepoint_root / "sp-1"), status="verified")
+    freed = send(client, "DELETE", "/api/v1/jobs/clicks?free_name=true", admin)
+    assert freed.status_code == 200 and freed.json() == {"freed": "clicks", "archived_as": f"clicks-archived-{job.id}"}
+    saved.refresh_from_db()
+    assert Path(saved.path).is_dir() and f"clicks-archived-{job.id}" in saved.path and not job.directory.exists()
+    assert send(client, "POST", "/api/v1/jobs", admin, SPEC).status_code == 201
     verbs = list(AuditEntry.objects.filter(job="clicks").order_by("id").values_list("verb", "outcome"))
     assert verbs == [("job-create", "refused"), ("job-create", "refused"), ("job-create", "succeeded"),
                      ("job-create", "refused"), ("job-edit", "refused"), ("job-edit", "succeeded"),
-                     ("job-archive", "succeeded"), ("job-create", "refused")]  # fmt: skip
+                     ("job-archive", "succeeded"), ("job-create", "refused"),
+                     ("job-free-name", "succeeded"), ("job-create", "succeeded")]  # fmt: skip
 
 
 def test_a_plan_says_what_applying_would_do_and_changes_nothing(make_job, tmp_path):

@@ -78,6 +78,11 @@ def test_a_team_table_holds_each_batch_once_refuses_a_stale_token_and_drops_what
         (1, 1, 8),
     ]
     assert forked.position().last_batch == 1 and forked.position().recent == ((1, 1), (0, 3))
+    # the database drops the connection between two batches (a restart): the next batch opens another and is written
+    with psycopg.connect(team_database, autocommit=True) as db:
+        db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND pid <> pg_backend_pid()")  # fmt: skip
+    assert write(forked, 2, "b2-fork", [("f", "x", 6)]).rows == 1
     for writer in (driver, forked):
         writer.close()
 

@@ -223,12 +223,13 @@ def _jobs_as_code(paths: dict[str, Any]) -> None:
         },
     }
     paths["/api/v1/jobs/{name}"]["delete"] = {
-        "summary": "Archive the job (admin): stop it with a savepoint, keep its state and history, list it no more",
-        "parameters": [NAME],
+        "summary": "Archive the job (admin): stop it with a savepoint, keep its state and history, list it no more; "
+        "free_name=true on an archived, stopped job frees its name (the job is renamed, its files moving with it)",
+        "parameters": [NAME, {"name": "free_name", "in": "query", "schema": {"type": "string", "enum": ["true"]}}],
         "responses": {
             "200": _json({"type": "object"}, "archived"),
             "202": _json({"type": "object", "properties": {"action": _ref("Action")}}, "archived; stopping"),
-            "409": _json(ERROR, "an action is in flight"),
+            "409": _json(ERROR, "an action is in flight; or, to free a name, the job is not archived or still stops"),
             **ERRORS,
         },
     }

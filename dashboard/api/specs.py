@@ -8,6 +8,7 @@ an incompatible change starts from empty state) and, optionally, the ``package``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -15,8 +16,10 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from dashboard import pipelines
+from dashboard.connections import redis_client
 from dashboard.forms import JobForm
 from dashboard.models import ACTIVE_RUN_STATUSES, Job
 
@@ -141,6 +144,31 @@ def job_update(job: Job, spec: dict[str, Any]) -> Job:
 def job_archive(job: Job) -> None:
     """The job is listed no more and never started; its state, savepoints and history stay."""
     Job.objects.filter(id=job.id).update(archived_at=timezone.now(), standby=False)
+
+
+def job_free_name(job: Job) -> str:
+    """Free an archived, stopped job's name: the job becomes ``<name>-archived-<id>``, its directory (checkpoints,
+    savepoints, journal) and dead letters moving with it. Returns the new name."""
+    if job.archived_at is None:
+        raise SpecError({"name": [f"{job.name} is not archived: delete it first"]})
+    if job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+        raise SpecError({"name": [f"{job.name} is still stopping: ask again once it has stopped"]})
+    old_dir, old_dead = job.directory, job.dead_letter_stream
+    new = f"{job.name[:40]}-archived-{job.id}"
+    with transaction.atomic():
+        Job.objects.filter(id=job.id).update(name=new)
+        job.name = new
+        new_dir = job.directory
+        for savepoint in job.savepoints.filter(path__startswith=str(old_dir)):
+            savepoint.path = str(new_dir) + savepoint.path[len(str(old_dir)) :]
+            savepoint.save(update_fields=["path"])
+        if old_dir.exists():
+            old_dir.rename(new_dir)  # last: a failed move undoes the rename of the job
+    with contextlib.suppress(RedisError):
+        client = redis_client()
+        if client.exists(old_dead):
+            client.rename(old_dead, job.dead_letter_stream)
+    return new
 
 
 def drift(job: Job) -> list[str]:

@@ -18,7 +18,17 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from dashboard.access import ADMIN, OPERATOR, VIEWER, refusal
-from dashboard.api.specs import SpecError, drift, etag, job_archive, job_create, job_update, plan_json, spec_of
+from dashboard.api.specs import (
+    SpecError,
+    drift,
+    etag,
+    job_archive,
+    job_create,
+    job_free_name,
+    job_update,
+    plan_json,
+    spec_of,
+)
 from dashboard.api.specs import plan as plan_specs
 from dashboard.api.tokens import token_user
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
@@ -213,7 +223,10 @@ def jobs(request: HttpRequest) -> Any:
 def job(request: HttpRequest, name: str) -> Any:
     """GET: the job, its spec and ETag, and any drift from the spec last applied. PATCH: change settings, with
     ``If-Match: <ETag>`` (412 when the job changed since). DELETE: archive it: stop with a savepoint if it runs, keep
-    its state and history, list it no more."""
+    its state and history, list it no more; ``?free_name=true`` on an archived, stopped job frees its name (the job is
+    renamed, its directory moving with it)."""
+    if request.method == "DELETE" and request.GET.get("free_name") == "true":
+        return _free_name(request, name)
     found = _job(name)
     if request.method == "GET":
         response = JsonResponse(_job_with_spec(found) | {"summary": _summary(found)})
@@ -290,6 +303,19 @@ def _archive(request: HttpRequest, job: Job) -> JsonResponse:
     audit_record(request, verb="job-archive", job=job.name, outcome="succeeded", origin="api")
     body["archived"] = job.name
     return JsonResponse(body, status=202 if "action" in body else 200)
+
+
+def _free_name(request: HttpRequest, name: str) -> JsonResponse:
+    archived = Job.objects.filter(name=name).first()
+    if archived is None:
+        raise ApiError(404, f"No job named {name!r}.")
+    try:
+        renamed = job_free_name(archived)
+    except SpecError as exc:
+        audit_record(request, verb="job-free-name", job=name, outcome="refused", message=str(exc), origin="api")
+        return _error(409, str(exc))
+    audit_record(request, verb="job-free-name", job=name, target=renamed, outcome="succeeded", origin="api")
+    return JsonResponse({"freed": name, "archived_as": renamed})
 
 
 @endpoint(("POST",), VIEWER)

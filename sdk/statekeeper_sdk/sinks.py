@@ -251,7 +251,22 @@ class TableWriter:
         return cursor if hasattr(cursor, "__enter__") else _Closing(cursor)
 
     def write(self, batch_id: int, digest: str, columns: list[str], chunks: Iterable[list[tuple]]) -> Written:
-        """One batch in one transaction: fence, skip or rewind, the rows in chunks, the commit row."""
+        """One batch in one transaction: fence, skip or rewind, the rows in chunks, the commit row. A connection that
+        died since the last batch (the database restarted) is replaced once, before any row is read."""
+        source, begun = iter(chunks), [False]
+
+        def rows() -> Iterator[list[tuple]]:
+            begun[0] = True
+            yield from source
+
+        try:
+            return self._write_once(batch_id, digest, columns, rows())
+        except (self.db.OperationalError, self.db.InterfaceError):
+            if begun[0]:
+                raise
+        return self._write_once(batch_id, digest, columns, rows())
+
+    def _write_once(self, batch_id: int, digest: str, columns: list[str], chunks: Iterable[list[tuple]]) -> Written:
         try:
             self.connect()
             with self._cursor() as cursor:
