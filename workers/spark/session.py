@@ -43,6 +43,12 @@ def jars() -> dict[str, str]:
     return {"spark.jars": listed} if listed else {}
 
 
+def driver_java_options() -> dict[str, str]:
+    """More options for the driver's JVM (e.g. its garbage collector), from STATEKEEPER_DRIVER_JAVA_OPTIONS."""
+    given = os.environ.get("STATEKEEPER_DRIVER_JAVA_OPTIONS", "").strip()
+    return {"spark.driver.extraJavaOptions": given} if given else {}
+
+
 def build_session(
     app_name: str,
     master: str = "local[2]",
@@ -60,6 +66,7 @@ def build_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": os.environ.get("STATEKEEPER_DRIVER_MEMORY", "1g"),
+        **driver_java_options(),
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",

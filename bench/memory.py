@@ -1,0 +1,91 @@
+"""Where a running job's memory goes, process by process: each running job's driver process tree (the Python driver,
+its JVM, the Python source runner, the Python daemon and its workers), proportional set size (PSS: shared pages
+divided among their users) and resident size, in MiB, read from /proc.
+
+    STATEKEEPER_ENV=development .venv/bin/python -m bench.memory
+
+Run it beside ./bin/dev (the demo jobs running a few minutes). STATEKEEPER_DRIVER_MEMORY and
+STATEKEEPER_DRIVER_JAVA_OPTIONS, set when bin/dev starts, size the drivers' JVMs.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
+os.environ.setdefault("STATEKEEPER_ENV", "development")
+
+import django  # noqa: E402
+
+django.setup()
+
+from dashboard.models import Run  # noqa: E402
+
+KINDS = ("JVM", "Python driver", "Python source runner", "Python workers", "other")
+
+
+def process_tree(pid: int) -> list[int]:
+    parents: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents[parent].append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += parents.get(current, [])
+    return found
+
+
+def kind(pid: int) -> str:
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    if command.split(" ", 1)[0].endswith("java"):
+        return "JVM"
+    if "workers.driver_process" in command:
+        return "Python driver"
+    if "python_streaming_source_runner" in command:
+        return "Python source runner"
+    if "pyspark" in command and ("daemon" in command or "worker" in command):
+        return "Python workers"
+    return "other"
+
+
+def sizes(pid: int) -> tuple[int, int]:
+    """PSS and RSS in KiB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        parts = line.split()
+        if parts and parts[0] in ("Pss:", "Rss:"):
+            values[parts[0]] = int(parts[1])
+    return values.get("Pss:", 0), values.get("Rss:", 0)
+
+
+def main() -> None:
+    runs = Run.objects.filter(status="running").exclude(pid=None).select_related("job").order_by("job__name")
+    print("PSS MiB (processes); a job's total is its whole tree\n")
+    print(f"| job | {' | '.join(KINDS)} | total PSS | total RSS |\n|---|{'---:|' * (len(KINDS) + 2)}")
+    for run in runs:
+        pss: collections.Counter[str] = collections.Counter()
+        count: collections.Counter[str] = collections.Counter()
+        rss = 0
+        for pid in process_tree(int(run.pid or 0)):
+            try:
+                p, r = sizes(pid)
+                k = kind(pid)
+            except OSError:
+                continue  # ended meanwhile
+            pss[k] += p
+            count[k] += 1
+            rss += r
+        cells = [f"{pss[k] // 1024} ({count[k]})" if count[k] else "–" for k in KINDS]
+        print(f"| {run.job.name} | {' | '.join(cells)} | {sum(pss.values()) // 1024} | {rss // 1024} |")
+
+
+if __name__ == "__main__":
+    main()
