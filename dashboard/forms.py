@@ -95,8 +95,8 @@ class JobForm(forms.ModelForm):
             raise forms.ValidationError(str(exc)) from None
 
     def _clean_parameters(self, data: dict[str, Any], pipeline: Any) -> None:
-        """The values must fit the pipeline (checked and kept as it will read them); on a job with state a change is
-        an upgrade, which previews it on the state first."""
+        """The values must fit the pipeline (checked and kept as it will read them), and its sinks be writable with
+        them; on a job with state a change is an upgrade, which previews it on the state first."""
         if "parameters" in self.errors or pipeline is None:
             return
         given = data.get("parameters") or {}
@@ -114,6 +114,9 @@ class JobForm(forms.ModelForm):
                     "This job has state: a parameter change is an upgrade (Deploys → Upgrade, with these values), "
                     "which previews it on the state, takes a savepoint and rolls back by itself if the new run fails.",
                 )
+        if "parameters" not in self.errors:  # its sinks' targets come from the values
+            for problem in pipelines.sink_problems(pipeline.name, resolved):
+                self.add_error("parameters", problem)
 
     def _clean_source(self, data: dict[str, Any], pipeline: Any) -> None:
         """A Redis stream needs its key; a file source a directory under an allowed root, in a format the pipeline's
@@ -179,10 +182,6 @@ class JobForm(forms.ModelForm):
         pipeline = pipelines.find(data.get("pipeline") or "")
         self._clean_source(data, pipeline)
         self._clean_parameters(data, pipeline)
-        if pipeline is not None and "parameters" not in self.errors:
-            values = pipelines.parameter_values(pipeline.name, data.get("parameters") or {})
-            for problem in pipelines.sink_problems(pipeline.name, values):
-                self.add_error("parameters", problem)
         if data.get("standby") and connection.vendor != "postgresql":
             self.add_error("standby", "A standby waits on a PostgreSQL lock: it needs the console on PostgreSQL.")
         if (

@@ -27,7 +27,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from statekeeper_sdk import FileSink, KafkaSink, resolve
 from statekeeper_sdk.code import code_version as sdk_code_version
-from statekeeper_sdk.sinks import bound
 
 ENTRY_POINT_GROUP = "statekeeper.pipelines"
 # What the console and its driver read from a pipeline; a missing one is refused at registration, not at run time.
@@ -185,12 +184,12 @@ def kafka_connector() -> bool:
 
 def bound_sinks(name: str, values: dict[str, Any]) -> list[Any]:
     """The sinks a job of pipeline ``name`` writes to, with its parameter values in their targets."""
-    return [bound(sink, values) for sink in get(name).outputs()]
+    return list(get(name).outputs(values))
 
 
 def sink_problems(name: str, values: dict[str, Any]) -> list[str]:
     """Why a job of pipeline ``name`` with these parameter values could not write its output, one line each: a target
-    a file sink's relative directory, a Kafka sink without Spark's Kafka connector."""
+    naming an undeclared parameter, a file sink's relative directory, a Kafka sink without Spark's Kafka connector."""
     problems = []
     try:
         sinks = bound_sinks(name, values)

@@ -48,7 +48,7 @@ from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_expo
 from dashboard.selectors.deploys import deploy_history, upgrade_view
 from dashboard.selectors.exceptions import exception_history, failing_batch
 from dashboard.selectors.partitions import partition_view
-from dashboard.selectors.sinks import job_sinks
+from dashboard.selectors.sinks import fork_consequences, job_sinks
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.autoscale import window_advice
@@ -400,7 +400,8 @@ def job_restore(request: HttpRequest, name: str, savepoint_id: int) -> HttpRespo
     preview = savepoint_preview(job, savepoint)
     if request.method == "POST" and not preview.refusal:
         return _request(request, job, ActionKind.RESTORE, {"savepoint": savepoint.id})
-    context = {"job": job, "title": f"Restore savepoint #{savepoint.id}", "preview": preview, "savepoint": savepoint}
+    context = {"job": job, "title": f"Restore savepoint #{savepoint.id}", "preview": preview, "savepoint": savepoint,
+               "sinks": fork_consequences(job, preview.batch_id)}  # fmt: skip
     return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
 
 
@@ -415,7 +416,8 @@ def job_rollback(request: HttpRequest, name: str) -> HttpResponse:
     preview = rollback_preview(job, batch)
     if request.method == "POST" and not preview.refusal:
         return _request(request, job, ActionKind.ROLLBACK, {"batch": batch})
-    context = {"job": job, "title": f"Roll back to batch {batch}", "preview": preview, "batch": batch}
+    context = {"job": job, "title": f"Roll back to batch {batch}", "preview": preview, "batch": batch,
+               "sinks": fork_consequences(job, batch)}  # fmt: skip
     return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
 
 

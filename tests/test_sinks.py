@@ -25,7 +25,7 @@ from statekeeper_sdk.sinks import (
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
 from dashboard.models import Job
-from dashboard.services.forks import rollback_preview, switch_to_fork
+from dashboard.services.forks import switch_to_fork
 from tests.conftest import run_through
 from tests.test_team_job import Orders, sink
 
@@ -219,7 +219,10 @@ def test_the_team_job_writes_its_own_table_and_parquet_once_through_a_replay_and
     # a fork at a middle batch, as a rollback makes it: the preview says what each sink undoes, the replay rewrites it
     batches = committed_batches(job.checkpoint_location)
     middle = batches[len(batches) // 2]
-    lines = rollback_preview(job, middle).sinks
+    admin = django_user_model.objects.create_superuser("admin", "a@example.com", "pw")
+    client.force_login(admin)
+    preview = client.get(f"/jobs/{job.name}/rollback?batch={middle}").content.decode()
+    lines = re.findall(r"<li>((?:team-db|lake) \(.*?)</li>", preview.split('id="sink-consequences"')[1])
     assert len(lines) == 2 and all(f"batches {middle + 1}–{batches[-1]} are removed" in line for line in lines), lines
     copy_checkpoint(job.checkpoint_location, job.directory / "checkpoint-fork", middle)
     switch_to_fork(job, "checkpoint-fork")
@@ -231,8 +234,6 @@ def test_the_team_job_writes_its_own_table_and_parquet_once_through_a_replay_and
     assert dead == set(orders.poison)
 
     # the Results tab shows each sink against the checkpoint
-    admin = django_user_model.objects.create_superuser("admin", "a@example.com", "pw")
-    client.force_login(admin)
     page = client.get(f"/jobs/{job.name}/results").content.decode()
     newest = committed_batches(Job.objects.get(id=job.id).checkpoint_location)[-1]
     for name in ("results", "team-db", "lake"):

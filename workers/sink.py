@@ -10,7 +10,6 @@ written: it goes to the job's dead-letter stream with stage "sink", and the batc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -28,9 +27,9 @@ from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the l
     TableSink,
     TableWriter,
     Written,
-    bound,
     chunked,
     lineage_digest,
+    rejected_output,
     write_files,
     write_kafka,
 )
@@ -127,9 +126,7 @@ def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]
     for kind, key, value in results:
         text, reason = encoded(key, value)
         if reason:
-            digest = hashlib.sha1(repr((kind, key)).encode("utf-8", "backslashreplace")).hexdigest()[:16]
-            payload = repr((kind, key, value))[:65536].encode("utf-8", "backslashreplace")
-            rejected.append(Rejected(f"batch-{batch_id}:{kind}:{digest}", "sink", reason, payload))
+            rejected.append(rejected_output(batch_id, kind, (kind, key), (kind, key, value), reason))
         else:
             latest[(kind, key)] = text
     return latest
@@ -141,12 +138,10 @@ def results_rows(pipeline: Pipeline, rows: Iterator[Row]) -> Iterator[Result]:
         yield from pipeline.results(chunk)
 
 
-def output_rows(frame: DataFrame) -> Iterator[Row]:
+def output_rows(frame: DataFrame, at_once: bool) -> Iterator[Row]:
     """A persisted batch's rows on the driver: at once when it is small, else a partition at a time (never the whole
     of a large batch in the driver's memory)."""
-    if frame.count() <= CHUNK:
-        return iter(frame.collect())
-    return frame.toLocalIterator(prefetchPartitions=True)
+    return iter(frame.collect()) if at_once else frame.toLocalIterator(prefetchPartitions=True)
 
 
 def batch_offsets_bytes(checkpoint: str, batch_id: int) -> bytes:
@@ -159,25 +154,28 @@ def batch_offsets_bytes(checkpoint: str, batch_id: int) -> bytes:
 class SinkSet:
     """Every sink of a job's pipeline, bound to the job's parameters, and how each writes a batch."""
 
-    def __init__(self, *, job_id: int, job_name: str, token: int, pipeline: Pipeline, parameters: dict[str, Any],
-                 code: str = "") -> None:  # fmt: skip
+    def __init__(
+        self, *, job_id: int, job_name: str, token: int, pipeline: Pipeline, parameters: dict[str, Any]
+    ) -> None:
         self.job_id, self.job_name, self.token, self.pipeline = job_id, job_name, token, pipeline
-        self.parameters, self.code = parameters, code
-        self.sinks = [s for s in (bound(s, parameters) for s in pipeline.outputs()) if not s.off()]
+        self.sinks = [s for s in pipeline.outputs(parameters) if not s.off()]
         self.tables = {s.name: TableWriter(s, job_name, token) for s in self.sinks if isinstance(s, TableSink)}
+        # the results table and team tables read the batch on the driver; files and Kafka are written by executors
+        self.on_driver = any(isinstance(s, (ResultsTable, TableSink)) for s in self.sinks)
 
     def write(self, frame: DataFrame, batch_id: int, digest: str, rejected: list[Rejected]) -> dict[str, Written]:
+        at_once = self.on_driver and frame.count() <= CHUNK  # counted once, on the persisted batch
         done: dict[str, Written] = {}
         for sink in self.sinks:
             if isinstance(sink, ResultsTable):
                 written = Written()
                 written.rows = write_results(
                     job_id=self.job_id, token=self.token, batch_id=batch_id,
-                    results=results_rows(self.pipeline, output_rows(frame)), rejected=written.rejected,
+                    results=results_rows(self.pipeline, output_rows(frame, at_once)), rejected=written.rejected,
                 )  # fmt: skip
             elif isinstance(sink, TableSink):
                 columns = list(sink.columns or frame.columns)
-                rows = (tuple(r) for r in output_rows(frame.select(*columns)))
+                rows = (tuple(r) for r in output_rows(frame.select(*columns), at_once))
                 written = self.tables[sink.name].write(batch_id, digest, columns, chunked(rows, CHUNK))
             elif isinstance(sink, FileSink):
                 written = write_files(frame, sink, batch_id, digest)
@@ -199,8 +197,7 @@ def batch_writer(
     """The query's foreachBatch: the batch computed once (its state files written), then into every sink."""
     client: list[Any] = []
     values = dict(parameters or {})
-    sinks = SinkSet(job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline,
-                    parameters=values, code=code)  # fmt: skip
+    sinks = SinkSet(job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline, parameters=values)
 
     def write(frame: DataFrame, batch_id: int) -> None:
         # before the frame is computed: computing it runs the stateful operators, which write the batch's state files

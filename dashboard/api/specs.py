@@ -55,18 +55,19 @@ class SpecForm(JobForm):
                 "trigger_interval_seconds", "state_partitions", "parallelism", "state_backend")  # fmt: skip
 
 
+def _settings(job: Job) -> dict[str, Any]:
+    return {name: getattr(job, name) for name in SETTINGS} | {"parameters": dict(job.parameters or {})}
+
+
 def spec_of(job: Job) -> dict[str, Any]:
     """The job's settings as a spec holds them, with the state it is in."""
-    spec = {name: getattr(job, name) for name in SETTINGS}
-    spec["parameters"] = dict(job.parameters or {})
-    spec["state"] = "running" if job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists() else "suspended"
-    return spec
+    running = job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists()
+    return _settings(job) | {"state": "running" if running else "suspended"}
 
 
 def etag(job: Job) -> str:
     """A strong validator of the job's settings: it changes whenever one does (not with its runs)."""
-    settings_only = {name: getattr(job, name) for name in SETTINGS}
-    return '"' + hashlib.sha256(json.dumps(settings_only, sort_keys=True, default=str).encode()).hexdigest()[:32] + '"'
+    return '"' + hashlib.sha256(json.dumps(_settings(job), sort_keys=True, default=str).encode()).hexdigest()[:32] + '"'
 
 
 def _form_data(spec: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +105,7 @@ def checked(spec: dict[str, Any], job: Job | None = None) -> SpecForm:
     package = spec.get("package")
     if package and (found := _package(str(spec.get("pipeline") or (job.pipeline if job else "")))) != package:
         problems["package"] = [f"asks for {package!r}; the console has {found or 'no such pipeline'!r}"]
-    merged = ({**spec_of(job)} if job else {}) | {k: v for k, v in spec.items() if k not in EXTRA}
+    merged = (_settings(job) if job else {}) | {k: v for k, v in spec.items() if k not in EXTRA}
     form = SpecForm(_form_data(merged), instance=job or Job())
     if not form.is_valid():
         for name, errors in form.errors.items():

@@ -228,14 +228,12 @@ def job(request: HttpRequest, name: str) -> Any:
     if request.method == "DELETE" and request.GET.get("free_name") == "true":
         return _free_name(request, name)
     found = _job(name)
-    if request.method == "GET":
-        response = JsonResponse(_job_with_spec(found) | {"summary": _summary(found)})
-    elif request.method == "PATCH":
-        response = _patch(request, found)
-    else:
-        response = _archive(request, found)
-    if response.status_code < 300 and request.method != "DELETE":
-        response["ETag"] = etag(Job.objects.get(id=found.id))
+    if request.method == "PATCH":
+        return _patch(request, found)
+    if request.method == "DELETE":
+        return _archive(request, found)
+    response = JsonResponse(_job_with_spec(found) | {"summary": _summary(found)})
+    response["ETag"] = etag(found)
     return response
 
 
@@ -285,7 +283,9 @@ def _patch(request: HttpRequest, job: Job) -> JsonResponse:
                      message=str(exc)[:500], origin="api")  # fmt: skip
         return JsonResponse({"error": str(exc), "problems": exc.problems}, status=400)
     audit_record(request, verb="job-edit", job=job.name, params=_plain(spec), outcome="succeeded", origin="api")
-    return JsonResponse({"job": _job_with_spec(updated)})
+    response = JsonResponse({"job": _job_with_spec(updated)})
+    response["ETag"] = etag(updated)
+    return response
 
 
 def _archive(request: HttpRequest, job: Job) -> JsonResponse:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Max
-from statekeeper_sdk.sinks import FileLog, Position, ResultsTable, TableSink, TableWriter
+from statekeeper_sdk.sinks import FileLog, FileSink, Position, ResultsTable, TableSink, TableWriter
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import latest_committed
@@ -52,7 +52,7 @@ def sink_position(job: Job, sink: Any) -> Position:
             return writer.position()
         finally:
             writer.close()
-    if hasattr(sink, "path"):
+    if isinstance(sink, FileSink):
         try:
             return FileLog(sink.path).position()
         except (OSError, ValueError) as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,6 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
-from dashboard.selectors.sinks import fork_consequences
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -54,7 +53,6 @@ class Preview:
     replay_records: int | None
     catch_up_seconds: float | None
     refusal: str = ""
-    sinks: list[str] = field(default_factory=list)  # what each of the job's own sinks does on the replay
 
     @property
     def age_seconds(self) -> float | None:
@@ -62,7 +60,7 @@ class Preview:
 
 
 def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at: datetime | None) -> Preview:
-    result = Preview(batch_id, committed_at, offset, None, None, sinks=fork_consequences(job, batch_id))
+    result = Preview(batch_id, committed_at, offset, None, None)
     if not job.reads_redis:  # files stay in their directory, and Kafka keeps its log: nothing to count here
         return result
     numbers = stream_head(job.source_stream)

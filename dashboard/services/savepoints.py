@@ -42,10 +42,6 @@ from dashboard.services.errors import ActionFailed
 MANIFEST = "_manifest.json"
 
 
-def sink_positions(job: Job) -> dict[str, int | None]:
-    return {s.name: s.position.last_batch for s in job_sinks(job) if not s.off}
-
-
 def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None = None) -> Savepoint:
     """Copy the checkpoint as of its latest committed batch (or ``batch``, a retained one) with its manifest; the job
     may keep running. The copy is listed once ``savepoint_check`` has verified it. A copy this action began before
@@ -82,7 +78,8 @@ def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None =
             "created_at": timezone.now().isoformat(),
             "files": entries_json(entries),
             "copy_ms": int((copied - started) * 1000),
-            "sinks": sink_positions(job),  # each of the job's own sinks' last batch as the copy was taken
+            # each of the job's sinks' last batch, read as the copy ends
+            "sinks": {s.name: s.position.last_batch for s in job_sinks(job) if not s.off},
         }
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
     except CheckpointError as exc:

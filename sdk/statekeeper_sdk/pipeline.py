@@ -172,9 +172,11 @@ class Pipeline:
         for sink in self.sinks:
             bound(sink, {p.name: p.default for p in self.parameters})  # a target naming an undeclared parameter
 
-    def outputs(self) -> tuple[Any, ...]:
-        """The sinks the output goes to: the declared ones, else the console's results table."""
-        return self.sinks or (ResultsTable(),)
+    def outputs(self, values: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
+        """The sinks the output goes to: the declared ones, else the console's results table; with ``values`` (a job's
+        parameters), their targets filled in (ValueError names a parameter they lack)."""
+        sinks = self.sinks or (ResultsTable(),)
+        return sinks if values is None else tuple(bound(sink, values) for sink in sinks)
 
 
 def apply(pipeline: Any, events: DataFrame, values: Mapping[str, Any]) -> DataFrame:

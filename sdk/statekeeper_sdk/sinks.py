@@ -192,6 +192,14 @@ class Position:
     error: str = ""
 
 
+def rejected_output(batch_id: int, sink: str, identity: Any, shown: Any, reason: str) -> Rejected:
+    """An output row a sink cannot store, as a dead letter: its entry names the batch, the sink and a digest of
+    ``identity``, so that a replay of the batch dead-letters it once."""
+    digest = hashlib.sha1(repr(identity).encode("utf-8", "backslashreplace")).hexdigest()[:16]
+    payload = repr(shown)[:65536].encode("utf-8", "backslashreplace")
+    return Rejected(f"batch-{batch_id}:{sink}:{digest}", "sink", reason, payload)
+
+
 def plain(value: Any) -> Any:
     """A value a DB-API driver can bind: nested rows, lists and maps as JSON text."""
     if isinstance(value, (str, int, float, bool, Decimal, datetime)) or value is None:
@@ -220,6 +228,7 @@ class TableWriter:
         self.sink, self.job, self.token = sink, job, token
         self.db = importlib.import_module(sink.driver)
         self.connection: Any = None
+        self.created = False  # the commit tables (and the sink's DDL) made on this connection
         self.marker = "?" if getattr(self.db, "paramstyle", "format") == "qmark" else "%s"
 
     def sql(self, text: str) -> str:
@@ -230,7 +239,6 @@ class TableWriter:
         if self.connection is None:
             extra = {"connect_timeout": 5} if self.sink.driver.startswith("psycopg") else {}
             self.connection = self.db.connect(self.sink.dsn, **extra)
-            self.created = False
         if create and not self.created:
             with self._cursor() as cursor:
                 for statement in _commit_tables(self.sink.create):
@@ -244,7 +252,7 @@ class TableWriter:
             try:
                 self.connection.close()
             finally:
-                self.connection = None
+                self.connection, self.created = None, False
 
     def _cursor(self) -> Any:
         cursor = self.connection.cursor()
@@ -270,11 +278,11 @@ class TableWriter:
         try:
             self.connect()
             with self._cursor() as cursor:
-                done = self._begin(cursor, batch_id, digest)
-                if done is not None:
+                written = self._begin(cursor, batch_id, digest)
+                if written.skipped:
                     self.connection.commit()
-                    return done
-                written = self._rows(cursor, batch_id, columns, chunks)
+                    return written
+                self._rows(cursor, batch_id, columns, chunks, written)
                 cursor.execute(
                     self.sql(
                         f"INSERT INTO {COMMITS} (job, sink, batch_id, digest, token, rows, committed_at) "
@@ -283,7 +291,6 @@ class TableWriter:
                     (self.job, self.sink.name, batch_id, digest, self.token, written.rows, _now()),
                 )
             self.connection.commit()
-            written.rewound = self._rewound
             return written
         except BaseException:
             self._abandon()
@@ -297,8 +304,9 @@ class TableWriter:
         except Exception:
             self.close()
 
-    def _begin(self, cursor: Any, batch_id: int, digest: str) -> Written | None:
-        self._rewound = 0
+    def _begin(self, cursor: Any, batch_id: int, digest: str) -> Written:
+        """The fence checked and taken; then the batch skipped (a replay) or begun, after a rewind when the sink holds
+        this batch under another digest or a later one."""
         sink, job = self.sink.name, self.job
         cursor.execute(
             self.sql(f"UPDATE {FENCES} SET token = %s WHERE job = %s AND sink = %s AND token <= %s"),
@@ -322,18 +330,20 @@ class TableWriter:
         later = dict(cursor.fetchall())
         if later.get(batch_id) == digest and len(later) == 1:
             return Written(skipped=True)
+        begun = Written()
         if later:
             table, column = quoted(self.sink.table), quoted(self.sink.batch_column)
             cursor.execute(self.sql(f"DELETE FROM {table} WHERE {column} >= %s"), (batch_id,))
-            self._rewound = max(0, cursor.rowcount)
+            begun.rewound = max(0, cursor.rowcount)
             cursor.execute(
                 self.sql(f"DELETE FROM {COMMITS} WHERE job = %s AND sink = %s AND batch_id >= %s"),
                 (job, sink, batch_id),
             )
-        return None
+        return begun
 
-    def _rows(self, cursor: Any, batch_id: int, columns: list[str], chunks: Iterable[list[tuple]]) -> Written:
-        written = Written()
+    def _rows(
+        self, cursor: Any, batch_id: int, columns: list[str], chunks: Iterable[list[tuple]], written: Written
+    ) -> None:
         names = [*columns, self.sink.batch_column]
         statement = self.sql(self._insert(names))
         copy = _copier(cursor, self.sink, names) if hasattr(cursor, "copy") else None
@@ -354,7 +364,6 @@ class TableWriter:
                 cursor.execute("ROLLBACK TO SAVEPOINT statekeeper_chunk")
                 self._one_by_one(cursor, statement, rows, batch_id, written)
             cursor.execute("RELEASE SAVEPOINT statekeeper_chunk")
-        return written
 
     def _one_by_one(self, cursor: Any, statement: str, rows: list[tuple], batch_id: int, written: Written) -> None:
         """The chunk row by row, each in a savepoint: a row the table refuses goes to ``rejected``."""
@@ -365,17 +374,8 @@ class TableWriter:
                 written.rows += 1
             except (self.db.DataError, self.db.IntegrityError) as exc:
                 cursor.execute("ROLLBACK TO SAVEPOINT statekeeper_row")
-                text = repr(row)[:65536]
-                entry = hashlib.sha1(text.encode("utf-8", "backslashreplace")).hexdigest()[:16]
                 reason = f"{self.sink.name}: {str(exc).strip().splitlines()[0][:300]}"
-                written.rejected.append(
-                    Rejected(
-                        f"batch-{batch_id}:{self.sink.name}:{entry}",
-                        "sink",
-                        reason,
-                        text.encode("utf-8", "backslashreplace"),
-                    )
-                )
+                written.rejected.append(rejected_output(batch_id, self.sink.name, row, row, reason))
             cursor.execute("RELEASE SAVEPOINT statekeeper_row")
 
     def _insert(self, names: list[str]) -> str:
