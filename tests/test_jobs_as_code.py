@@ -111,6 +111,7 @@ def test_a_plan_says_what_applying_would_do_and_changes_nothing(make_job, tmp_pa
         {**SPEC, "name": "fresh", "state": "running"},
         {"name": "kept", "parallelism": 2, "trigger_interval_seconds": 3, "state": "suspended"},
         {**SPEC, "name": "broken", "source_stream": "bad stream name!"},
+        {"name": "manual", "parallelism": "two"},
     ]
     before = list(Job.objects.order_by("name").values())
     found = {p.name: p for p in plan(specs, prune=True)}
@@ -120,7 +121,8 @@ def test_a_plan_says_what_applying_would_do_and_changes_nothing(make_job, tmp_pa
     ]  # fmt: skip
     assert found["broken"].change == "refused" and "source_stream" in found["broken"].refusal
     assert [s.action for s in found["gone"].steps] == ["archive"], "a spec-made job no file names"
-    assert "manual" not in found, "a job made in the console is not the specs' to remove"
+    assert found["manual"].change == "refused" and "parallelism: a whole number" in found["manual"].refusal
+    assert [p.name for p in plan(specs[:3], prune=True)].count("manual") == 0, "a console-made job is never pruned"
     assert list(Job.objects.order_by("name").values()) == before
 
 

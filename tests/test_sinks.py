@@ -136,6 +136,12 @@ def test_a_file_sink_writes_sparks_file_sink_layout_which_spark_reads_back_exact
     assert len(list((out / "_statekeeper" / "rewound").rglob("*.parquet"))) == 9
     assert FileLog(out).position().recent[0] == (5, 2)
 
+    # a sink that starts late (added to a job at batch 51 by an upgrade): Spark still reads it
+    late = tmp_path / "late"
+    for b in (51, 52):
+        write_files(batch(b), FileSink("late", path=str(late)), b, f"d{b}")
+    assert sorted(r.batch_id for r in spark.read.parquet(str(late)).collect()) == [51, 51, 52, 52]
+
 
 def lake_rows(spark: Any, path: Path) -> list[dict[str, Any]]:
     return [r.asDict() for r in spark.read.parquet(str(path)).collect()]

@@ -275,6 +275,8 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
             params["upgrade_mode"] = mode
             why = "previewed first; if incompatible, the new version starts with empty state (stateless)"
         steps.append(Step("upgrade", params, why))
+    if odd := [k for k in SCALE if k in spec and not _whole(spec[k])]:
+        return JobPlan(name, "refused", refusal=f"{odd[0]}: a whole number, not {spec[odd[0]]!r}")
     scale = {k: int(spec[k]) for k in SCALE if k in spec and int(spec[k]) != current[k]}
     if scale:
         steps.append(Step("rescale", scale, "from a savepoint, the state repartitioned" if has_state else ""))
@@ -283,6 +285,12 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
     if not want_running and running:
         steps.append(Step("stop-with-savepoint", why="suspended"))
     return JobPlan(name, "change" if steps else "none", steps)
+
+
+def _whole(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, str) and value.strip().isdigit() and len(value) < 10
+    )
 
 
 def plan_json(plans: list[JobPlan]) -> list[dict[str, Any]]:

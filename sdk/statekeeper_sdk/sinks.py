@@ -542,12 +542,18 @@ class FileLog:
         self._log_entry(batch, [_status(p) for p in files])
 
     def _log_entry(self, batch: int, statuses: list[dict[str, Any]]) -> None:
-        if (batch + 1) % COMPACT_INTERVAL == 0:
-            earlier: list[dict[str, Any]] = []
-            start = max(0, (batch + 1) - COMPACT_INTERVAL - 1) if batch + 1 > COMPACT_INTERVAL else 0
-            for b in range(start, batch):
-                earlier += self.entry(b) or []
-            name, statuses = f"{batch}.compact", earlier + statuses
+        """The batch's entry, after empty ones for the batches before it that Spark's reader needs and the log lacks:
+        a sink that starts after batch 0 (added by an upgrade, or given a new directory) logs them as Spark's own sink
+        logs a batch with no file."""
+        latest = self.latest()
+        needed = max(0, (batch + 1) // COMPACT_INTERVAL * COMPACT_INTERVAL - 1)  # the reader's first batch
+        for missing in range(max(needed, 0 if latest is None else latest + 1), batch):
+            self._batch_entry(missing, [])
+        self._batch_entry(batch, statuses)
+
+    def _batch_entry(self, batch: int, statuses: list[dict[str, Any]]) -> None:
+        if (batch + 1) % COMPACT_INTERVAL == 0:  # a compaction: everything the log lists so far, and this batch
+            name, statuses = f"{batch}.compact", self.all_files() + statuses
         else:
             name = str(batch)
         self._write(self.log / name, "\n".join(["v1", *(json.dumps(s, separators=(",", ":")) for s in statuses)]))
