@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import shutil
 import sqlite3
+import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from statekeeper_sdk.sinks import (
     Fenced,
     FileLog,
     FileSink,
+    SinkError,
     TableSink,
     TableWriter,
     chunked,
@@ -24,10 +27,13 @@ from statekeeper_sdk.sinks import (
 )
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
+from dashboard.failures import root_cause
 from dashboard.models import Job
+from dashboard.pipelines import get as get_pipeline
 from dashboard.services.forks import switch_to_fork
 from tests.conftest import run_through
 from tests.test_team_job import Orders, sink
+from workers.sink import SinkSet
 
 SPEND = ("customer", "start", "end", "orders", "items", "total")
 COUNTS = TableSink(
@@ -141,6 +147,21 @@ def test_a_file_sink_writes_sparks_file_sink_layout_which_spark_reads_back_exact
     for b in (51, 52):
         write_files(batch(b), FileSink("late", path=str(late)), b, f"d{b}")
     assert sorted(r.batch_id for r in spark.read.parquet(str(late)).collect()) == [51, 51, 52, 52]
+
+
+@pytest.mark.spark
+def test_a_sink_that_cannot_write_fails_the_batch_naming_itself(spark, team_database):
+    """The team's database refuses (here: it does not exist): the batch fails, and the cause the console shows is the
+    sink's, not py4j's wrapper."""
+    gone = TableSink(**{**COUNTS.__dict__, "dsn": team_database.rsplit("/", 1)[0] + "/no_such_database"})
+    sinks = SinkSet(job_id=0, job_name="orders-job", token=1, pipeline=replace(get_pipeline("url-counts"),
+                    sinks=(gone,)), parameters={})  # fmt: skip
+    frame = spark.createDataFrame([("a", "x", 1)], "k string, end string, n long")
+    with pytest.raises(SinkError) as failed:
+        sinks.write(frame, 0, "d0", [])
+    cause = root_cause("".join(traceback.format_exception(failed.value)))
+    assert cause.startswith("SinkError: sink counts (counts in postgresql://") and "no_such_database" in cause, cause
+    assert "OperationalError" in cause
 
 
 def lake_rows(spark: Any, path: Path) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the l
     Fenced,
     FileSink,
     ResultsTable,
+    SinkError,
     TableSink,
     TableWriter,
     Written,
@@ -173,17 +174,27 @@ class SinkSet:
                     job_id=self.job_id, token=self.token, batch_id=batch_id,
                     results=results_rows(self.pipeline, output_rows(frame, at_once)), rejected=written.rejected,
                 )  # fmt: skip
-            elif isinstance(sink, TableSink):
-                columns = list(sink.columns or frame.columns)
-                rows = (tuple(r) for r in output_rows(frame.select(*columns), at_once))
-                written = self.tables[sink.name].write(batch_id, digest, columns, chunked(rows, CHUNK))
-            elif isinstance(sink, FileSink):
-                written = write_files(frame, sink, batch_id, digest)
             else:
-                written = write_kafka(frame, sink, self.job_name, batch_id)
+                written = self._own(sink, frame, batch_id, digest, at_once)
             rejected += written.rejected
             done[sink.name] = written
         return done
+
+    def _own(self, sink: Any, frame: DataFrame, batch_id: int, digest: str, at_once: bool) -> Written:
+        """One of the job's own sinks; what fails there fails the batch as a SinkError that names the sink."""
+        try:
+            if isinstance(sink, TableSink):
+                columns = list(sink.columns or frame.columns)
+                rows = (tuple(r) for r in output_rows(frame.select(*columns), at_once))
+                return self.tables[sink.name].write(batch_id, digest, columns, chunked(rows, CHUNK))
+            if isinstance(sink, FileSink):
+                return write_files(frame, sink, batch_id, digest)
+            return write_kafka(frame, sink, self.job_name, batch_id)
+        except Fenced:
+            raise
+        except Exception as exc:
+            cause = (str(exc).strip() or "no message").splitlines()[0][:500]
+            raise SinkError(f"sink {sink.name} ({sink.where()}): {type(exc).__name__}: {cause}") from exc
 
     def close(self) -> None:
         for writer in self.tables.values():

@@ -51,6 +51,11 @@ class Fenced(RuntimeError):
     """A newer driver of the job has written to this sink: this one's token is stale."""
 
 
+class SinkError(RuntimeError):
+    """A sink could not write a batch (its database refused, its directory could not be written): the batch fails,
+    and the message names the sink first, then the error under it."""
+
+
 @dataclass(frozen=True)
 class ResultsTable:
     """The console's own results table: ``Pipeline.results`` turns the output rows into (kind, key, value) upserts."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import urlparse
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -57,13 +56,11 @@ DEMO_JOBS = [
 
 
 def team_sinks() -> dict[str, str]:
-    """The team job's own sinks in the demo: its table in the team_orders database beside the console's (the set-up
-    creates it), and a Parquet directory under var/."""
+    """The team job's own sinks in the demo: its table in the team_orders database beside the console's (the set-up creates
+    it and names it in STATEKEEPER_DEMO_TEAM_DSN), and a Parquet directory under var/."""
     values = {"lake_dir": str(settings.BASE_DIR / "var" / "lake" / "customer_spend")}
-    # the set-up's own address of the server (its owner), not the console's restricted role
-    server = urlparse(os.environ.get("DATABASE_URL", ""))
-    if server.scheme in ("postgres", "postgresql"):
-        values["orders_dsn"] = server._replace(scheme="postgresql", path="/team_orders").geturl()
+    if dsn := os.environ.get("STATEKEEPER_DEMO_TEAM_DSN", ""):  # bin/dev: the owner's address (the app role has none)
+        values["orders_dsn"] = dsn
     return values
 
 
