@@ -47,7 +47,7 @@ def kind(pid: int) -> str:
     command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     if command.split(" ", 1)[0].endswith("java"):
         return "JVM"
-    if "workers.driver_process" in command:
+    if "workers.driver_process" in command or "workers.host_process" in command:
         return "Python driver"
     if "python_streaming_source_runner" in command:
         return "Python source runner"
@@ -68,13 +68,16 @@ def sizes(pid: int) -> tuple[int, int]:
 
 def main() -> None:
     runs = Run.objects.filter(status="running").exclude(pid=None).select_related("job").order_by("job__name")
-    print("PSS MiB (processes); a job's total is its whole tree\n")
-    print(f"| job | {' | '.join(KINDS)} | total PSS | total RSS |\n|---|{'---:|' * (len(KINDS) + 2)}")
+    by_process: dict[int, list[str]] = collections.defaultdict(list)  # a shared driver's process runs several jobs
     for run in runs:
+        by_process[int(run.pid or 0)].append(run.job.name)
+    print("PSS MiB (processes); a driver's total is its whole tree, and a shared driver's is divided among its jobs\n")
+    print(f"| jobs | {' | '.join(KINDS)} | total PSS | total RSS | a job (PSS) |\n|---|{'---:|' * (len(KINDS) + 3)}")
+    for root, names in by_process.items():
         pss: collections.Counter[str] = collections.Counter()
         count: collections.Counter[str] = collections.Counter()
         rss = 0
-        for pid in process_tree(int(run.pid or 0)):
+        for pid in process_tree(root):
             try:
                 p, r = sizes(pid)
                 k = kind(pid)
@@ -84,7 +87,8 @@ def main() -> None:
             count[k] += 1
             rss += r
         cells = [f"{pss[k] // 1024} ({count[k]})" if count[k] else "–" for k in KINDS]
-        print(f"| {run.job.name} | {' | '.join(cells)} | {sum(pss.values()) // 1024} | {rss // 1024} |")
+        total = sum(pss.values()) // 1024
+        print(f"| {', '.join(names)} | {' | '.join(cells)} | {total} | {rss // 1024} | {total // len(names)} |")
 
 
 if __name__ == "__main__":

@@ -67,9 +67,11 @@ class JobForm(forms.ModelForm):
             "autoscale_max_per_day",
             "autoscale_window_minutes",
             "standby",
+            "driver",
         ]
         labels = {
             "standby": "Warm standby driver",
+            "driver": "Driver",
             "trigger_interval_seconds": "Trigger interval (seconds)",
             "source_kind": "Source",
             "source_stream": "Redis stream, or Kafka topic",
@@ -79,7 +81,7 @@ class JobForm(forms.ModelForm):
 
     # settings with a default that a form (or a script posting one) may leave out: the job's value, or the default
     OPTIONAL: tuple[str, ...] = ("max_future_seconds", "dead_letter_max_entries", "dead_letter_max_age_hours", "source_kind",
-                "source_format")  # fmt: skip
+                "source_format", "driver")  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

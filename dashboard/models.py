@@ -39,6 +39,11 @@ class SourceKind(models.TextChoices):
     KAFKA = "kafka", "Kafka topic (needs Spark's Kafka connector jars)"
 
 
+class DriverMode(models.TextChoices):
+    OWN = "own", "A driver process of its own"
+    SHARED = "shared", "The shared driver host (several small jobs in one SparkSession's JVM)"
+
+
 class FileFormat(models.TextChoices):
     JSON = "json", "JSON lines"
     CSV = "csv", "CSV with a header line"
@@ -139,6 +144,13 @@ class Job(models.Model):
     standby = models.BooleanField(
         default=False,
         help_text="keep a warm standby driver that takes over within seconds when the running driver dies",
+    )
+    driver = models.CharField(
+        max_length=8,
+        choices=DriverMode.choices,
+        default=DriverMode.OWN,
+        help_text="own: a driver process (JVM and Python) for this job alone; shared: its query runs in the host's "
+        "shared driver beside other jobs' (a fraction of the memory; a crash of the host stops all of them)",
     )
     rolled_up_to = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="checkpoints recorded up to here are in the roll-ups"
@@ -260,6 +272,34 @@ class Deploy(models.Model):
         return f"{self.package + ' ' if self.package else ''}#{self.code_hash[:10]}"
 
 
+class HostStatus(models.TextChoices):
+    SERVING = "serving", "Serving"
+    DRAINING = "draining", "Draining (takes no new jobs)"
+    GONE = "gone", "Gone"
+
+
+class DriverHost(models.Model):
+    """A shared driver: one process (Python and a JVM) on a host that runs the queries of several jobs, each in a
+    SparkSession of its own over one SparkContext, as a Flink session cluster runs several jobs. Each job keeps its own
+    run, lease, fencing token, lock, checkpoint, standby and actions."""
+
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField(null=True, blank=True)
+    status = models.CharField(max_length=10, choices=HostStatus.choices, default=HostStatus.SERVING)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="its main loop's last beat")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    cores = models.PositiveIntegerField(default=2)
+    log_path = models.CharField(max_length=500, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"driver host {self.pk} (pid {self.pid} on {self.host})"
+
+
 class Run(models.Model):
     """One life of a job's driver process, from start request to exit."""
 
@@ -280,6 +320,13 @@ class Run(models.Model):
     error = models.TextField(blank=True)
     log_path = models.CharField(max_length=500, blank=True)
     deploy = models.ForeignKey(Deploy, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    driver_host = models.ForeignKey(
+        DriverHost, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs",
+        help_text="the shared driver the run's query runs in (its pid is the host's); none: a driver of its own",
+    )  # fmt: skip
+    released_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the shared driver let go of the run's query and lock"
+    )
 
     class Meta:
         ordering = ["-id"]

@@ -120,11 +120,13 @@ def _listed_job(name: str) -> Job:
 def job_detail(request: HttpRequest, name: str) -> HttpResponse:
     """Overview: key figures and the live charts."""
     job = _listed_job(name)
+    run = job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()
     context = {
         "dead_letters": jobs.dead_letter_counts([job])[job.id],
         "source_lag": lag.latest_source_lag([job]).get(job.id),
         "standby": job.standbys.first() if job.standby else None,
-        "run": job.runs.filter(status__in=ACTIVE_RUN_STATUSES).first(),
+        "run": run,
+        "shared_with": jobs.shared_with(run),
         "master_ui": settings.SPARK_MASTER_UI,
     }
     return _job_tab(request, job, "overview", context)

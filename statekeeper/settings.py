@@ -232,6 +232,10 @@ HOST_ID = env_str("STATEKEEPER_HOST_ID", socket.gethostname())
 SPARK_MASTER = env_str("STATEKEEPER_SPARK_MASTER", "")
 SPARK_MASTER_UI = env_str("STATEKEEPER_SPARK_MASTER_UI", "")  # the master's web UI, linked from the job page
 STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)
+# The shared driver (jobs with driver=shared): the cores of its local[N] master and its JVM's heap. Its jobs share
+# them: each query's tasks go to a fair-scheduler pool of the job's own.
+SHARED_DRIVER_CORES = env_int("STATEKEEPER_SHARED_DRIVER_CORES", os.cpu_count() or 2)
+SHARED_DRIVER_MEMORY = env_str("STATEKEEPER_SHARED_DRIVER_MEMORY", "2g")
 PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
 # Every committed batch is also pushed here for the browsers; its entry ids are the server-sent events' ids.
 LIVE_STREAM = env_str("STATEKEEPER_LIVE_STREAM", "statekeeper:live")

@@ -288,7 +288,7 @@ def celery_worker(checkpoint_root: Path, tmp_path: Path) -> Iterator[CeleryWorke
 
 def end_workers_and_their_processes(workers: CeleryWorkers) -> None:
     """The test's Celery workers, then every driver and standby they started (by their process groups)."""
-    from dashboard.models import Run, StandbyDriver
+    from dashboard.models import DriverHost, Run, StandbyDriver
 
     for worker in workers.processes:
         stop_process_group(worker)
@@ -298,6 +298,9 @@ def end_workers_and_their_processes(workers: CeleryWorkers) -> None:
     for standby in StandbyDriver.objects.exclude(pid=None):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(standby.pid, signal.SIGKILL)
+    for host in DriverHost.objects.exclude(pid=None):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(host.pid, signal.SIGKILL)
 
 
 @pytest.fixture

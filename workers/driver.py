@@ -52,45 +52,60 @@ def hard_exit(code: int, why: str) -> None:
     os._exit(code)
 
 
-class LeaseKeeper(threading.Thread):
-    """Renews the checkpoint lease from a thread of its own, also while the query drains or a batch runs long. The
-    lease lost (another token holds it, or it expired while this process was paused, or the database did not answer
-    for a whole TTL), it stops the query once and starts a watchdog that ends the process FENCED_EXIT_SECONDS
-    later if it is still alive."""
+class JobLease:
+    """A job's checkpoint lease as its driver holds it: renewed by ``renew`` (from a LeaseKeeper thread of the driver's
+    own, or a shared driver's main loop for all its jobs). Lost (another token holds it, it expired while the process
+    was paused, or the database did not answer for a whole TTL), it stops the job's query once."""
 
-    def __init__(self, job_id: int, token: int, exit_when_fenced: bool = True) -> None:
-        super().__init__(name="lease-keeper", daemon=True)
+    def __init__(self, job_id: int, token: int) -> None:
         self.job_id, self.token = job_id, token
-        self.exit_when_fenced = exit_when_fenced
         self.queries: list[Any] = []  # what a lost lease stops, once the driver has started it
         self.lost = threading.Event()
         self.done = threading.Event()
         self.reason = ""
+        self.last_ok = time.monotonic()
+
+    def renew(self) -> bool:
+        """Renew once; False when the lease is lost (the query is being stopped then)."""
+        if self.lost.is_set():
+            return False
+        try:
+            if lease_renew(job_id=self.job_id, token=self.token):
+                self.last_ok = time.monotonic()
+                return True
+            self.reason = "this driver lost the checkpoint lease (another driver holds it, or it expired)"
+        except DatabaseError as exc:
+            if time.monotonic() - self.last_ok < settings.LEASE_TTL_SECONDS:
+                return True
+            self.reason = f"the lease could not be renewed for {settings.LEASE_TTL_SECONDS} s ({exc})"
+        self.lost.set()
+        threading.Thread(target=self._stop_queries, name="fenced-stop", daemon=True).start()
+        return False
+
+    def _stop_queries(self) -> None:
+        for query in self.queries:
+            query.stop()
+
+
+class LeaseKeeper(JobLease, threading.Thread):
+    """Renews the lease from a thread of its own, also while the query drains or a batch runs long. The lease lost,
+    it starts a watchdog that ends the process FENCED_EXIT_SECONDS later if it is still alive."""
+
+    def __init__(self, job_id: int, token: int, exit_when_fenced: bool = True) -> None:
+        JobLease.__init__(self, job_id, token)
+        threading.Thread.__init__(self, name="lease-keeper", daemon=True)
+        self.exit_when_fenced = exit_when_fenced
 
     def run(self) -> None:
-        last_ok = time.monotonic()
         try:
             while not self.done.wait(settings.LEASE_RENEW_SECONDS):
-                try:
-                    if lease_renew(job_id=self.job_id, token=self.token):
-                        last_ok = time.monotonic()
-                        continue
-                    self.reason = "this driver lost the checkpoint lease (another driver holds it, or it expired)"
-                except DatabaseError as exc:
-                    if time.monotonic() - last_ok < settings.LEASE_TTL_SECONDS:
-                        continue
-                    self.reason = f"the lease could not be renewed for {settings.LEASE_TTL_SECONDS} s ({exc})"
-                self.lost.set()
-                threading.Thread(target=self._stop_queries, name="fenced-stop", daemon=True).start()
+                if self.renew():
+                    continue
                 if not self.done.wait(FENCED_EXIT_SECONDS) and self.exit_when_fenced:
                     hard_exit(3, f"fenced: {self.reason}; the query did not stop in {FENCED_EXIT_SECONDS} s")
                 return
         finally:
             connection.close()
-
-    def _stop_queries(self) -> None:
-        for query in self.queries:
-            query.stop()
 
 
 def job_session(job: Job, master: str) -> Any:
@@ -147,13 +162,21 @@ def job_spec(job: Job, **overrides: Any) -> JobSpec:
 
 class JobDriver:
     def __init__(
-        self, spark: Any, run_id: int, keeper: LeaseKeeper | None = None, executor_hosts: list[str] | None = None
+        self,
+        spark: Any,
+        run_id: int,
+        keeper: JobLease | None = None,
+        executor_hosts: list[str] | None = None,
+        shared: bool = False,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
-        which renews but never ends the process."""
+        which renews but never ends the process. ``shared``: the run is one of a shared driver's, whose main loop
+        renews its lease, beats for it and sets ``stop_signal`` on a stop request, and whose threads hold no
+        database connection between batches (many jobs, one connection limit)."""
         self.spark = spark
         self.keeper = keeper
+        self.shared = shared
         self.run = Run.objects.select_related("job").get(id=run_id)
         self.job = self.run.job
         self.token = int(self.run.fencing_token or 0)
@@ -209,7 +232,7 @@ class JobDriver:
         listener = Listener()
         self.spark.streams.addListener(listener)
         keeper = self.keeper or LeaseKeeper(self.job.id, self.token, exit_when_fenced=False)
-        if not keeper.is_alive():
+        if isinstance(keeper, LeaseKeeper) and not keeper.is_alive():
             keeper.start()
         try:
             query = start_query(
@@ -226,6 +249,7 @@ class JobDriver:
                     checkpoint=spec.checkpoint,
                     parameters=values,
                     code=pipelines.code_version(spec.pipeline).code_hash,
+                    close_connection=self.shared,
                 ),
             )
             keeper.queries.append(query)
@@ -248,7 +272,7 @@ class JobDriver:
             time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
             self.spark.streams.removeListener(listener)
 
-    def _watch(self, query: Any, keeper: LeaseKeeper) -> str:
+    def _watch(self, query: Any, keeper: JobLease) -> str:
         while True:
             self.stop_signal.wait(settings.LEASE_RENEW_SECONDS if query.isActive else 0)
             if keeper.lost.is_set():  # fenced: someone else may own the checkpoint now; the keeper stopped the query
@@ -262,8 +286,10 @@ class JobDriver:
                 )
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=trace)
                 return RunStatus.FAILED
-            Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now())
-            stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
+            stop_at = None
+            if not self.shared:
+                Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now())
+                stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
             if stop_at or self.stop_signal.is_set():
                 self._drain_and_stop(query)
                 run_finish(

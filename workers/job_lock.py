@@ -6,6 +6,7 @@ authority on who may write."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -76,3 +77,70 @@ def wait(conn: psycopg.Connection[Any], job_id: int, timeout_seconds: float) -> 
 
 def release(conn: psycopg.Connection[Any], job_id: int) -> None:
     conn.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_CLASS, job_id])
+
+
+class LockSet:
+    """Several jobs' locks held on one connection, as a shared driver holds its jobs' (one connection, not one per
+    job): taken and let go job by job, all freed at once when the process dies. A successor that evicts one job's
+    holder ends the session, which frees the others' too: ``check`` (the shared driver's main loop calls it every
+    second) reconnects and takes theirs again. Does nothing on SQLite."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self.held: set[int] = set()
+        self.mutex = threading.Lock()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed:
+            self.conn = lock_connection()
+            for job_id in sorted(self.held):  # after an eviction: take again what is still free
+                if not self._try(job_id):
+                    self.held.discard(job_id)
+        return self.conn
+
+    def _try(self, job_id: int) -> bool:
+        assert self.conn is not None
+        return bool(self.conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, job_id]).fetchone()[0])  # type: ignore[index]
+
+    def take(self, job_id: int, within_seconds: float = 30.0, grace_seconds: float = 2.0) -> None:
+        """As ``hold``: wait for the lock, ending the session of a holder still there after ``grace_seconds``."""
+        if not supported():
+            return
+        began = time.monotonic()
+        while True:
+            waited = time.monotonic() - began
+            with self.mutex:
+                try:
+                    conn = self._connection()
+                    if self._try(job_id):
+                        self.held.add(job_id)
+                        return
+                    if waited > grace_seconds:
+                        evict(conn, job_id)
+                except psycopg.OperationalError:
+                    self.conn = None
+            if waited > within_seconds:
+                raise TimeoutError(f"job {job_id}'s driver lock was not free within {within_seconds:.0f} s")
+            time.sleep(0.05)
+
+    def let_go(self, job_id: int) -> None:
+        if not supported():
+            return
+        with self.mutex:
+            if job_id not in self.held:
+                return
+            self.held.discard(job_id)
+            try:
+                self._connection().execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_CLASS, job_id])
+            except psycopg.Error:
+                self.conn = None  # the session is gone, and the lock with it
+
+    def check(self) -> None:
+        if not supported() or not self.held:
+            return
+        with self.mutex:
+            try:
+                self._connection().execute("SELECT 1")
+            except psycopg.Error:
+                self.conn = None
+                self._connection()

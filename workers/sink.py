@@ -203,14 +203,23 @@ class SinkSet:
 
 def batch_writer(
     *, job_id: int, token: int, pipeline: Pipeline, dead_letters: str = "", redis_url: str = "", job_name: str = "",
-    checkpoint: str = "", parameters: dict[str, Any] | None = None, code: str = "",
+    checkpoint: str = "", parameters: dict[str, Any] | None = None, code: str = "", close_connection: bool = False,
 ) -> Callable[[DataFrame, int], None]:  # fmt: skip
-    """The query's foreachBatch: the batch computed once (its state files written), then into every sink."""
+    """The query's foreachBatch: the batch computed once (its state files written), then into every sink.
+    ``close_connection``: the console's database connection is closed after each batch (a shared driver's jobs would
+    otherwise each hold one in Spark's callback threads)."""
     client: list[Any] = []
     values = dict(parameters or {})
     sinks = SinkSet(job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline, parameters=values)
 
     def write(frame: DataFrame, batch_id: int) -> None:
+        try:
+            write_batch(frame, batch_id)
+        finally:
+            if close_connection:
+                connection.close()
+
+    def write_batch(frame: DataFrame, batch_id: int) -> None:
         # before the frame is computed: computing it runs the stateful operators, which write the batch's state files
         with connection.cursor() as cursor:
             lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)

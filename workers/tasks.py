@@ -17,6 +17,7 @@ from dashboard.services.capacity import summary_text, week_review
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
 from dashboard.services.dead_letters import dead_letters_trim
 from dashboard.services.drills import drills_run
+from dashboard.services.hosts import hosts_supervise
 from dashboard.services.periodic import savepoints_periodic
 from dashboard.services.recovery import recoveries_supervise
 from dashboard.services.rollups import rollups_run
@@ -90,7 +91,8 @@ def periodic_savepoints() -> list[int]:
 
 @shared_task(time_limit=60)
 def supervise_jobs() -> list[str]:
-    notes = runs_supervise()
+    notes = hosts_supervise()  # first: a silent shared driver is killed, and its jobs' runs are lost below
+    notes += runs_supervise()
     notes += actions_resume()
     notes += upgrades_watch()  # before the restart strategy: a new version that failed is rolled back, not restarted
     notes += recoveries_supervise()

@@ -114,3 +114,12 @@ def job_lag_status(job: Job, now: datetime | None = None, recent: list[dict[str,
             return asdict(lag.LagStatus("STOP", f"not running: {sample.lag_records} records waiting{oldest}", None))
     points = charts.recent_points(job) if recent is None else recent
     return lag.status_json(points, job.trigger_interval_seconds, now)
+
+
+def shared_with(run: Run | None) -> str:
+    """The other jobs whose queries run in the same shared driver as ``run``, by name (empty for a driver of its own)."""
+    if run is None or run.driver_host_id is None:
+        return ""
+    others = Run.objects.filter(driver_host_id=run.driver_host_id, status__in=ACTIVE_RUN_STATUSES).exclude(id=run.id)
+    names = sorted(others.values_list("job__name", flat=True))
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")

@@ -28,7 +28,14 @@ from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run, RunStatus
 from dashboard.services.errors import ActionFailed, ActionRefused
-from dashboard.services.runs import job_request_start, job_request_stop, pid_alive, run_launch, spawn_process
+from dashboard.services.runs import (
+    job_request_start,
+    job_request_stop,
+    pid_alive,
+    run_holds_process,
+    run_launch,
+    spawn_process,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -212,8 +219,7 @@ def alive_run(job: Job) -> Run | None:
     is still there (a fenced driver on its way out)."""
     if (run := active_run(job)) is not None:
         return run
-    host = settings.HOST_ID
-    return next((r for r in job.runs.order_by("-id")[:5] if r.host == host and r.pid and pid_alive(r.pid)), None)
+    return next((r for r in job.runs.order_by("-id")[:5] if run_holds_process(r)), None)
 
 
 def refuse_while_alive(job: Job, doing: str) -> None:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,12 +13,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from dashboard.models import ACTIVE_RUN_STATUSES, IN_FLIGHT_ACTIONS, Job, Run, RunStatus
+from dashboard.models import ACTIVE_RUN_STATUSES, IN_FLIGHT_ACTIONS, DriverMode, Job, Run, RunStatus
 from dashboard.selectors.incidents import run_incidents
 from dashboard.services.enqueue import KILL_DRIVER, START_RUN, enqueue, enqueue_on
 from dashboard.services.errors import ActionRefused
+from dashboard.services.hosts import host_for_launch, host_silent
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.lease import lease_acquire, lease_release
+from dashboard.services.processes import kill_group, pid_alive, spawn_process
+
+__all__ = ["kill_group", "pid_alive", "spawn_process"]  # where the drivers' callers have always found them
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,12 @@ def run_launch(*, run_id: int) -> Run:
         run.host = settings.HOST_ID
         run.spark_master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
         run.log_path = str(settings.LOG_ROOT / f"{job.name}-run-{run.id}.log")
+        if shares_driver(job):  # the shared driver takes it from here (it polls for runs assigned to it)
+            host = host_for_launch()
+            run.driver_host, run.pid, run.log_path = host, host.pid, host.log_path
+            run.spark_master = f"local[{host.cores}] (shared driver {host.id})"
+            run.save()
+            return run
         run.save()
     try:
         run.pid = spawn_driver(run)
@@ -96,6 +102,20 @@ def run_launch(*, run_id: int) -> Run:
         raise
     Run.objects.filter(id=run.id).update(pid=run.pid)
     return run
+
+
+def shares_driver(job: Job) -> bool:
+    """The job's query runs in the host's shared driver: it asks for one, and Spark runs in local mode here (a job on a
+    cluster has a driver of its own, whose executors are the job's)."""
+    return job.driver == DriverMode.SHARED and not settings.SPARK_MASTER
+
+
+def run_holds_process(run: Run) -> bool:
+    """The run's driver may still touch the checkpoint: its process lives here, and, in a shared driver, the driver
+    has not yet let go of the run's query."""
+    if run.host != settings.HOST_ID or not pid_alive(run.pid):
+        return False
+    return run.driver_host_id is None or run.released_at is None
 
 
 def checkpoint_missing(job: Job) -> str:
@@ -117,26 +137,6 @@ def checkpoint_missing(job: Job) -> str:
 def spawn_driver(run: Run) -> int:
     """The driver is its own process in its own session: it outlives the worker that started it."""
     return spawn_process("workers.driver_process", run.id, Path(run.log_path))
-
-
-def spawn_process(module: str, argument: int | str, log_path: Path, *more: str) -> int:
-    """``python -m module argument [more...]`` in a session of its own (it outlives the worker that started it, and its whole
-    group can be killed at once), writing to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(argument), *more],
-            cwd=settings.BASE_DIR,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={
-                **os.environ,
-                "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings"),
-            },
-        )
-    return proc.pid
 
 
 def job_request_stop(*, job: Job) -> Run:
@@ -180,22 +180,6 @@ def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") 
         incidents_publish(run.job_id, run_incidents(run)[-1:])  # its end; the start went out when it started
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not alive
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 LAUNCH_LIMIT = timedelta(minutes=10)  # a start no worker launched by then was lost
 
 
@@ -217,7 +201,9 @@ def runs_supervise() -> list[str]:
         )
         notes.append(f"run {run.id} expired: never launched")
     for run in (
-        Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).exclude(status=RunStatus.PENDING).select_related("job")
+        Run.objects.filter(status__in=ACTIVE_RUN_STATUSES)
+        .exclude(status=RunStatus.PENDING)
+        .select_related("job", "driver_host")
     ):
         local = run.host == settings.HOST_ID
         exited = bool(local and run.pid and not pid_alive(run.pid))
@@ -226,7 +212,11 @@ def runs_supervise() -> list[str]:
         )
         if exited or expired:
             message = "The driver process exited without reporting (killed or crashed)."
-            if not exited and local and run.pid and pid_alive(run.pid):
+            if not exited and run.driver_host is not None and not host_silent(run.driver_host):
+                # a shared driver that beats: the others' queries are fine there; this one's lease keeper finds
+                # itself fenced and stops its query, and its token is stale from now on
+                message = "The job's query in the shared driver stopped renewing its lease; it is fenced there."
+            elif not exited and local and run.pid and pid_alive(run.pid):
                 # alive but silent past its lease (paused, hung): kill it before the lease is free for another, so it
                 # can never wake up next to its successor
                 kill_group(run.pid)
@@ -242,6 +232,7 @@ def runs_supervise() -> list[str]:
             run.stop_requested_at
             and (now - run.stop_requested_at).total_seconds() > settings.STOP_GRACE_SECONDS
             and run.pid
+            and run.driver_host_id is None  # a shared driver stops a query past its grace itself
         ):
             run_kill(run)
             notes.append(f"run {run.id} killed after the stop grace period")
@@ -249,7 +240,11 @@ def runs_supervise() -> list[str]:
 
 
 def run_kill(run: Run) -> None:
-    """SIGKILL a run's driver wherever it runs: here at once, on another host through that host's queue."""
+    """SIGKILL a run's driver wherever it runs: here at once, on another host through that host's queue. Never a
+    shared driver for one of its jobs: it fences and stops that query itself, and its host's supervisor kills it
+    whole only when it falls silent."""
+    if run.driver_host_id is not None:
+        return
     if run.host == settings.HOST_ID:
         kill_group(run.pid or 0)
     else:
@@ -261,16 +256,9 @@ def run_kill_here(*, run_id: int) -> str:
     run = Run.objects.filter(id=run_id).first()
     if run is None or run.host != settings.HOST_ID or not run.pid:
         return f"run {run_id}: no driver of it on {settings.HOST_ID}"
+    if run.driver_host_id is not None:
+        return f"run {run_id}: runs in shared driver {run.driver_host_id}, which fences it (not killed)"
     if not pid_alive(run.pid):
         return f"run {run_id}: its driver (pid {run.pid}) is already gone"
     kill_group(run.pid)
     return f"run {run_id}: killed its driver (pid {run.pid}) on {settings.HOST_ID}"
-
-
-def kill_group(pid: int) -> None:
-    """SIGKILL the driver's process group (it runs in a session of its own: the JVM and Python workers go too).
-    SIGKILL also ends a stopped (SIGSTOP) process."""
-    if pid <= 1:  # 0 would be our own group
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)

@@ -24,6 +24,7 @@ DEMO_JOBS = [
         "state_backend": StateBackend.MEMORY,
         "parallelism": 1,
         "trigger_interval_seconds": 2,
+        "driver": "shared",
     },
     {
         "name": "orders-rocksdb",
@@ -32,6 +33,7 @@ DEMO_JOBS = [
         "state_backend": StateBackend.ROCKSDB_INCREMENTAL,
         "parallelism": 1,
         "trigger_interval_seconds": 2,
+        "driver": "shared",
     },
     {
         "name": "sessions-rocksdb",
@@ -40,6 +42,7 @@ DEMO_JOBS = [
         "state_backend": StateBackend.ROCKSDB,
         "parallelism": 1,
         "trigger_interval_seconds": 2,
+        "driver": "shared",
         "start": False,
     },
     {
@@ -49,6 +52,7 @@ DEMO_JOBS = [
         "state_backend": StateBackend.ROCKSDB,
         "parallelism": 1,
         "trigger_interval_seconds": 2,
+        "driver": "shared",
         "parameters": {"window_minutes": 5, "threshold": 1_000_000},
         "start": False,
     },

@@ -13,7 +13,8 @@ from django.core.management.base import BaseCommand
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.services.action_steps import state_reader_stop
 from dashboard.services.errors import ActionRefused
-from dashboard.services.runs import job_request_stop, kill_group, pid_alive
+from dashboard.services.hosts import hosts_stop
+from dashboard.services.runs import job_request_stop, kill_group, run_holds_process
 from dashboard.services.standby import standbys_stop
 
 
@@ -30,16 +31,23 @@ class Command(BaseCommand):
                 job_request_stop(job=run.job)
         here = [r for r in runs if r.host == settings.HOST_ID]  # a pid means something only on its own host
         deadline = time.monotonic() + opts["wait"]
-        while time.monotonic() < deadline and any(pid_alive(r.pid) for r in here):
+        while time.monotonic() < deadline and any(run_holds_process(r) for r in here):
             time.sleep(0.5)
+            for run in here:
+                run.refresh_from_db()
         for run in runs:
             if run not in here:
                 self.stdout.write(f"{run.job.name} runs on {run.host}: asked to stop there")
-            elif run.pid and pid_alive(run.pid):  # the stop signal: a driver stops its query on SIGTERM, then SIGKILL
-                kill_group(run.pid)
+            elif run.driver_host_id is not None:
+                still = " (still running: the shared driver ends it on SIGTERM)" if run_holds_process(run) else ""
+                self.stdout.write(f"{run.job.name} stopped{still}")
+            elif run_holds_process(run):  # the stop signal: a driver stops its query on SIGTERM, then SIGKILL
+                kill_group(run.pid or 0)
                 self.stdout.write(f"killed the driver of {run.job.name} (pid {run.pid})")
             else:
                 self.stdout.write(f"{run.job.name} stopped")
+        for ended in hosts_stop():
+            self.stdout.write(ended)
         for ended in standbys_stop():  # after the drivers: a standby never takes over a stopped job anyway
             self.stdout.write(ended)
         if pid := state_reader_stop():

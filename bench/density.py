@@ -1,0 +1,195 @@
+"""Density: how many small jobs one machine runs, each keeping up. url-counts jobs at 50 events/s each are added step
+by step (in the shared driver, or each with a driver of its own); at each step the machine's memory, the Statekeeper
+processes' memory per job, each job's checkpoint latency p95 and its lag are measured over a window.
+
+    .venv/bin/python -m bench.density [--steps 1,10,20,30,40] [--window 60] [--driver shared|own] [--standbys N]
+
+Starts its own Celery worker with beat (concurrency 2, as bin/dev; Redis database 13) and a producer. The jobs are
+the demo's url-counts job (memory backend, local[1], trigger 2 s). ``--standbys N`` ticks the warm standby on the
+first N jobs. A job keeps up when its lag at the end of the window is under 3 s of its events (150). Target (issue
+24): 40 jobs or more, each keeping up, with checkpoint p95 at most twice the single job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/13"
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
+os.environ.setdefault("STATEKEEPER_ENV", "development")  # a local measurement
+ROOT = Path(tempfile.mkdtemp(prefix="sk-bench-density-"))
+os.environ["STATEKEEPER_CHECKPOINT_ROOT"] = str(ROOT / "checkpoints")
+os.environ["STATEKEEPER_LOG_ROOT"] = str(ROOT / "logs")
+
+import django  # noqa: E402
+
+django.setup()
+
+import redis  # noqa: E402
+from django.utils import timezone  # noqa: E402
+from statekeeper_sdk import sample_events  # noqa: E402
+
+from bench.memory import process_tree, sizes  # noqa: E402
+from dashboard.models import Checkpoint, DriverHost, Job, Run, RunStatus, StandbyDriver  # noqa: E402
+from dashboard.pipelines import get as get_pipeline  # noqa: E402
+from dashboard.services.errors import ActionRefused  # noqa: E402
+from dashboard.services.runs import job_request_start, job_request_stop, kill_group  # noqa: E402
+from statekeeper.polling import wait_for  # noqa: E402
+from statekeeper.processes import celery_worker_command  # noqa: E402
+
+RATE = 50  # events/s per job
+KEEPING_UP = 3 * RATE  # events behind at the end of the window
+
+
+def machine_used_mib() -> int:
+    info = {line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()}
+    return (info["MemTotal"] - info["MemAvailable"]) // 1024
+
+
+def statekeeper_pss_mib() -> int:
+    """PSS of every driver, shared driver and standby process tree (the jobs' whole cost, not the console's)."""
+    roots = set(Run.objects.filter(status=RunStatus.RUNNING).exclude(pid=None).values_list("pid", flat=True))
+    roots |= set(DriverHost.objects.exclude(status="gone").exclude(pid=None).values_list("pid", flat=True))
+    roots |= set(StandbyDriver.objects.filter(ended_at=None).exclude(pid=None).values_list("pid", flat=True))
+    total = 0
+    for pid in {p for root in roots for p in process_tree(int(root))}:
+        try:
+            total += sizes(pid)[0]
+        except OSError:
+            continue
+    return total // 1024
+
+
+def produce(client: Any, jobs: list[Job], halt: threading.Event) -> None:
+    """RATE events/s into every job's stream, in ticks of 200 ms."""
+    make = sample_events(get_pipeline("url-counts"), random.Random(7))
+    while not halt.wait(0.2):
+        pipe = client.pipeline(transaction=False)
+        for job in list(jobs):
+            for _ in range(RATE // 5):
+                pipe.xadd(job.source_stream, {"v": make(int(time.time() * 1000))})
+        pipe.execute()
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[-1] if len(values) >= 2 else (values[0] if values else float("nan"))
+
+
+def measure(jobs: list[Job], client: Any, window: float) -> dict[str, Any]:
+    began = timezone.now()
+    memory = []
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline:
+        memory.append((machine_used_mib(), statekeeper_pss_mib()))
+        time.sleep(max(0.0, min(10.0, deadline - time.monotonic())))
+    durations: dict[int, list[float]] = collections.defaultdict(list)
+    for job_id, ms in Checkpoint.objects.filter(job__in=jobs, committed_at__gte=began).values_list(
+        "job_id", "duration_ms"
+    ):
+        durations[job_id].append(ms)
+    lags = []
+    for job in jobs:
+        latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
+        read = latest.end_offset.get("n", 0) if latest else 0
+        lags.append(client.xlen(job.source_stream) - read)
+    p95s = [p95(durations[job.id]) for job in jobs if durations[job.id]]
+    return {
+        "machine": max(m for m, _ in memory),
+        "pss": max(p for _, p in memory),
+        "p95_median": statistics.median(p95s) if p95s else float("nan"),
+        "p95_max": max(p95s) if p95s else float("nan"),
+        "lag_max": max(lags),
+        "keeping_up": sum(1 for lag in lags if lag <= KEEPING_UP),
+        "silent": sum(1 for job in jobs if not durations[job.id]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", default="1,10,20,30,40")
+    parser.add_argument("--window", type=float, default=60)
+    parser.add_argument("--driver", choices=("shared", "own"), default="shared")
+    parser.add_argument("--standbys", type=int, default=0)
+    args = parser.parse_args()
+    steps = [int(step) for step in args.steps.split(",")]
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    client.flushdb()
+    log = open(ROOT / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
+    worker = subprocess.Popen(
+        celery_worker_command(ROOT / "beat", loglevel="WARNING"), stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    halt = threading.Event()
+    jobs: list[Job] = []
+    stamp = int(time.time())
+    idle_mib = machine_used_mib()
+    rows = []
+    threading.Thread(target=produce, args=(client, jobs, halt), daemon=True).start()
+    try:
+        for step in steps:
+            while len(jobs) < step:
+                job = Job.objects.create(
+                    name=f"density-{stamp}-{len(jobs)}", pipeline="url-counts", state_backend="memory",
+                    source_stream=f"bench:density-{stamp}-{len(jobs)}", parallelism=1, state_partitions=2,
+                    trigger_interval_seconds=2, driver=args.driver, standby=len(jobs) < args.standbys,
+                )  # fmt: skip
+                jobs.append(job)
+                job_request_start(job=job)
+            wait_for(
+                lambda: Checkpoint.objects.filter(job__in=jobs, committed_at__gte=timezone.now() - timedelta(seconds=10))
+                .values("job").distinct().count() == len(jobs),
+                600, 2, f"all {len(jobs)} jobs to commit",
+            )  # fmt: skip
+            time.sleep(10)  # past the first batches' backlog
+            row = measure(jobs, client, args.window) | {"jobs": len(jobs)}
+            rows.append(row)
+            print(
+                f"{row['jobs']} jobs: machine {row['machine']} MiB, jobs' processes {row['pss']} MiB "
+                f"({row['pss'] / len(jobs):.0f} a job), checkpoint p95 median {row['p95_median']:.0f} ms, "
+                f"max {row['p95_max']:.0f} ms, lag max {row['lag_max']}, keeping up {row['keeping_up']}/{len(jobs)}",
+                flush=True,
+            )
+    finally:
+        halt.set()
+        for job in jobs:
+            with contextlib.suppress(ActionRefused):
+                job_request_stop(job=job)
+        time.sleep(5)
+        for pid in DriverHost.objects.exclude(pid=None).values_list("pid", flat=True):
+            kill_group(pid)
+        for run in Run.objects.filter(job__in=jobs).exclude(pid=None):
+            kill_group(run.pid or 0)
+        for standby in StandbyDriver.objects.filter(job__in=jobs).exclude(pid=None):
+            kill_group(standby.pid or 0)
+        kill_group(worker.pid)
+        Job.objects.filter(id__in=[job.id for job in jobs]).update(archived_at=timezone.now())
+    single = rows[0]["p95_median"] if rows and rows[0]["jobs"] == 1 else float("nan")
+    print(
+        f"\ndriver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job; machine used before: {idle_mib} MiB\n"
+    )
+    print(
+        "| jobs | machine used | jobs' processes (PSS) | a job | checkpoint p95, median of jobs | worst job | × single | lag max | keeping up |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['jobs']} | {row['machine']:,} MiB | {row['pss']:,} MiB | {row['pss'] / row['jobs']:.0f} MiB "
+            f"| {row['p95_median']:,.0f} ms | {row['p95_max']:,.0f} ms | {row['p95_median'] / single:.2f} "
+            f"| {row['lag_max']:,} | {row['keeping_up']}/{row['jobs']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The processes the console starts on its own host (drivers, standbys, shared drivers, the state reader): starting one
+in a session of its own, asking whether one lives, killing its whole group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+
+
+def spawn_process(module: str, argument: int | str, log_path: Path, *more: str) -> int:
+    """``python -m module argument [more...]`` in a session of its own (it outlives the worker that started it, and its whole
+    group can be killed at once), writing to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(argument), *more],
+            cwd=settings.BASE_DIR,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings"),
+            },
+        )
+    return proc.pid
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not alive
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the driver's process group (it runs in a session of its own: the JVM and Python workers go too).
+    SIGKILL also ends a stopped (SIGSTOP) process."""
+    if pid <= 1:  # 0 would be our own group
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,225 @@
+"""The shared driver: one process, one JVM, one SparkContext, running the streaming queries of every job set to
+``driver=shared`` on this host (``python -m workers.host_process HOST_ID``). As a Flink session cluster runs several
+jobs, it saves each small job a JVM and a Python driver (see the README's "Shared driver" for the trade-offs).
+
+Each job keeps what makes it a job of its own: its run, its lease and fencing token (renewed here, one job at a time),
+its lock (on one connection for all of them), its checkpoint, its sinks, its standby and its actions. Each query runs
+in a SparkSession of its own (its SQL settings: state backend, partitions) and in a fair-scheduler pool of its own,
+so a busy job cannot starve the others of task slots. One job's failure ends that job's run only.
+
+The main loop, every POLL_SECONDS: beat, take the runs assigned here, and every LEASE_RENEW seconds renew every job's
+lease, beat for their runs and pass on stop requests. It ends the process when it has had no job for IDLE_SECONDS,
+and on SIGTERM stops every query after its batch in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.utils import timezone
+
+from dashboard import pipelines
+from dashboard.failures import root_cause
+from dashboard.models import DriverHost, HostStatus, Run, RunStatus
+from dashboard.services.hosts import host_may_end
+from dashboard.services.processes import spawn_process
+from dashboard.services.runs import run_finish
+from workers import job_lock
+from workers.driver import JobDriver, JobLease, spark_stop
+from workers.spark.session import build_session
+
+log = logging.getLogger("statekeeper.host")
+POLL_SECONDS = 0.25
+IDLE_SECONDS = 120.0  # no job for this long: the process ends (a launch starts a new one)
+
+
+class SharedDriver:
+    def __init__(self, host_id: int) -> None:
+        self.host = DriverHost.objects.get(id=host_id)
+        self.locks = job_lock.LockSet()
+        self.drivers: dict[int, JobDriver] = {}  # run id -> its driver, while its thread runs
+        self.leases: dict[int, JobLease] = {}
+        self.threads: dict[int, threading.Thread] = {}
+        self.ending = threading.Event()
+        self.spark: Any = None
+        self.ready = threading.Event()  # Spark is up (or failed: ``failure`` says why)
+        self.failure = ""
+        self.loaded: dict[str, str] = {}  # pipeline -> the hash of the code this process imported
+
+    def start(self) -> None:
+        """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
+        try:
+            self._start_spark()
+        except Exception as exc:
+            log.exception("Spark did not start")
+            self.failure = f"the shared driver's Spark did not start: {root_cause(str(exc))}"
+            DriverHost.objects.filter(id=self.host.id).update(status=HostStatus.GONE, message=self.failure[:2000])
+            self.ending.set()
+        finally:
+            self.ready.set()
+            connection.close()
+
+    def _start_spark(self) -> None:
+        os.environ.setdefault("STATEKEEPER_DRIVER_MEMORY", settings.SHARED_DRIVER_MEMORY)
+        self.spark = build_session(
+            f"statekeeper-shared-{self.host.id}",
+            f"local[{self.host.cores}]",
+            extra={
+                "spark.driver.memory": settings.SHARED_DRIVER_MEMORY,
+                "spark.scheduler.mode": "FAIR",
+                # a query that will not stop (a fenced one) gives up its thread after this long
+                "spark.sql.streaming.stopTimeout": str(settings.STOP_GRACE_SECONDS * 1000),
+            },
+        )
+        self.loaded = {name: pipelines.code_version(name).code_hash for name in pipelines.names()}
+
+    def serve(self) -> None:
+        last_leases, idle_since = 0.0, time.monotonic()
+        while not self.ending.is_set():
+            DriverHost.objects.filter(id=self.host.id).update(heartbeat_at=timezone.now())
+            self._take_new()
+            self._reap()
+            if time.monotonic() - last_leases >= settings.LEASE_RENEW_SECONDS:
+                self._renew()
+                last_leases = time.monotonic()
+            try:
+                self.locks.check()
+            except Exception as exc:
+                log.warning("the lock connection could not be opened again: %s", exc)
+            if self.threads:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_SECONDS and host_may_end(
+                self.host.id, timedelta(seconds=IDLE_SECONDS)
+            ):
+                log.info("no job for %.0f s: ending", IDLE_SECONDS)
+                return
+            self.ending.wait(POLL_SECONDS)
+        self._stop_all()
+
+    def _take_new(self) -> None:
+        waiting = Run.objects.filter(driver_host_id=self.host.id, status=RunStatus.STARTING, released_at=None)
+        for run_id, job_id, token in waiting.exclude(id__in=list(self.threads)).values_list(
+            "id", "job_id", "fencing_token"
+        ):
+            self.leases[run_id] = JobLease(job_id, int(token or 0))  # renewed from now on
+            thread = threading.Thread(target=self._run_job, args=(run_id,), name=f"run-{run_id}", daemon=True)
+            self.threads[run_id] = thread
+            thread.start()
+
+    def _reap(self) -> None:
+        for run_id, thread in list(self.threads.items()):
+            if not thread.is_alive():
+                del self.threads[run_id]
+
+    def _renew(self) -> None:
+        """Every job's lease, its run's heartbeat, and a stop request passed to its driver."""
+        for lease in list(self.leases.values()):
+            if not lease.done.is_set():
+                lease.renew()
+        running = [run_id for run_id, lease in self.leases.items() if not lease.lost.is_set()]
+        if not running:
+            return
+        try:
+            Run.objects.filter(id__in=running).update(last_heartbeat_at=timezone.now())
+            asked = Run.objects.filter(id__in=running, stop_requested_at__isnull=False).values_list("id", flat=True)
+            for run_id in asked:
+                if (driver := self.drivers.get(run_id)) is not None:
+                    driver.stop_signal.set()
+        except DatabaseError as exc:
+            log.warning("heartbeat not recorded: %s", exc)
+
+    def refusal(self, pipeline: str) -> str:
+        """Why this process cannot run the pipeline's code as it is on disk now (empty when it can)."""
+        if pipeline not in self.loaded:
+            return f"the pipeline {pipeline!r} was not installed when the shared driver started"
+        try:
+            now = pipelines.code_version(pipeline).code_hash
+        except Exception as exc:
+            return f"its code could not be read ({exc})"
+        return (
+            ""
+            if now == self.loaded[pipeline]
+            else f"the code of {pipeline!r} changed since the shared driver loaded it"
+        )
+
+    def _hand_over(self, run: Run, why: str) -> None:
+        """Start the run in a driver of its own, and take no new runs (a launch starts a new shared driver)."""
+        DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
+            status=HostStatus.DRAINING, message=f"Draining: {why}."
+        )
+        log_path = settings.LOG_ROOT / f"{run.job.name}-run-{run.id}.log"
+        pid = spawn_process("workers.driver_process", run.id, log_path)
+        Run.objects.filter(id=run.id).update(
+            pid=pid, driver_host=None, log_path=str(log_path), spark_master=f"local[{run.job.parallelism}]"
+        )
+        log.info("run %s handed to a driver of its own (pid %s): %s", run.id, pid, why)
+
+    def _run_job(self, run_id: int) -> None:
+        run = Run.objects.select_related("job").get(id=run_id)
+        job = run.job
+        lease = self.leases[run_id]
+        locked = False
+        try:
+            self.ready.wait()
+            if self.failure:
+                raise RuntimeError(self.failure)
+            if why := self.refusal(job.pipeline):
+                self._hand_over(run, why)
+                return
+            self.locks.take(job.id)
+            locked = True
+            session = self.spark.newSession()
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"job-{job.id}")
+            driver = JobDriver(session, run_id, keeper=lease, shared=True)
+            self.drivers[run_id] = driver
+            if self.ending.is_set():
+                driver.stop_signal.set()
+            log.info("run %s of %s: %s", run_id, job.name, driver.execute())
+        except Exception as exc:
+            log.exception("run %s of %s failed in the shared driver", run_id, job.name)
+            run_finish(
+                run_id=run_id,
+                status=RunStatus.FAILED,
+                message=f"The shared driver could not run it: {root_cause(str(exc))}"[:2000],
+                error=traceback.format_exc(),
+            )
+        finally:
+            lease.done.set()
+            self.leases.pop(run_id, None)
+            self.drivers.pop(run_id, None)
+            if locked or run_id in self.drivers:
+                Run.objects.filter(id=run_id).update(released_at=timezone.now())
+            if locked:
+                self.locks.let_go(job.id)  # after the run's end is recorded: a standby reads it as a death
+            connection.close()
+
+    def _stop_all(self) -> None:
+        for driver in list(self.drivers.values()):
+            driver.stop_signal.set()
+        deadline = time.monotonic() + settings.STOP_GRACE_SECONDS
+        for thread in list(self.threads.values()):
+            thread.join(max(0.1, deadline - time.monotonic()))
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    host = SharedDriver(int(argv[1]))
+    log.info("shared driver %s (pid %s, local[%s])", host.host.id, os.getpid(), host.host.cores)
+    signal.signal(signal.SIGTERM, lambda *_: host.ending.set())
+    threading.Thread(target=host.start, name="spark-start", daemon=True).start()
+    host.serve()
+    DriverHost.objects.filter(id=host.host.id).exclude(status=HostStatus.GONE).update(
+        status=HostStatus.GONE, ended_at=timezone.now(), message=(host.failure or "Ended on request.")[:2000]
+    )
+    if host.spark is not None:
+        spark_stop(host.spark)
+    return 1 if host.failure else 0
