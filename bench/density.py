@@ -64,7 +64,7 @@ def statekeeper_pss_mib() -> int:
     roots |= set(DriverHost.objects.exclude(status="gone").exclude(pid=None).values_list("pid", flat=True))
     roots |= set(StandbyDriver.objects.filter(ended_at=None).exclude(pid=None).values_list("pid", flat=True))
     total = 0
-    for pid in {p for root in roots for p in process_tree(int(root))}:
+    for pid in {p for root in roots if root for p in process_tree(root)}:
         try:
             total += sizes(pid)[0]
         except OSError:
@@ -102,7 +102,7 @@ def measure(jobs: list[Job], client: Any, window: float) -> dict[str, Any]:
     lags = []
     for job in jobs:
         latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
-        read = latest.end_offset.get("n", 0) if latest else 0
+        read = (latest.end_offset or {}).get("n", 0) if latest else 0
         lags.append(client.xlen(job.source_stream) - read)
     p95s = [p95(durations[job.id]) for job in jobs if durations[job.id]]
     return {
@@ -168,7 +168,7 @@ def main() -> None:
                 job_request_stop(job=job)
         time.sleep(5)
         for pid in DriverHost.objects.exclude(pid=None).values_list("pid", flat=True):
-            kill_group(pid)
+            kill_group(pid or 0)
         for run in Run.objects.filter(job__in=jobs).exclude(pid=None):
             kill_group(run.pid or 0)
         for standby in StandbyDriver.objects.filter(job__in=jobs).exclude(pid=None):
