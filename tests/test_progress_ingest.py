@@ -39,8 +39,11 @@ def progress(batch: int, rows: int = 10, latest: int = 100) -> dict:
     }
 
 
-def recorder_for(job, run, checkpoint: Path) -> ProgressRecorder:
+def recorder_for(job, run, checkpoint: Path, store: bool = False) -> ProgressRecorder:
+    """A driver's recorder; by default one that does not store its records itself (as when the console's database
+    did not answer it), so that what the ingest does is seen."""
     return ProgressRecorder(
+        store=store,
         job_id=job.id,
         run_id=run.id,
         checkpoint=checkpoint,
@@ -80,6 +83,21 @@ def test_records_are_ingested_once_in_order(make_job, redis, tmp_path):
     job.refresh_from_db()
     assert job.latest_checkpoint.batch_id == 4
     assert redis.xlen(settings.PROGRESS_STREAM) == 0, "ingested entries leave the buffer"
+
+
+def test_a_driver_stores_each_commit_at_once_and_the_ingest_adds_no_duplicate(make_job, redis, tmp_path):
+    job = make_job()
+    run = Run.objects.create(job=job, status="running")
+    recorder = recorder_for(job, run, tmp_path / "checkpoint", store=True)
+    for batch in range(3):
+        recorder.on_progress(progress(batch))
+        assert Checkpoint.objects.filter(job=job, batch_id=batch).exists(), "stored without waiting for the beat"
+    recorder.on_progress(progress(2))  # a duplicate event for the same batch
+    assert progress_stream_ingest(client=redis) == 0
+    assert list(Checkpoint.objects.filter(job=job).order_by("id").values_list("batch_id", flat=True)) == [0, 1, 2]
+    job.refresh_from_db()
+    assert job.latest_checkpoint.batch_id == 2
+    assert redis.xlen(settings.PROGRESS_STREAM) == 0
 
 
 def test_entries_read_by_a_crashed_ingester_are_ingested_by_the_next(make_job, redis, tmp_path):
@@ -125,6 +143,7 @@ def test_progress_is_journaled_even_when_redis_is_unreachable(make_job, tmp_path
         journal=journal_path(job=job, run_id=run.id),
         redis_url="redis://127.0.0.1:1/0",
         stream=settings.PROGRESS_STREAM,
+        store=False,  # and the database did not answer either: the journal is what is left
     )
     assert recorder.on_progress(progress(0)) is not None
     assert journal_reconcile(job=job, run_id=run.id) == 1

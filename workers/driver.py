@@ -22,7 +22,6 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
-from pyspark.sql.streaming import StreamingQueryListener
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import planned_batch
@@ -33,7 +32,7 @@ from dashboard.services.deploys import deploy_record
 from dashboard.services.lease import lease_renew
 from dashboard.services.runs import run_finish, run_started
 from workers import job_lock
-from workers.progress import ProgressRecorder
+from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.query import JobSpec, start_query
@@ -212,24 +211,7 @@ class JobDriver:
             stream=settings.PROGRESS_STREAM,
             live=settings.LIVE_STREAM,
         )
-        query_id: list[str] = []
-
-        class Listener(StreamingQueryListener):
-            def onQueryStarted(self, event: Any) -> None:
-                pass
-
-            def onQueryProgress(self, event: Any) -> None:
-                progress = json.loads(event.progress.json)
-                if query_id and progress.get("id") == query_id[0]:
-                    recorder.on_progress(progress)
-
-            def onQueryIdle(self, event: Any) -> None:
-                pass
-
-            def onQueryTerminated(self, event: Any) -> None:
-                pass
-
-        listener = Listener()
+        listener = ProgressListener(recorder)
         self.spark.streams.addListener(listener)
         keeper = self.keeper or LeaseKeeper(self.job.id, self.token, exit_when_fenced=False)
         if isinstance(keeper, LeaseKeeper) and not keeper.is_alive():
@@ -253,7 +235,7 @@ class JobDriver:
                 ),
             )
             keeper.queries.append(query)
-            query_id.append(str(query.id))
+            listener.query_id = str(query.id)
             if keeper.lost.is_set():  # lost while starting: stop before the first batch
                 query.stop()
             run_started(run_id=self.run.id, executors=self.executor_hosts)
@@ -271,11 +253,15 @@ class JobDriver:
             keeper.done.set()
             time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
             self.spark.streams.removeListener(listener)
+            recording_thread().drain()  # and the last record be made before the run's end is recorded
 
     def _watch(self, query: Any, keeper: JobLease) -> str:
         while True:
             self.stop_signal.wait(settings.LEASE_RENEW_SECONDS if query.isActive else 0)
             if keeper.lost.is_set():  # fenced: someone else may own the checkpoint now; the keeper stopped the query
+                run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"Stopped: {keeper.reason} (fenced).")
+                return RunStatus.FAILED
+            if not query.isActive and not keeper.renew():  # failed because the lease is gone (the sink refused)
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"Stopped: {keeper.reason} (fenced).")
                 return RunStatus.FAILED
             if not query.isActive:

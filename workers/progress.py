@@ -1,20 +1,32 @@
 """Turning Spark progress events into checkpoint records, and buffering them durably for the console.
 
-Every committed batch is appended to the run's journal file (on disk, next to the checkpoint) and to a Redis stream.
-The console ingests the stream; whatever the stream lost (a Redis restart) is ingested from the journal.
+Every committed batch is appended to the run's journal file (on disk, next to the checkpoint), pushed to Redis (the
+browsers' live stream, and the stream the console ingests) and stored in the console's database, at once: the
+console shows a commit without waiting for the beat. Whatever the database or Redis missed, the beat's ingest of the
+stream, or of the journal, fills in, with no duplicates.
+
+Spark's listener thread only hands each event's JSON over (one call into the JVM, not PySpark's field-by-field copy of
+the event); the records are made on a thread of their own, one for the whole process: with many jobs in one driver,
+a slow record would otherwise hold every other job's events back.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
 import redis
+from django.db import DatabaseError, connection
+from pyspark import SparkContext
+from pyspark.sql.streaming import StreamingQueryListener
 
 from dashboard.checkpoint_dir.disk import CheckpointDisk
 from dashboard.records import checkpoint_record, is_commit, parse_time
+from dashboard.services.checkpoints import checkpoint_record_ingest
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +35,10 @@ class ProgressRecorder:
     """Measures the checkpoint after each committed batch and buffers its record (journal file, then Redis)."""
 
     def __init__(
-        self, *, job_id: int, run_id: int, checkpoint: Path, journal: Path, redis_url: str, stream: str, live: str = ""
-    ):
+        self, *, job_id: int, run_id: int, checkpoint: Path, journal: Path, redis_url: str, stream: str, live: str = "",
+        store: bool = True,
+    ):  # fmt: skip
+        """``store``: the record goes to the console's database at once too (else only the beat's ingest stores it)."""
         self.job_id, self.run_id = job_id, run_id
         self.location = checkpoint.name
         self.disk = CheckpointDisk(checkpoint)
@@ -32,6 +46,7 @@ class ProgressRecorder:
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         self.redis_url, self.stream, self.live = redis_url, stream, live
         self._redis: Any = None
+        self.store = store
 
     def on_progress(self, progress: dict[str, Any]) -> dict[str, Any] | None:
         if not is_commit(progress):
@@ -56,4 +71,111 @@ class ProgressRecorder:
             log.warning(
                 "progress for batch %s not pushed to Redis (%s); it is in %s", record["batch_id"], exc, self.journal
             )
+        try:
+            if self.store:
+                checkpoint_record_ingest(job_id=self.job_id, run_id=self.run_id, record=record)
+        except DatabaseError as exc:  # the beat ingests it from the stream or the journal
+            connection.close()
+            log.warning("batch %s not stored at once (%s); the console ingests it", record["batch_id"], exc)
         return record
+
+
+class _ProgressJson:
+    """The Java side of a listener (py4j calls it on Spark's listener thread): the progress event's JSON, once."""
+
+    def __init__(self, deliver: Any) -> None:
+        self.deliver = deliver
+
+    def onQueryStarted(self, jevent: Any) -> None:
+        pass
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        self.deliver(jevent.progress().json())
+
+    def onQueryIdle(self, jevent: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, jevent: Any) -> None:
+        pass
+
+    class Java:
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
+class ProgressListener(StreamingQueryListener):
+    """Hands the progress events of one query to its recorder, through the process's recording thread."""
+
+    def __init__(self, recorder: ProgressRecorder) -> None:
+        self.recorder = recorder
+        self.query_id = ""  # set once the query started: events of other queries are not this job's
+
+    @property
+    def _jlistener(self) -> Any:  # what StreamingQueryManager.addListener registers
+        if not hasattr(self, "_jlistenerobj"):
+            jvm = SparkContext._jvm
+            assert jvm is not None
+            self._jlistenerobj = jvm.PythonStreamingQueryListenerWrapper(_ProgressJson(self._deliver))
+        return self._jlistenerobj
+
+    def _deliver(self, text: str) -> None:
+        if self.query_id:
+            recording_thread().put((self, text))
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+class RecordingThread(threading.Thread):
+    """Makes the records of every job's progress events in this process, in the order they came."""
+
+    def __init__(self) -> None:
+        super().__init__(name="progress-recorder", daemon=True)
+        self.events: queue.Queue[tuple[ProgressListener, str]] = queue.Queue()
+
+    def put(self, item: tuple[ProgressListener, str]) -> None:
+        self.events.put(item)
+
+    def run(self) -> None:
+        while True:
+            listener, text = self.events.get()
+            try:
+                progress = json.loads(text)
+                if progress.get("id") == listener.query_id:  # a session's listeners hear all its queries
+                    listener.recorder.on_progress(progress)
+            except Exception:
+                log.exception("a progress event of job %s was not recorded", listener.recorder.job_id)
+            finally:
+                self.events.task_done()
+
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait (up to ``timeout``) until every event handed over so far is recorded."""
+        done = threading.Event()
+
+        def wait() -> None:
+            self.events.join()
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        done.wait(timeout)
+
+
+_thread: RecordingThread | None = None
+_thread_lock = threading.Lock()
+
+
+def recording_thread() -> RecordingThread:
+    global _thread
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = RecordingThread()
+            _thread.start()
+        return _thread
