@@ -17,16 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
-
-from statekeeper_sdk import sample_events
 
 os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/13"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
@@ -40,13 +35,12 @@ django.setup()
 
 import redis  # noqa: E402
 
+from bench.busy import BESIDE, RATE, feed, make_job, produce, start_worker  # noqa: E402
 from dashboard.models import Action, ActionKind, Checkpoint, Job, RunStatus  # noqa: E402
-from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.action_steps import state_reader_stop  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop, kill_group  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
-from statekeeper.processes import celery_worker_command  # noqa: E402
 
 # (job, its pipeline, its backend, the pipeline a preview moves it to)
 MEASURED = [
@@ -54,32 +48,6 @@ MEASURED = [
     ("orders-rocksdb", "order-state-machine-v2", "rocksdb-incremental", "order-state-machine"),
     ("sessions-rocksdb", "user-sessions", "rocksdb", "user-sessions-v2"),
 ]
-BESIDE = [("busy-url-counts", "url-counts", "memory"), ("busy-orders", "order-state-machine-v2", "rocksdb-incremental")]
-
-
-def make_job(name: str, pipeline: str, backend: str) -> Job:
-    stamp = int(time.time())
-    return Job.objects.create(
-        name=f"{name}-{stamp}", pipeline=pipeline, source_stream=f"bench:{name}-{stamp}", state_backend=backend,
-        parallelism=1, trigger_interval_seconds=2, restart_strategy="fixed-delay", restart_delay_seconds=1,
-    )  # fmt: skip
-
-
-def feed(client: Any, job: Job, count: int, seed: int) -> None:
-    make = sample_events(get_pipeline(job.pipeline), random.Random(seed))
-    pipe = client.pipeline(transaction=False)
-    for _ in range(count):
-        pipe.xadd(job.source_stream, {"v": make(int(time.time() * 1000))})
-    pipe.execute()
-
-
-def produce(client: Any, jobs: list[Job], halt: threading.Event, rate: int) -> None:
-    """``rate`` events/s spread over the busy jobs, in ticks of 100 ms."""
-    seed = 0
-    while not halt.wait(0.1):
-        seed += 1
-        for job in jobs:
-            feed(client, job, rate // 10 // len(jobs), seed)
 
 
 def finished(action: Action, timeout: float = 600) -> Action:
@@ -120,11 +88,7 @@ def main() -> None:
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
     state_reader_stop()
-    log = open(ROOT / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
-    worker = subprocess.Popen(
-        celery_worker_command(ROOT / "beat", loglevel="WARNING"), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
+    worker = start_worker(ROOT)
     halt = threading.Event()
     everything: list[Job] = []
     first_preview = 0.0
@@ -139,7 +103,7 @@ def main() -> None:
             feed(client, job, 500, seed=1)
             job_request_start(job=job)
         if beside:
-            threading.Thread(target=produce, args=(client, beside, halt, 200), daemon=True).start()
+            threading.Thread(target=produce, args=(client, beside, halt, RATE), daemon=True).start()
         for job in everything:
             fed = Checkpoint.objects.filter(job=job, input_rows__gt=0)
             wait_for(fed.exists, 300, 1, f"{job.name} to read its first events")

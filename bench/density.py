@@ -18,7 +18,6 @@ import contextlib
 import os
 import random
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -41,13 +40,13 @@ import redis  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from statekeeper_sdk import sample_events  # noqa: E402
 
+from bench.busy import start_worker  # noqa: E402
 from bench.memory import process_tree, sizes  # noqa: E402
 from dashboard.models import Checkpoint, DriverHost, Job, Run, RunStatus, StandbyDriver  # noqa: E402
 from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.errors import ActionRefused  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop, kill_group  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
-from statekeeper.processes import celery_worker_command  # noqa: E402
 
 RATE = 50  # events/s per job
 KEEPING_UP = 3 * RATE  # events behind at the end of the window
@@ -58,18 +57,35 @@ def machine_used_mib() -> int:
     return (info["MemTotal"] - info["MemAvailable"]) // 1024
 
 
-def statekeeper_pss_mib() -> int:
-    """PSS of every driver, shared driver and standby process tree (the jobs' whole cost, not the console's)."""
+def job_roots() -> set[int | None]:
     roots = set(Run.objects.filter(status=RunStatus.RUNNING).exclude(pid=None).values_list("pid", flat=True))
     roots |= set(DriverHost.objects.exclude(status="gone").exclude(pid=None).values_list("pid", flat=True))
     roots |= set(StandbyDriver.objects.filter(ended_at=None).exclude(pid=None).values_list("pid", flat=True))
+    return roots
+
+
+def statekeeper_pss_mib() -> int:
+    """PSS of every driver, shared driver and standby process tree (the jobs' whole cost, not the console's)."""
     total = 0
-    for pid in {p for root in roots if root for p in process_tree(root)}:
+    for pid in {p for root in job_roots() if root for p in process_tree(root)}:
         try:
             total += sizes(pid)[0]
         except OSError:
             continue
     return total // 1024
+
+
+def statekeeper_cpu_seconds() -> float:
+    """CPU time (user and system) used so far by every driver, shared driver and standby process tree."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in {p for root in job_roots() if root for p in process_tree(root)}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
 
 
 def produce(client: Any, jobs: list[Job], halt: threading.Event) -> None:
@@ -88,7 +104,7 @@ def p95(values: list[float]) -> float:
 
 
 def measure(jobs: list[Job], client: Any, window: float) -> dict[str, Any]:
-    began = timezone.now()
+    began, cpu_began, clock = timezone.now(), statekeeper_cpu_seconds(), time.monotonic()
     memory = []
     deadline = time.monotonic() + window
     while time.monotonic() < deadline:
@@ -105,7 +121,9 @@ def measure(jobs: list[Job], client: Any, window: float) -> dict[str, Any]:
         read = (latest.end_offset or {}).get("n", 0) if latest else 0
         lags.append(client.xlen(job.source_stream) - read)
     p95s = [p95(durations[job.id]) for job in jobs if durations[job.id]]
+    cores = (statekeeper_cpu_seconds() - cpu_began) / (time.monotonic() - clock)
     return {
+        "cores": cores,
         "machine": max(m for m, _ in memory),
         "pss": max(p for _, p in memory),
         "p95_median": statistics.median(p95s) if p95s else float("nan"),
@@ -126,11 +144,7 @@ def main() -> None:
     steps = [int(step) for step in args.steps.split(",")]
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
-    log = open(ROOT / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
-    worker = subprocess.Popen(
-        celery_worker_command(ROOT / "beat", loglevel="WARNING"), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
+    worker = start_worker(ROOT)
     halt = threading.Event()
     jobs: list[Job] = []
     stamp = int(time.time())
@@ -158,7 +172,8 @@ def main() -> None:
             print(
                 f"{row['jobs']} jobs: machine {row['machine']} MiB, jobs' processes {row['pss']} MiB "
                 f"({row['pss'] / len(jobs):.0f} a job), checkpoint p95 median {row['p95_median']:.0f} ms, "
-                f"max {row['p95_max']:.0f} ms, lag max {row['lag_max']}, keeping up {row['keeping_up']}/{len(jobs)}",
+                f"max {row['p95_max']:.0f} ms, lag max {row['lag_max']}, keeping up {row['keeping_up']}/{len(jobs)}, "
+                f"CPU {row['cores']:.2f} cores",
                 flush=True,
             )
     finally:
@@ -180,12 +195,13 @@ def main() -> None:
         f"\ndriver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job; machine used before: {idle_mib} MiB\n"
     )
     print(
-        "| jobs | machine used | jobs' processes (PSS) | a job | checkpoint p95, median of jobs | worst job | × single | lag max | keeping up |"
+        "| jobs | machine used | jobs' processes (PSS) | a job | CPU (cores) | checkpoint p95, median of jobs "
+        "| worst job | × single | lag max | keeping up |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
-            f"| {row['jobs']} | {row['machine']:,} MiB | {row['pss']:,} MiB | {row['pss'] / row['jobs']:.0f} MiB "
+            f"| {row['jobs']} | {row['machine']:,} MiB | {row['pss']:,} MiB | {row['pss'] / row['jobs']:.0f} MiB | {row['cores']:.2f} "
             f"| {row['p95_median']:,.0f} ms | {row['p95_max']:,.0f} ms | {row['p95_median'] / single:.2f} "
             f"| {row['lag_max']:,} | {row['keeping_up']}/{row['jobs']} |"
         )

@@ -1,25 +1,26 @@
 """Failover: kill -9 of the running driver → first batch committed by its successor, with a warm standby against the
 cold restart path, paired round by round on the real stack.
 
-    .venv/bin/python -m bench.failover [--rounds 5] [--part both|failover|throughput] [--ready-for 75]
+    .venv/bin/python -m bench.failover [--rounds 5] [--part both|failover|throughput] [--ready-for 75] [--busy]
 
 Starts its own Celery worker with beat (Redis database 13), one url-counts job (rocksdb, local[1], trigger 1 s,
 restart delay 0), a producer at 300 events/s. Each round kills the running driver once with the standby on and once
 with it off, and splits the time: detection (kill → the successor's run recorded), query start (→ the query running),
 first batch (→ its first batch committed), and → the batch's point on the live stream the browser reads. Prints a
 table against the targets (≤ 3 s median with a standby; Flink 2.3 restarts the same keyed job in 7.3 s here) and the
-standby's memory. Then (rounds / 2 pairs) the job's throughput on a standing backlog with a ready standby beside it
+standby's memory. ``--busy`` runs jobs like the demo's two running ones beside, in the shared driver, fed 200
+events/s between them (bench/busy.py): the on-call engineer's machine is not idle. Then (rounds / 2 pairs) the job's throughput on a standing backlog with a ready standby beside it
 against alone (target ≥ 0.95×), with the batch limit raised so that the job sets the rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -41,12 +42,13 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from bench.operator_actions import backlog, bench_job, produce, tear_down  # noqa: E402
-from dashboard.models import Checkpoint, Job, RunStatus, StandbyStatus  # noqa: E402
+from bench import busy  # noqa: E402
+from bench.busy import start_worker  # noqa: E402
+from bench.operator_actions import backlog, bench_job, kill_processes, produce, tear_down  # noqa: E402
+from dashboard.models import Checkpoint, DriverHost, Job, RunStatus, StandbyStatus  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from dashboard.services.standby import LIVE  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
-from statekeeper.processes import celery_worker_command  # noqa: E402
 from workers.spark import cluster  # noqa: E402
 
 
@@ -159,6 +161,7 @@ def main() -> None:
         "--ready-for", type=float, default=75.0,
         help="seconds a standby has been ready when its driver is killed (Spark ends Python workers idle for 60 s)",
     )  # fmt: skip
+    parser.add_argument("--busy", action="store_true", help="the demo's two running jobs and their producer beside")
     args = parser.parse_args()
     standalone = cluster.start(ROOT / "spark", workers=1, cores=2) if args.cluster else None
     if standalone:  # read by the worker this benchmark starts, and by the drivers and standbys it spawns
@@ -166,16 +169,15 @@ def main() -> None:
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
     job = bench_job("bench-failover", state_backend="rocksdb", failure_rate_max=1000, standby=True)
-    log = open(ROOT / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
-    worker = subprocess.Popen(
-        celery_worker_command(ROOT / "beat", loglevel="WARNING"), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
+    worker = start_worker(ROOT)
     halt = threading.Event()
     threading.Thread(target=produce, args=(client, job.source_stream, halt, 300), daemon=True).start()
     rows: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     memory: list[int] = []
+    beside: list[Job] = []
     try:
+        if args.busy:
+            beside = busy.start_beside(client, halt)
         job_request_start(job=job)
         for _ in range(args.rounds if args.part != "throughput" else 0):
             for standby in (True, False):
@@ -197,11 +199,20 @@ def main() -> None:
             except SystemExit as exc:  # the failover figures above are still worth printing
                 print(f"throughput not measured: {exc}")
         job_request_stop(job=job)
-        wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
+        try:
+            wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, what="stop")
+        except TimeoutError as exc:  # the figures above still stand; the processes are killed below
+            print(f"the job did not stop: {exc}")
     finally:
         halt.set()
         if standalone:
             cluster.stop(standalone)
+        for other in beside:
+            kill_processes(other)
+            other.delete()
+        for host in DriverHost.objects.exclude(pid=None).values_list("pid", flat=True):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(host or 0, signal.SIGKILL)
         tear_down(job, worker, client, ROOT)
 
     if throughput:
@@ -223,6 +234,7 @@ def main() -> None:
         f"rounds: {args.rounds} (each: one kill with the standby, one without); job: url-counts, rocksdb, "
         f"{standalone.master_url + ' (1 worker, 1-core executor)' if standalone else 'local[1]'},"
         f" trigger 1 s, restart delay 0, producer 300 ev/s, the standby ready for {args.ready_for:.0f} s at the kill;"
+        f"{' beside it the demo-like jobs (shared driver) at 200 ev/s;' if args.busy else ' nothing beside it;'}"
         f" {timezone.now():%Y-%m-%d}\n"
     )
     print("| kill -9 → (median s) | warm standby | cold restart | ratio | target |\n|---|---:|---:|---:|---|")

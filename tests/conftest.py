@@ -39,13 +39,14 @@ def _test_settings() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _close_other_connections(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
     """Spark's callback threads and the live server open connections of their own; close them so the test
-    database can be dropped at the end."""
+    database can be dropped at the end. Only on a test database: a console running beside (bin/dev, a benchmark)
+    keeps its connections."""
     yield
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND current_database() LIKE 'test%%'"
             )
 
 

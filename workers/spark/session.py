@@ -16,6 +16,10 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 QUIET = ("org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",)
 
 
+# SQL settings fixed when the SparkContext starts: an existing session keeps them
+STATIC = {"spark.sql.ui.retainedExecutions"}
+
+
 def backend_conf(backend: str) -> dict[str, str]:
     """Spark settings for a Statekeeper state backend: memory, rocksdb or rocksdb-incremental."""
     if backend == "memory":
@@ -72,6 +76,13 @@ def build_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # progress events for idle triggers are not checkpoints; keep them rare
         "spark.sql.streaming.noDataProgressEventInterval": "60000",
+        # Spark keeps what its UI would show of past jobs, stages, tasks and SQL executions (plans and metrics) on the
+        # driver's heap even with the UI off: a thousand of each by default, which a streaming query fills in minutes
+        # (one or more of each a micro-batch) and which a shared driver's jobs fill together. Nothing here reads them.
+        "spark.ui.retainedJobs": "50",
+        "spark.ui.retainedStages": "50",
+        "spark.ui.retainedTasks": "500",
+        "spark.sql.ui.retainedExecutions": "20",
         **backend_conf(backend),
         **jars(),
         **(extra or {}),
@@ -85,6 +96,6 @@ def build_session(
     for logger in QUIET:
         log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
     for key, value in conf.items():  # getOrCreate keeps an existing session's settings: set what may be set
-        if key.startswith("spark.sql."):
+        if key.startswith("spark.sql.") and key not in STATIC:
             spark.conf.set(key, value)
     return spark
