@@ -35,7 +35,7 @@ def committed_after(run: Run, batches: int) -> bool:
 
 
 def test_two_jobs_share_one_driver_and_a_stop_or_a_fencing_ends_only_its_own(
-    make_job, redis, stream_name, celery_worker
+    make_job, redis, stream_name, celery_worker, as_role
 ):
     first, second, third = shared_jobs(make_job, stream_name, 3)
     producers = [Producer(redis, job.source_stream, rate=50) for job in (first, second, third)]
@@ -47,6 +47,9 @@ def test_two_jobs_share_one_driver_and_a_stop_or_a_fencing_ends_only_its_own(
     host = DriverHost.objects.get()
     assert {run.pid for run in runs} == {host.pid} and {run.driver_host_id for run in runs} == {host.id}
     assert host.status == HostStatus.SERVING and pid_alive(host.pid)
+    page = as_role("viewer").get(f"/jobs/{first.name}/").content.decode()
+    assert f"the shared driver #{host.id} (pid {host.pid}" in page, "the overview says where the query runs"
+    assert f"{second.name}, {third.name}" in page or f"{third.name}, {second.name}" in page, "and beside which jobs"
 
     # fenced: another token took the first job's lease; only its query stops
     Job.objects.filter(id=first.id).update(lease_token=F("lease_token") + 1)
