@@ -258,10 +258,9 @@ class JobDriver:
     def _watch(self, query: Any, keeper: JobLease) -> str:
         while True:
             self.stop_signal.wait(settings.LEASE_RENEW_SECONDS if query.isActive else 0)
-            if keeper.lost.is_set():  # fenced: someone else may own the checkpoint now; the keeper stopped the query
-                run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"Stopped: {keeper.reason} (fenced).")
-                return RunStatus.FAILED
-            if not query.isActive and not keeper.renew():  # failed because the lease is gone (the sink refused)
+            # fenced: someone else may own the checkpoint now (the keeper stopped the query), or the query failed
+            # because the lease is gone (the sink refused the stale token before the keeper noticed)
+            if keeper.lost.is_set() or (not query.isActive and not keeper.renew()):
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"Stopped: {keeper.reason} (fenced).")
                 return RunStatus.FAILED
             if not query.isActive:
