@@ -30,9 +30,8 @@ from django.utils import timezone
 from dashboard import pipelines
 from dashboard.failures import root_cause
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
-from dashboard.services.hosts import host_may_end
-from dashboard.services.processes import spawn_process
-from dashboard.services.runs import run_finish
+from dashboard.services.hosts import host_gone, host_may_end
+from dashboard.services.runs import own_driver_settings, run_finish, spawn_driver
 from workers import job_lock
 from workers.driver import JobDriver, JobLease, spark_stop
 from workers.spark.session import build_session
@@ -62,14 +61,13 @@ class SharedDriver:
         except Exception as exc:
             log.exception("Spark did not start")
             self.failure = f"the shared driver's Spark did not start: {root_cause(str(exc))}"
-            DriverHost.objects.filter(id=self.host.id).update(status=HostStatus.GONE, message=self.failure[:2000])
+            host_gone(self.host, self.failure)  # at once: no launch may pick it now
             self.ending.set()
         finally:
             self.ready.set()
             connection.close()
 
     def _start_spark(self) -> None:
-        os.environ.setdefault("STATEKEEPER_DRIVER_MEMORY", settings.SHARED_DRIVER_MEMORY)
         self.spark = build_session(
             f"statekeeper-shared-{self.host.id}",
             f"local[{self.host.cores}]",
@@ -156,11 +154,10 @@ class SharedDriver:
         DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
             status=HostStatus.DRAINING, message=f"Draining: {why}."
         )
-        log_path = settings.LOG_ROOT / f"{run.job.name}-run-{run.id}.log"
-        pid = spawn_process("workers.driver_process", run.id, log_path)
-        Run.objects.filter(id=run.id).update(
-            pid=pid, driver_host=None, log_path=str(log_path), spark_master=f"local[{run.job.parallelism}]"
-        )
+        own = own_driver_settings(run)
+        run.log_path = own["log_path"]
+        pid = spawn_driver(run)
+        Run.objects.filter(id=run.id).update(pid=pid, driver_host=None, **own)
         log.info("run %s handed to a driver of its own (pid %s): %s", run.id, pid, why)
 
     def _run_job(self, run_id: int) -> None:
@@ -217,9 +214,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: host.ending.set())
     threading.Thread(target=host.start, name="spark-start", daemon=True).start()
     host.serve()
-    DriverHost.objects.filter(id=host.host.id).exclude(status=HostStatus.GONE).update(
-        status=HostStatus.GONE, ended_at=timezone.now(), message=(host.failure or "Ended on request.")[:2000]
-    )
+    host_gone(host.host, host.failure or "Ended on request.")
     if host.spark is not None:
         spark_stop(host.spark)
     return 1 if host.failure else 0

@@ -85,8 +85,8 @@ def run_launch(*, run_id: int) -> Run:
         run.fencing_token = token
         run.status = RunStatus.STARTING
         run.host = settings.HOST_ID
-        run.spark_master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
-        run.log_path = str(settings.LOG_ROOT / f"{job.name}-run-{run.id}.log")
+        for name, value in own_driver_settings(run).items():
+            setattr(run, name, value)
         if shares_driver(job):  # the shared driver takes it from here (it polls for runs assigned to it)
             host = host_for_launch()
             run.driver_host, run.pid, run.log_path = host, host.pid, host.log_path
@@ -102,6 +102,14 @@ def run_launch(*, run_id: int) -> Run:
         raise
     Run.objects.filter(id=run.id).update(pid=run.pid)
     return run
+
+
+def own_driver_settings(run: Run) -> dict[str, str]:
+    """Where a run's driver of its own writes its log, and the Spark master it runs on."""
+    return {
+        "log_path": str(settings.LOG_ROOT / f"{run.job.name}-run-{run.id}.log"),
+        "spark_master": settings.SPARK_MASTER or f"local[{run.job.parallelism}]",
+    }
 
 
 def shares_driver(job: Job) -> bool:
