@@ -164,13 +164,14 @@ class SharedDriver:
         run = Run.objects.select_related("job").get(id=run_id)
         job = run.job
         lease = self.leases[run_id]
-        locked = False
+        locked = handed = False
         try:
             self.ready.wait()
             if self.failure:
                 raise RuntimeError(self.failure)
             if why := self.refusal(job.pipeline):
                 self._hand_over(run, why)
+                handed = True
                 return
             self.locks.take(job.id)
             locked = True
@@ -193,7 +194,7 @@ class SharedDriver:
             lease.done.set()
             self.leases.pop(run_id, None)
             self.drivers.pop(run_id, None)
-            if locked or run_id in self.drivers:
+            if not handed:  # this process is done with the run, however it ended (a handed-over run is not ours)
                 Run.objects.filter(id=run_id).update(released_at=timezone.now())
             if locked:
                 self.locks.let_go(job.id)  # after the run's end is recorded: a standby reads it as a death
