@@ -41,7 +41,7 @@ class SourceKind(models.TextChoices):
 
 class DriverMode(models.TextChoices):
     OWN = "own", "A driver process of its own"
-    SHARED = "shared", "The shared driver host (several small jobs in one SparkSession's JVM)"
+    SHARED = "shared", "The shared driver, beside other jobs"
 
 
 class FileFormat(models.TextChoices):

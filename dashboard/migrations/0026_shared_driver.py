@@ -33,7 +33,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='driver',
-            field=models.CharField(choices=[('own', 'A driver process of its own'), ('shared', "The shared driver host (several small jobs in one SparkSession's JVM)")], default='own', help_text="own: a driver process (JVM and Python) for this job alone; shared: its query runs in the host's shared driver beside other jobs' (a fraction of the memory; a crash of the host stops all of them)", max_length=8),
+            field=models.CharField(choices=[('own', 'A driver process of its own'), ('shared', "The shared driver, beside other jobs")], default='own', help_text="own: a driver process (JVM and Python) for this job alone; shared: its query runs in the host's shared driver beside other jobs' (a fraction of the memory; a crash of the host stops all of them)", max_length=8),
         ),
         migrations.AddField(
             model_name='run',
