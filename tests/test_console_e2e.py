@@ -51,6 +51,7 @@ def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
         ("Overview", "/", "Live"),
     ):
         page.locator("nav.tabs").get_by_role("link", name=label).click()
+        page.wait_for_load_state("load")  # the click returns once the navigation commits, before the page is parsed
         assert page.url == url.rstrip("/") + address, f"{label} has an address of its own"
         assert shows in page.content() and page.locator("#run-status").inner_text().lower() == "running"
         assert page.get_by_role("button", name="Stop", exact=True).count() == 1, f"the actions on {label}"
