@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
 
-from workers.spark.session import backend_conf
+from workers.spark.session import LOCAL_FILES_KEYS, backend_conf, local_files_conf
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
@@ -49,6 +49,7 @@ class JobSpec:
             "spark.sql.shuffle.partitions": str(self.partitions),
             "spark.sql.streaming.minBatchesToRetain": str(self.batches_retained),
             **backend_conf(self.backend),
+            **local_files_conf(self.backend, self.checkpoint),
         }
 
 
@@ -83,7 +84,10 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
 def start_query(
     spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: Callable[[DataFrame, int], None]
 ) -> StreamingQuery:
-    for key, value in {**spec.session_conf(), **pipeline.conf}.items():
+    conf = {**spec.session_conf(), **pipeline.conf}
+    for key in set(LOCAL_FILES_KEYS) - conf.keys():  # a session that ran another job before keeps no file settings
+        spark.conf.unset(key)
+    for key, value in conf.items():
         spark.conf.set(key, value)
     output = apply(pipeline, events_frame(spark, spec, pipeline), json.loads(spec.parameters))
     writer = (
