@@ -164,3 +164,46 @@ def test_rocksdb_incremental_job_records_full_and_incremental_checkpoints(make_j
     orders = ResultRow.objects.filter(job=job, kind="order")
     closed = orders.filter(value__state__in=["delivered", "cancelled"]).count()
     assert checkpoints[-1].state_rows_total == orders.count() - closed, "terminal orders clear their state"
+
+
+def stale_checksum(spark: Any, path: Any) -> None:
+    """Give ``path`` a `.crc` side file that Hadoop's checksummed local file system writes, for other content: what a
+    file rewritten without its side file (a replayed batch's state delta) is left with."""
+    content = path.read_bytes()
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
+    out = local.create(jvm.org.apache.hadoop.fs.Path(f"file:{path}"), True)
+    out.write(bytearray(content + b"older content"))
+    out.close()
+    path.write_bytes(content)
+    assert (path.parent / f".{path.name}.crc").exists()
+
+
+def test_a_memory_job_drops_stale_checksums_so_its_checkpoint_reads_through_hadoop_checksums(
+    make_job, start_driver, redis, stream_name, spark
+):
+    """A memory-backend job writes its checkpoint without `.crc` side files; one left from before (a checkpoint written
+    by an earlier version, or restored) no longer matches a file rewritten since, and a read through Hadoop's
+    checksummed file system (the state reader's, a savepoint verification's) fails on it. The driver removes them
+    before its query starts."""
+    job = make_job()
+    first = send_events(redis, stream_name, "url-counts", 300, seed=1)
+    run_through(start_driver(job), redis, first)
+    root = job.checkpoint_location
+    files = [p for p in (root / "state").rglob("*.delta") if p.stat().st_size] + sorted(
+        (root / "offsets").glob("[0-9]*")
+    )
+    for path in files:
+        stale_checksum(spark, path)
+    reader = spark.newSession()  # the context's file system: checksummed
+    with pytest.raises(Exception, match="FAILED_READ_FILE"):
+        reader.read.text(str(files[-1])).collect()
+
+    second = send_events(redis, stream_name, "url-counts", 200, seed=2)
+    run_through(start_driver(job), redis, first + second)
+
+    assert not list(root.rglob("*.crc"))
+    assert reader.read.text(str(files[-1])).collect(), "the rewritten checkpoint reads through Hadoop's checksums"
+    rows = reader.read.format("statestore").load(str(root)).collect()
+    assert sum(r["value"][0] for r in rows) == first + second == sink_total(job)

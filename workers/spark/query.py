@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -81,12 +82,28 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
     )
 
 
+def drop_checksums(checkpoint: str) -> int:
+    """Remove the checkpoint's Hadoop `.crc` side files, before a query that writes it without them starts.
+
+    A file the raw local file system rewrites (a replayed batch's state delta) would otherwise keep the checksum of its
+    old content, and a reader through Hadoop's checksummed file system (Spark's state reader, a savepoint's
+    verification) would refuse it. Returns how many were removed."""
+    root = Path(checkpoint.removeprefix("file:"))
+    removed = 0
+    for path in root.rglob(".*.crc"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def start_query(
     spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: Callable[[DataFrame, int], None]
 ) -> StreamingQuery:
     conf = {**spec.session_conf(), **pipeline.conf}
     for key in set(LOCAL_FILES_KEYS) - conf.keys():  # a session that ran another job before keeps no file settings
         spark.conf.unset(key)
+    if "fs.file.impl" in conf:
+        drop_checksums(spec.checkpoint)
     for key, value in conf.items():
         spark.conf.set(key, value)
     output = apply(pipeline, events_frame(spark, spec, pipeline), json.loads(spec.parameters))
