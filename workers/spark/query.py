@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
 
-from workers.spark.session import LOCAL_FILES_KEYS, backend_conf, local_files_conf
+from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
@@ -82,25 +82,21 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
     )
 
 
-def drop_checksums(checkpoint: str) -> int:
+def drop_checksums(checkpoint: str) -> None:
     """Remove the checkpoint's Hadoop `.crc` side files, before a query that writes it without them starts.
 
     A file the raw local file system rewrites (a replayed batch's state delta) would otherwise keep the checksum of its
     old content, and a reader through Hadoop's checksummed file system (Spark's state reader, a savepoint's
-    verification) would refuse it. Returns how many were removed."""
-    root = Path(checkpoint.removeprefix("file:"))
-    removed = 0
-    for path in root.rglob(".*.crc"):
+    verification) would refuse it."""
+    for path in Path(checkpoint.removeprefix("file:")).rglob(".*.crc"):
         path.unlink(missing_ok=True)
-        removed += 1
-    return removed
 
 
 def start_query(
     spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: Callable[[DataFrame, int], None]
 ) -> StreamingQuery:
     conf = {**spec.session_conf(), **pipeline.conf}
-    for key in set(LOCAL_FILES_KEYS) - conf.keys():  # a session that ran another job before keeps no file settings
+    for key in RAW_LOCAL_FILES.keys() - conf.keys():  # a session that ran another job before keeps no file settings
         spark.conf.unset(key)
     if "fs.file.impl" in conf:
         drop_checksums(spec.checkpoint)

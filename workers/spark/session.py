@@ -41,8 +41,14 @@ def backend_conf(backend: str) -> dict[str, str]:
     raise ValueError(f"unknown state backend {backend!r}")
 
 
-FS_CHECKPOINT_FILES = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-LOCAL_FILES_KEYS = ("spark.sql.streaming.checkpointFileManagerClass", "fs.file.impl", "fs.file.impl.disable.cache")
+# The memory backend's checkpoint on the local disk, written without forking (see ``local_files_conf``)
+RAW_LOCAL_FILES = {
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
+    "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "fs.file.impl.disable.cache": "true",
+}
 
 
 def local_files_conf(backend: str, checkpoint: str) -> dict[str, str]:
@@ -58,9 +64,7 @@ def local_files_conf(backend: str, checkpoint: str) -> dict[str, str]:
     default."""
     if backend != "memory" or ("://" in checkpoint and not checkpoint.startswith("file:")):
         return {}
-    return dict(
-        zip(LOCAL_FILES_KEYS, (FS_CHECKPOINT_FILES, "org.apache.hadoop.fs.RawLocalFileSystem", "true"), strict=True)
-    )
+    return dict(RAW_LOCAL_FILES)
 
 
 def jars() -> dict[str, str]:
