@@ -39,6 +39,7 @@ import django  # noqa: E402
 django.setup()
 
 import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from statekeeper_sdk import sample_events  # noqa: E402
 
@@ -194,7 +195,8 @@ def main() -> None:
         Job.objects.filter(id__in=[job.id for job in jobs]).update(archived_at=timezone.now())
     single = rows[0]["p95_median"] if rows and rows[0]["jobs"] == 1 else float("nan")
     print(
-        f"\ndriver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job, trigger {args.trigger:g} s; "
+        f"\ndriver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job, trigger {args.trigger:g} s, "
+        f"batches spread: {'yes' if settings.SHARED_DRIVER_SPREAD and args.driver == 'shared' else 'no'}; "
         f"machine used before: {idle_mib} MiB\n"
     )
     print(

@@ -236,6 +236,8 @@ STOP_GRACE_SECONDS = env_int("STATEKEEPER_STOP_GRACE", 120)
 # them: each query's tasks go to a fair-scheduler pool of the job's own.
 SHARED_DRIVER_CORES = env_int("STATEKEEPER_SHARED_DRIVER_CORES", os.cpu_count() or 2)
 SHARED_DRIVER_MEMORY = env_str("STATEKEEPER_SHARED_DRIVER_MEMORY", "2g")
+# Its jobs' batches start at phases spread over their trigger interval, not all on Spark's tick (workers/host.py).
+SHARED_DRIVER_SPREAD = env_bool("STATEKEEPER_SHARED_DRIVER_SPREAD", True)
 PROGRESS_STREAM = env_str("STATEKEEPER_PROGRESS_STREAM", "statekeeper:progress")
 # Every committed batch is also pushed here for the browsers; its entry ids are the server-sent events' ids.
 LIVE_STREAM = env_str("STATEKEEPER_LIVE_STREAM", "statekeeper:live")

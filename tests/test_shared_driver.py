@@ -1,20 +1,30 @@
 """The shared driver: several jobs' queries in one process (one JVM), each still a job of its own: its own run, lease,
 token, lock and results; one job's stop or fencing leaves the others running; a kill of the process loses them all,
-and the restart strategy brings each back with every event counted once."""
+and the restart strategy brings each back with every event counted once. Its jobs' batches start spread over their
+trigger interval: the source's gate, the phases the driver gives, and which plans keep Spark's own trigger."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import os
 import signal
+import statistics
 import time
 
 import pytest
 from django.db.models import F
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+from statekeeper_sdk import apply
 
+from dashboard import pipelines
 from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
-from tests.conftest import wait_for
+from tests.conftest import send_events, wait_for
 from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
+from workers.host import spread_phase
+from workers.spark.query import JobSpec, events_frame, spread_trigger
+from workers.spark.sources.redis_streams import RedisStreamReader
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,6 +44,17 @@ def committed_after(run: Run, batches: int) -> bool:
     return run.checkpoints.count() >= batches
 
 
+def batch_phases(run: Run, interval_ms: int) -> list[int]:
+    """Where in the trigger interval each of the run's batches started (ms), after its first few (a backlog and a cold
+    JVM: each starts when the one before ends)."""
+    starts = run.checkpoints.filter(batch_id__gt=3).values_list("committed_at", flat=True)
+    return [round(at.timestamp() * 1000) % interval_ms for at in starts]
+
+
+def apart(a: float, b: float, interval: float) -> float:
+    return min(abs(a - b) % interval, interval - abs(a - b) % interval)
+
+
 def test_two_jobs_share_one_driver_and_a_stop_or_a_fencing_ends_only_its_own(
     make_job, redis, stream_name, celery_worker, as_role
 ):
@@ -50,6 +71,14 @@ def test_two_jobs_share_one_driver_and_a_stop_or_a_fencing_ends_only_its_own(
     page = as_role("viewer").get(f"/jobs/{first.name}/").content.decode()
     assert f"the shared driver #{host.id} (pid {host.pid}" in page, "the overview says where the query runs"
     assert f"{second.name}, {third.name}" in page or f"{third.name}, {second.name}" in page, "and beside which jobs"
+
+    # their batches start at phases of the 1 s interval a poll (250 ms) or more apart, not on one tick of the clock
+    for run in runs:
+        wait_for(lambda r=run: committed_after(r, 10), 60, 0.5, f"run {run.id} to commit 10 batches")
+    phases = [statistics.median_low(batch_phases(run, 1000)) for run in runs]
+    assert all(apart(a, b, 1000) >= 200 for i, a in enumerate(phases) for b in phases[i + 1 :]), [
+        batch_phases(run, 1000) for run in runs
+    ]
 
     # fenced: another token took the first job's lease; only its query stops
     Job.objects.filter(id=first.id).update(lease_token=F("lease_token") + 1)
@@ -94,3 +123,49 @@ def test_a_killed_shared_driver_loses_every_job_and_each_comes_back_exact(make_j
     for job, producer in zip(jobs, producers, strict=True):
         drain_and_stop(job, producer, redis)
         assert sink_total(job) == producer.sent, f"{job.name}: every event exactly once across the kill"
+
+
+def test_a_gated_source_admits_new_entries_once_an_interval_and_the_first_call_at_once(redis, stream_name, settings):
+    # the interval began 30 s ago and ends in 30 s
+    reader = RedisStreamReader(
+        {
+            "url": settings.REDIS_URL,
+            "stream": stream_name,
+            "format": pipelines.get("url-counts").payload.to_option(),
+            "admiteveryms": "60000",
+            "admitphasems": str(round(time.time() * 1000 - 30_000) % 60_000),
+        }
+    )
+    start = {"id": "0-0", "n": 0}
+    send_events(redis, stream_name, "url-counts", 5)
+    first = reader.latestOffset(start, ReadAllAvailable())
+    assert first["n"] == 5, "a restarted job's first batch does not wait for its phase"
+    send_events(redis, stream_name, "url-counts", 5)
+    assert reader.latestOffset(first, ReadAllAvailable()) == first, "no second batch of new entries in one interval"
+    reader.admit_phase -= 60_000  # as if the interval had passed
+    assert reader.latestOffset(first, ReadAllAvailable())["n"] == 10
+
+
+def test_the_shared_driver_gives_each_new_job_the_least_crowded_phase():
+    phases: list[float] = []
+    for _ in range(8):
+        phases.append(spread_phase(2.0, phases))
+    assert sorted(phases) == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], "eight jobs, eight 250 ms ticks of 2 s"
+    assert phases[:2] == [0.0, 1.0], "the second job half an interval from the first"
+    for _ in range(32):
+        phases.append(spread_phase(10.0, phases[8:]))
+    assert collections.Counter(phases[8:]).most_common(1)[0][1] == 2, "forty jobs of 10 s: two on each 500 ms tick"
+
+
+@pytest.mark.parametrize(("pipeline", "spread"), [("url-counts", True), ("minute-windows", False), ("dedup", False),
+                                                   ("order-state-machine", False)])  # fmt: skip
+def test_only_a_plan_that_runs_no_batch_without_data_is_spread(spark, pipeline, spread):
+    spec = JobSpec(
+        job_id=1, name="spread", pipeline=pipeline, stream="s", redis_url="redis://127.0.0.1:6379/0", backend="memory",
+        trigger_seconds=2, partitions=2, parallelism=1, checkpoint="/nonexistent", batches_retained=10, max_records=0,
+        dead_letter="d", phase_seconds=0.5,
+    )  # fmt: skip
+    chosen = pipelines.get(pipeline)
+    output = apply(chosen, events_frame(spark, spec, chosen), pipelines.parameter_values(pipeline, {}))
+    assert spread_trigger(spec, output) is spread
+    assert spread_trigger(dataclasses.replace(spec, trigger_seconds=0.5), output) is False, "too short to spread"

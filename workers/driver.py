@@ -167,12 +167,14 @@ class JobDriver:
         keeper: JobLease | None = None,
         executor_hosts: list[str] | None = None,
         shared: bool = False,
+        phase_seconds: float | None = None,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
         which renews but never ends the process. ``shared``: the run is one of a shared driver's, whose main loop
         renews its lease, beats for it and sets ``stop_signal`` on a stop request, and whose threads hold no
-        database connection between batches (many jobs, one connection limit)."""
+        database connection between batches (many jobs, one connection limit). ``phase_seconds``: where in the trigger
+        interval its batches start (the shared driver spreads its jobs; ``JobSpec.phase_seconds``)."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared
@@ -181,6 +183,7 @@ class JobDriver:
         self.token = int(self.run.fencing_token or 0)
         self.stop_signal = threading.Event()
         self.executor_hosts = executor_hosts or []  # where the job's executors run, on a cluster
+        self.phase_seconds = phase_seconds
 
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
@@ -191,7 +194,7 @@ class JobDriver:
                 message="Refused: the lease passed to another driver before this one started.",
             )
             return RunStatus.REFUSED
-        spec = job_spec(self.job)
+        spec = job_spec(self.job, phase_seconds=self.phase_seconds)
         pipeline = pipelines.get(spec.pipeline)
         values = pipelines.parameter_values(spec.pipeline, json.loads(spec.parameters))
         if problems := pipelines.sink_problems(spec.pipeline, values):

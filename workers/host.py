@@ -34,7 +34,8 @@ from dashboard.services.hosts import host_gone, host_may_end
 from dashboard.services.runs import own_driver_settings, run_finish, spawn_driver
 from workers import job_lock
 from workers.driver import JobDriver, JobLease, spark_stop
-from workers.spark.session import build_session
+from workers.spark.query import spread_poll
+from workers.spark.session import TRIGGER_BEHIND, build_session, quiet
 
 log = logging.getLogger("statekeeper.host")
 POLL_SECONDS = 0.25
@@ -53,6 +54,8 @@ class SharedDriver:
         self.ready = threading.Event()  # Spark is up (or failed: ``failure`` says why)
         self.failure = ""
         self.loaded: dict[str, str] = {}  # pipeline -> the hash of the code this process imported
+        self.phases: dict[int, tuple[float, float]] = {}  # run id -> its trigger interval and phase (seconds)
+        self.phase_lock = threading.Lock()
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
@@ -78,6 +81,8 @@ class SharedDriver:
                 "spark.sql.streaming.stopTimeout": str(settings.STOP_GRACE_SECONDS * 1000),
             },
         )
+        if settings.SHARED_DRIVER_SPREAD:  # each batch of a spread job is longer than its trigger's poll
+            quiet(self.spark, (TRIGGER_BEHIND,))
         self.loaded = {name: pipelines.code_version(name).code_hash for name in pipelines.names()}
 
     def serve(self) -> None:
@@ -177,7 +182,8 @@ class SharedDriver:
             locked = True
             session = self.spark.newSession()
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"job-{job.id}")
-            driver = JobDriver(session, run_id, keeper=lease, shared=True)
+            phase = self.take_phase(run_id, job.trigger_interval_seconds) if settings.SHARED_DRIVER_SPREAD else None
+            driver = JobDriver(session, run_id, keeper=lease, shared=True, phase_seconds=phase)
             self.drivers[run_id] = driver
             if self.ending.is_set():
                 driver.stop_signal.set()
@@ -192,6 +198,7 @@ class SharedDriver:
             )
         finally:
             lease.done.set()
+            self.phases.pop(run_id, None)
             self.leases.pop(run_id, None)
             self.drivers.pop(run_id, None)
             if not handed:  # this process is done with the run, however it ended (a handed-over run is not ours)
@@ -200,12 +207,37 @@ class SharedDriver:
                 self.locks.let_go(job.id)  # after the run's end is recorded: a standby reads it as a death
             connection.close()
 
+    def take_phase(self, run_id: int, trigger: float) -> float:
+        """The phase for a new run's batches: the poll tick farthest from those of this process' other runs with the
+        same interval, so that their batches start apart rather than on one tick (``spread_trigger``)."""
+        with self.phase_lock:
+            taken = [phase for interval, phase in self.phases.values() if interval == trigger]
+            self.phases[run_id] = (trigger, spread_phase(trigger, taken))
+            return self.phases[run_id][1]
+
     def _stop_all(self) -> None:
         for driver in list(self.drivers.values()):
             driver.stop_signal.set()
         deadline = time.monotonic() + settings.STOP_GRACE_SECONDS
         for thread in list(self.threads.values()):
             thread.join(max(0.1, deadline - time.monotonic()))
+
+
+def spread_phase(trigger: float, taken: list[float]) -> float:
+    """The poll tick of ``trigger`` seconds for one more run beside runs at the ``taken`` phases: the least taken tick,
+    and of those the one farthest (around the interval) from the others; the earliest of equals."""
+    poll = spread_poll(trigger)
+    ticks = [i * poll for i in range(max(1, int(trigger / poll + 1e-9)))]
+
+    def apart(a: float, b: float) -> float:
+        gap = abs(a - b) % trigger
+        return min(gap, trigger - gap)
+
+    def crowding(tick: float) -> tuple[int, float]:
+        near = sum(1 for p in taken if apart(tick, p) < poll / 2)
+        return near, round(sum(1 / (apart(tick, p) + poll) for p in taken), 9)
+
+    return min(ticks, key=crowding)
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ sink. No Django here."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_con
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class JobSpec:
     source_format: str = "json"
     starting_offset: str = ""  # JSON {"id", "n"}: where a new checkpoint starts reading the stream
     parameters: str = "{}"  # JSON: the job's values for the pipeline's parameters
+    # Start each batch this many seconds into the trigger interval rather than on Spark's tick (a shared driver spreads
+    # its jobs so); see ``spread_trigger``.
+    phase_seconds: float | None = None
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -54,7 +60,25 @@ class JobSpec:
         }
 
 
-def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> DataFrame:
+SPREAD_SLOTS = 20  # a spread job's trigger polls this often per interval: the phases a shared driver can give
+SPREAD_POLL_MIN = 0.25  # seconds: but no more often than this (each poll is a planning round with no batch)
+SPREAD_MIN_TRIGGER = 1.0  # seconds: a shorter interval has too few polls to spread over
+# Plans with these nodes run batches without new data (a watermark to move, timers): polled, they would run one at
+# each poll after a data batch, so they keep Spark's trigger.
+RUNS_WITHOUT_DATA = ("Watermark", "WithState", "FlatMapGroups")
+
+
+def spread_poll(trigger_seconds: float) -> float:
+    """How often a spread job's trigger polls its source; its phases are multiples of this."""
+    return max(SPREAD_POLL_MIN, trigger_seconds / SPREAD_SLOTS)
+
+
+def runs_without_data(frame: DataFrame) -> bool:
+    plan = frame._jdf.queryExecution().analyzed().toString()
+    return any(word in plan for word in RUNS_WITHOUT_DATA)
+
+
+def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread: bool = False) -> DataFrame:
     if spec.source_kind == "kafka":
         return kafka_events(
             spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,
@@ -66,9 +90,13 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
             spec.max_future_seconds,
         )  # fmt: skip
     spark.dataSource.register(RedisStreamDataSource)
+    reader = spark.readStream.format(FORMAT_NAME)
+    if spread and spec.phase_seconds is not None:
+        reader = reader.option("admitEveryMs", str(round(spec.trigger_seconds * 1000))).option(
+            "admitPhaseMs", str(round(spec.phase_seconds * 1000))
+        )
     return (
-        spark.readStream.format(FORMAT_NAME)
-        .option("url", spec.redis_url)
+        reader.option("url", spec.redis_url)
         .option("stream", spec.stream)
         .option("deadLetter", spec.dead_letter)
         .option("maxFutureSeconds", str(spec.max_future_seconds))
@@ -79,6 +107,21 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> Data
         .option("endingOffset", spec.ending_offset)
         .option("startingPosition", spec.starting_offset or "earliest")
         .load()
+    )
+
+
+def spread_trigger(spec: JobSpec, output: DataFrame) -> bool:
+    """Whether the job's batches start at its phase of the interval: Spark starts a processing-time trigger on the
+    clock's multiples of the interval, so every job of one interval starts its batch on the same tick and their tasks
+    queue for the cores. A spread job's trigger polls every ``spread_poll`` seconds and its source admits new entries
+    once an interval, from its phase. Only the Redis stream source can, and only for a plan that runs no batch without
+    new data (each poll would run one)."""
+    return (
+        spec.phase_seconds is not None
+        and not spec.available_now
+        and spec.trigger_seconds >= SPREAD_MIN_TRIGGER
+        and spec.source_kind == "redis-stream"
+        and not runs_without_data(output)
     )
 
 
@@ -102,7 +145,11 @@ def start_query(
         drop_checksums(spec.checkpoint)
     for key, value in conf.items():
         spark.conf.set(key, value)
-    output = apply(pipeline, events_frame(spark, spec, pipeline), json.loads(spec.parameters))
+    values = json.loads(spec.parameters)
+    output = apply(pipeline, events_frame(spark, spec, pipeline), values)
+    spread = spread_trigger(spec, output)
+    if spread:
+        output = apply(pipeline, events_frame(spark, spec, pipeline, spread=True), values)
     writer = (
         output.writeStream.queryName(spec.name)
         .outputMode(pipeline.output_mode)
@@ -111,4 +158,8 @@ def start_query(
     )
     if spec.available_now:
         return writer.trigger(availableNow=True).start()
+    if spread:
+        log.info("%s: batches start %g s into each %g s interval (trigger polled every %g s)", spec.name,
+                 spec.phase_seconds, spec.trigger_seconds, spread_poll(spec.trigger_seconds))  # fmt: skip
+        return writer.trigger(processingTime=f"{spread_poll(spec.trigger_seconds)} seconds").start()
     return writer.trigger(processingTime=f"{spec.trigger_seconds} seconds").start()

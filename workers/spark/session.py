@@ -14,6 +14,9 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 # Loggers that warn once per record in normal operation: transformWithState's state server logs a WARN line for every
 # get() of a key that has no value yet (every new key), which costs more than the get itself.
 QUIET = ("org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",)
+# Warns of each batch longer than its trigger interval: every batch of a spread job (``spread_trigger``), whose trigger
+# is a poll of 250 ms or more.
+TRIGGER_BEHIND = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
 
 
 # SQL settings fixed when the SparkContext starts: an existing session keeps them
@@ -79,6 +82,13 @@ def driver_java_options() -> dict[str, str]:
     return {"spark.driver.extraJavaOptions": given} if given else {}
 
 
+def quiet(spark: SparkSession, loggers: tuple[str, ...]) -> None:
+    """Only errors from these JVM loggers."""
+    log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+    for logger in loggers:
+        log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
+
+
 def build_session(
     app_name: str,
     master: str = "local[2]",
@@ -118,9 +128,7 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("STATEKEEPER_SPARK_LOG_LEVEL", "WARN"))
-    log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
-    for logger in QUIET:
-        log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
+    quiet(spark, QUIET)
     for key, value in conf.items():  # getOrCreate keeps an existing session's settings: set what may be set
         if key.startswith("spark.sql.") and key not in STATIC:
             spark.conf.set(key, value)

@@ -14,6 +14,7 @@ so a replay rejects exactly what the first attempt rejected.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +132,12 @@ class RedisStreamReader(DataSourceStreamReader):
         # {"id", "n"}: read no further (an upgrade's shadow run reads a fixed range beside the live job)
         self.ending = json.loads(options["endingoffset"]) if options.get("endingoffset") else None
         self.format_option = options["format"]
+        # Admit new entries once per interval, from this point of it (ms): the shared driver spreads its jobs' batches
+        # over the interval (Spark starts every processing-time trigger on the same tick of the clock); see ``admits``.
+        self.admit_every = int(options.get("admiteveryms", "0"))
+        self.admit_phase = int(options.get("admitphasems", "0"))
+        self._admitted: int | None = None  # the interval whose entries the last batch took
+        self._client: Any = None
         self.limits = Limits(
             max_string_chars=int(options.get("maxstringchars", MAX_STRING_CHARS)),
             max_future_seconds=float(options.get("maxfutureseconds", MAX_FUTURE_SECONDS)),
@@ -149,10 +156,23 @@ class RedisStreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
+    def admits(self, now_ms: float) -> bool:
+        """With ``admitEveryMs``, whether a batch may take new entries now: once in each interval counted from the
+        phase (the query's trigger polls more often). The first call admits, so a restarted job's first batch does not
+        wait for its phase."""
+        return self.admit_every <= 0 or (now_ms - self.admit_phase) // self.admit_every != self._admitted
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        client = _connect(self.url)
+        now_ms = time.time() * 1000
+        if not self.admits(now_ms):
+            return start
+        if self._client is None:
+            self._client = _connect(self.url)
+        client = self._client
         latest = stream_position(client, self.stream)
         self._latest = latest
+        if self.admit_every > 0 and parse_id(latest["id"]) > parse_id(start["id"]):
+            self._admitted = int((now_ms - self.admit_phase) // self.admit_every)
         if self.ending is not None and parse_id(latest["id"]) > parse_id(self.ending["id"]):
             latest = self.ending
         if isinstance(limit, ReadMaxRows) and latest["n"] - start["n"] > limit.max_rows:
