@@ -169,7 +169,7 @@ def main() -> None:
                 .values("job").distinct().count() == len(jobs),
                 600, 2, f"all {len(jobs)} jobs to commit",
             )  # fmt: skip
-            time.sleep(10)  # past the first batches' backlog
+            time.sleep(max(10.0, 3 * args.trigger))  # past the first batches: a backlog, a cold JVM
             row = measure(jobs, client, args.window, RATE * (args.trigger + 3)) | {"jobs": len(jobs)}
             rows.append(row)
             print(
