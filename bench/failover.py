@@ -1,7 +1,7 @@
 """Failover: kill -9 of the running driver → first batch committed by its successor, with a warm standby against the
 cold restart path, paired round by round on the real stack.
 
-    .venv/bin/python -m bench.failover [--rounds 5] [--part both|failover|throughput] [--ready-for 75] [--busy]
+    .venv/bin/python -m bench.failover [--rounds 5] [--part both|failover|throughput] [--ready-for 75] [--busy] [--shared]
 
 Starts its own Celery worker with beat (Redis database 13), one url-counts job (rocksdb, local[1], trigger 1 s,
 restart delay 0), a producer at 300 events/s. Each round kills the running driver once with the standby on and once
@@ -9,7 +9,8 @@ with it off, and splits the time: detection (kill → the successor's run record
 first batch (→ its first batch committed), and → the batch's point on the live stream the browser reads. Prints a
 table against the targets (≤ 3 s median with a standby; Flink 2.3 restarts the same keyed job in 7.3 s here) and the
 standby's memory. ``--busy`` runs jobs like the demo's two running ones beside, in the shared driver, fed 200
-events/s between them (bench/busy.py): the on-call engineer's machine is not idle. Then (rounds / 2 pairs) the job's throughput on a standing backlog with a ready standby beside it
+events/s between them (bench/busy.py): the on-call engineer's machine is not idle. ``--shared`` runs the job in the
+shared driver: its standby is then the spare shared driver, and the kill is the shared driver's. Then (rounds / 2 pairs) the job's throughput on a standing backlog with a ready standby beside it
 against alone (target ≥ 0.95×), with the batch limit raised so that the job sets the rate.
 """
 
@@ -45,11 +46,12 @@ from django.utils import timezone  # noqa: E402
 from bench import busy  # noqa: E402
 from bench.busy import start_worker  # noqa: E402
 from bench.operator_actions import backlog, bench_job, kill_processes, produce, tear_down  # noqa: E402
-from dashboard.models import Checkpoint, DriverHost, Job, RunStatus, StandbyStatus  # noqa: E402
+from dashboard.models import Checkpoint, DriverHost, HostStatus, Job, RunStatus, StandbyStatus  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from dashboard.services.standby import LIVE  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
 from workers.spark import cluster  # noqa: E402
+from workers.standby import process_rss  # noqa: E402
 
 
 def live_point_at(client: Any, run_id: int, since_ms: int) -> float:
@@ -68,11 +70,22 @@ def live_point_at(client: Any, run_id: int, since_ms: int) -> float:
 STAGES = ("latest_offset", "query_planning", "add_batch", "wal_commit", "commit_offsets")
 
 
+def warm_spare() -> DriverHost:
+    return wait_for(
+        lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__startswith="Warm").first(),
+        300, 0.2, "a warm spare shared driver",
+    )  # fmt: skip
+
+
 def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
     run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 180, 0.2, "a running driver")
     wait_for(lambda: Checkpoint.objects.filter(run=run).exists(), 180, 0.2, "its first batch")
     time.sleep(3)
-    if job.standby:  # a standby waits for hours in real life: kill once it has been ready for ``ready_for`` seconds
+    spare = None
+    if job.standby and job.driver == "shared":  # the spare shared driver is its standby: ready once its Spark is up
+        spare = warm_spare()
+        time.sleep(max(0.0, spare.started_at.timestamp() + ready_for - time.time()))
+    elif job.standby:  # a standby waits for hours in real life: kill once it has been ready for ``ready_for`` seconds
         ready = wait_for(lambda: job.standbys.filter(status=StandbyStatus.READY).first(), 300, 0.2, "a warm standby")
         time.sleep(max(0.0, ready.ready_at.timestamp() + ready_for - time.time()))
     killed = time.time()
@@ -96,7 +109,8 @@ def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
         "live": live - killed,
         "replayed": first.input_rows,
         **{f"stage:{name}": getattr(first, f"{name}_ms") / 1000 for name in STAGES},
-        "standby": successor.message.startswith("Standby"),
+        "standby": successor.message.startswith("Standby")
+        or (spare is not None and successor.driver_host_id == spare.id),
     }
 
 
@@ -162,13 +176,20 @@ def main() -> None:
         help="seconds a standby has been ready when its driver is killed (Spark ends Python workers idle for 60 s)",
     )  # fmt: skip
     parser.add_argument("--busy", action="store_true", help="the demo's two running jobs and their producer beside")
+    parser.add_argument(
+        "--shared", action="store_true",
+        help="the job in the shared driver: its standby is the spare shared driver, and the kill is the shared driver's",
+    )  # fmt: skip
     args = parser.parse_args()
     standalone = cluster.start(ROOT / "spark", workers=1, cores=2) if args.cluster else None
     if standalone:  # read by the worker this benchmark starts, and by the drivers and standbys it spawns
         os.environ["STATEKEEPER_SPARK_MASTER"] = standalone.master_url
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
-    job = bench_job("bench-failover", state_backend="rocksdb", failure_rate_max=1000, standby=True)
+    job = bench_job(
+        "bench-failover", state_backend="rocksdb", failure_rate_max=1000, standby=True,
+        driver="shared" if args.shared else "own",
+    )  # fmt: skip
     worker = start_worker(ROOT)
     halt = threading.Event()
     threading.Thread(target=produce, args=(client, job.source_stream, halt, 300), daemon=True).start()
@@ -183,7 +204,9 @@ def main() -> None:
             for standby in (True, False):
                 Job.objects.filter(id=job.id).update(standby=standby)
                 job.refresh_from_db()
-                if standby:
+                if standby and args.shared:
+                    memory.append(process_rss(warm_spare().pid or 0))
+                elif standby:
                     ready = wait_for(
                         lambda: job.standbys.filter(status=StandbyStatus.READY).first(), 300, 0.2, "a standby"
                     )
@@ -232,7 +255,8 @@ def main() -> None:
 
     print(
         f"rounds: {args.rounds} (each: one kill with the standby, one without); job: url-counts, rocksdb, "
-        f"{standalone.master_url + ' (1 worker, 1-core executor)' if standalone else 'local[1]'},"
+        f"{standalone.master_url + ' (1 worker, 1-core executor)' if standalone else 'local[1]'}"
+        f"{' in the shared driver (the standby: the spare shared driver)' if args.shared else ''},"
         f" trigger 1 s, restart delay 0, producer 300 ev/s, the standby ready for {args.ready_for:.0f} s at the kill;"
         f"{' beside it the demo-like jobs (shared driver) at 200 ev/s;' if args.busy else ' nothing beside it;'}"
         f" {timezone.now():%Y-%m-%d}\n"

@@ -274,6 +274,7 @@ class Deploy(models.Model):
 
 class HostStatus(models.TextChoices):
     SERVING = "serving", "Serving"
+    SPARE = "spare", "Spare (warm: takes the jobs of a serving one that dies)"
     DRAINING = "draining", "Draining (takes no new jobs)"
     GONE = "gone", "Gone"
 

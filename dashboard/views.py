@@ -57,7 +57,7 @@ from dashboard.services.enqueue import WARM_STATE_READER, enqueue
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
-from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.runs import job_request_start, job_request_stop, shares_driver
 from dashboard.services.shadow import SHADOW_RECORDS
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
@@ -125,6 +125,8 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "dead_letters": jobs.dead_letter_counts([job])[job.id],
         "source_lag": lag.latest_source_lag([job]).get(job.id),
         "standby": job.standbys.first() if job.standby else None,
+        "spare": jobs.spare_driver() if job.standby and shares_driver(job) else None,
+        "shared": shares_driver(job),
         "run": run,
         "shared_with": jobs.shared_with(run),
         "master_ui": settings.SPARK_MASTER_UI,

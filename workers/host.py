@@ -3,9 +3,13 @@
 jobs, it saves each small job a JVM and a Python driver (see the README's "Shared driver" for the trade-offs).
 
 Each job keeps what makes it a job of its own: its run, its lease and fencing token (renewed here, one job at a time),
-its lock (on one connection for all of them), its checkpoint, its sinks, its standby and its actions. Each query runs
+its lock (on one connection for all of them), its checkpoint, its sinks and its actions (its standby is the spare
+shared driver: dashboard/services/hosts.py). Each query runs
 in a SparkSession of its own (its SQL settings: state backend, partitions) and in a fair-scheduler pool of its own,
 so a busy job cannot starve the others of task slots. One job's failure ends that job's run only.
+
+A spare (dashboard/services/hosts.py) runs the same loop with no run assigned, its Spark started, and watches the
+serving shared driver's process.
 
 The main loop, every POLL_SECONDS: beat, take the runs assigned here, and every LEASE_RENEW seconds renew every job's
 lease, beat for their runs and pass on stop requests. It ends the process when it has had no job for IDLE_SECONDS,
@@ -30,8 +34,9 @@ from django.utils import timezone
 from dashboard import pipelines
 from dashboard.failures import root_cause
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
+from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
 from dashboard.services.hosts import host_gone, host_may_end
-from dashboard.services.runs import own_driver_settings, run_finish, spawn_driver
+from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
 from workers import job_lock
 from workers.driver import JobDriver, JobLease, spark_stop
 from workers.spark.query import spread_poll
@@ -56,11 +61,16 @@ class SharedDriver:
         self.loaded: dict[str, str] = {}  # pipeline -> the hash of the code this process imported
         self.phases: dict[int, tuple[float, float]] = {}  # run id -> its trigger interval and phase (seconds)
         self.phase_lock = threading.Lock()
+        self.seen_gone: set[int] = set()  # serving shared drivers whose death this spare reported
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
+        began = time.monotonic()
         try:
             self._start_spark()
+            DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).update(
+                message=f"Warm: its Spark started in {time.monotonic() - began:.1f} s."
+            )
         except Exception as exc:
             log.exception("Spark did not start")
             self.failure = f"the shared driver's Spark did not start: {root_cause(str(exc))}"
@@ -89,6 +99,7 @@ class SharedDriver:
         last_leases, idle_since = 0.0, time.monotonic()
         while not self.ending.is_set():
             DriverHost.objects.filter(id=self.host.id).update(heartbeat_at=timezone.now())
+            self._watch_serving()
             self._take_new()
             self._reap()
             if time.monotonic() - last_leases >= settings.LEASE_RENEW_SECONDS:
@@ -107,6 +118,17 @@ class SharedDriver:
                 return
             self.ending.wait(POLL_SECONDS)
         self._stop_all()
+
+    def _watch_serving(self) -> None:
+        """A spare: the moment the serving shared driver's process is gone, run the supervisor (rather than at its
+        next beat, up to 5 s later): it finds the jobs lost, and their restarts make this process the serving one."""
+        if DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).exists():
+            serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
+            for host_id, pid in serving.values_list("id", "pid"):
+                if host_id not in self.seen_gone and not pid_alive(pid):
+                    self.seen_gone.add(host_id)
+                    log.info("the serving shared driver %s (pid %s) is gone: supervising now", host_id, pid)
+                    enqueue_on(settings.HOST_ID, SUPERVISE_JOBS)
 
     def _take_new(self) -> None:
         waiting = Run.objects.filter(driver_host_id=self.host.id, status=RunStatus.STARTING, released_at=None)

@@ -7,13 +7,24 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.connections import redis_client
-from dashboard.models import ACTIVE_RUN_STATUSES, Alert, Checkpoint, CheckpointRollup, Job, ResultRow, Run
+from dashboard.models import (
+    ACTIVE_RUN_STATUSES,
+    Alert,
+    Checkpoint,
+    CheckpointRollup,
+    DriverHost,
+    HostStatus,
+    Job,
+    ResultRow,
+    Run,
+)
 from dashboard.selectors import charts, lag
 
 
@@ -114,6 +125,11 @@ def job_lag_status(job: Job, now: datetime | None = None, recent: list[dict[str,
             return asdict(lag.LagStatus("STOP", f"not running: {sample.lag_records} records waiting{oldest}", None))
     points = charts.recent_points(job) if recent is None else recent
     return lag.status_json(points, job.trigger_interval_seconds, now)
+
+
+def spare_driver() -> DriverHost | None:
+    """This host's spare shared driver, the standby of the jobs in the shared driver."""
+    return DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SPARE).first()
 
 
 def shared_with(run: Run | None) -> str:

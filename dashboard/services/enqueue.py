@@ -15,7 +15,8 @@ RUN_ACTION = "workers.tasks.run_action"
 DELIVER_ALERT = "workers.tasks.deliver_alert"
 WARM_STATE_READER = "workers.tasks.warm_state_reader"
 KILL_DRIVER = "workers.tasks.kill_driver"
-TASKS = (START_RUN, RUN_ACTION, DELIVER_ALERT, WARM_STATE_READER, KILL_DRIVER)
+SUPERVISE_JOBS = "workers.tasks.supervise_jobs"
+TASKS = (START_RUN, RUN_ACTION, DELIVER_ALERT, WARM_STATE_READER, KILL_DRIVER, SUPERVISE_JOBS)
 
 
 def enqueue(task: str, *args: Any) -> None:

@@ -3,6 +3,11 @@
 A launch finds the host's serving shared driver, or starts one; the driver takes the runs assigned to it. A shared
 driver that has had no run for a while ends itself; one that can no longer run a job's code as it is on disk (the
 package was upgraded since it imported it) hands that run to a driver of its own and takes no new ones (draining).
+
+The standby of the jobs in a shared driver is a **spare**: one more shared driver, its JVM started, that runs nothing
+until a launch finds no serving one (the serving one died) and makes it the serving one. The supervisor keeps one
+while a serving shared driver runs a job with standby on, and ends it when none has for a while: one warm process for
+all the host's shared jobs, where a job of its own has a standby of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, DriverHost, HostStatus, Run
@@ -48,11 +54,67 @@ def host_for_launch() -> DriverHost:
             return host
         if not host_alive(host):
             host_gone(host, "its process is gone")
-    host = DriverHost.objects.create(host=settings.HOST_ID, cores=settings.SHARED_DRIVER_CORES)
+    for host in DriverHost.objects.select_for_update().filter(host=settings.HOST_ID, status=HostStatus.SPARE):
+        if host_alive(host) and not host_silent(host):
+            host.status, host.message = (
+                HostStatus.SERVING,
+                f"Serving since {timezone.now():%H:%M:%S} UTC: was the spare.",
+            )
+            host.save(update_fields=["status", "message"])
+            return host
+        if not host_alive(host):
+            host_gone(host, "its process is gone")
+    return _host_spawn(HostStatus.SERVING)
+
+
+def _host_spawn(status: str) -> DriverHost:
+    host = DriverHost.objects.create(host=settings.HOST_ID, cores=settings.SHARED_DRIVER_CORES, status=status)
     host.log_path = str(settings.LOG_ROOT / f"shared-driver-{host.id}.log")
     host.pid = spawn_process("workers.host_process", host.id, Path(host.log_path))
     host.save(update_fields=["log_path", "pid"])
     return host
+
+
+def spare_wanted() -> bool:
+    """A serving shared driver on this host runs a job with standby on: a spare should stand behind it."""
+    return Run.objects.filter(
+        driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES,
+        job__standby=True,
+    ).exists()  # fmt: skip
+
+
+def spare_idle() -> bool:
+    """No job with standby on has had a run in a shared driver of this host for STANDBY_IDLE_SECONDS: the spare may
+    end. (Not merely none running now: the runs of a shared driver that just died are lost, and their restarts are
+    what the spare is for.)"""
+    recent = timezone.now() - timedelta(seconds=settings.STANDBY_IDLE_SECONDS)
+    return (
+        not Run.objects.filter(driver_host__host=settings.HOST_ID, job__standby=True)
+        .filter(Q(status__in=ACTIVE_RUN_STATUSES) | Q(ended_at__gte=recent))
+        .exists()
+    )
+
+
+def spare_supervise() -> list[str]:
+    """Start the spare when one is wanted and there is none; end it when it has been idle (``spare_idle``)."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":  # not beside a launch that may be making the spare the serving one
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, 0)", [HOST_LAUNCH_LOCK])
+        spares = list(DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SPARE))
+        if not spares and spare_wanted():
+            spare = _host_spawn(HostStatus.SPARE)
+            return [f"spare shared driver {spare.id} starting (pid {spare.pid})"]
+        if not spares or not spare_idle():
+            return []
+        for spare in spares:
+            if host_alive(spare):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(spare.pid or 0, signal.SIGTERM)
+            host_gone(
+                spare, f"Ended: no job with standby on ran in a shared driver for {settings.STANDBY_IDLE_SECONDS} s."
+            )
+        return [f"spare shared driver {spare.id} ended: idle" for spare in spares]
 
 
 def host_gone(host: DriverHost, why: str) -> None:
@@ -66,6 +128,8 @@ def host_may_end(host_id: int, idle_since: timedelta) -> bool:
     from now on it takes none (GONE, under the row lock a launch takes too)."""
     with transaction.atomic():
         host = DriverHost.objects.select_for_update().get(id=host_id)
+        if host.status == HostStatus.SPARE:  # the supervisor ends it when it is no longer wanted
+            return False
         recent = timezone.now() - idle_since
         busy = Run.objects.filter(driver_host=host, status__in=ACTIVE_RUN_STATUSES).exists()
         if busy or Run.objects.filter(driver_host=host, requested_at__gte=recent).exists():
@@ -87,7 +151,7 @@ def hosts_supervise() -> list[str]:
             kill_group(host.pid or 0)
             host_gone(host, f"Killed: its main loop was silent for over {HOST_SILENT_SECONDS} s (paused or hung).")
             notes.append(f"shared driver {host.id} killed: silent")
-    return notes
+    return notes + spare_supervise()
 
 
 def hosts_stop() -> list[str]:

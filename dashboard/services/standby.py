@@ -32,7 +32,7 @@ from dashboard.models import (
 from dashboard.services.audit import audit_record
 from dashboard.services.lease import lease_acquire, lease_release
 from dashboard.services.recovery import record_failure
-from dashboard.services.runs import kill_group, pid_alive, run_finish, spawn_process
+from dashboard.services.runs import kill_group, pid_alive, run_finish, shares_driver, spawn_process
 
 log = logging.getLogger(__name__)
 LIVE = (StandbyStatus.WARMING, StandbyStatus.READY)
@@ -158,7 +158,8 @@ def standbys_stop() -> list[str]:
 
 
 def standbys_supervise() -> list[str]:
-    """Each running job with standby on gets one standby on this host once its run has settled (SETTLE); a standby
+    """Each running job with standby on gets one standby on this host once its run has settled (SETTLE), but for a
+    job in the shared driver (the spare shared driver stands behind those: dashboard/services/hosts.py); a standby
     whose process is gone is ended, and one that is no longer wanted is stopped."""
     notes: list[str] = []
     host = settings.HOST_ID
@@ -167,16 +168,22 @@ def standbys_supervise() -> list[str]:
         if not pid_alive(standby.pid):
             standby_end(standby, "The standby process exited.")
             notes.append(f"standby {standby.id} gone")
-        elif not job.standby or built_for(job) != standby.built_for:
+        elif not job.standby or built_for(job) != standby.built_for or shares_driver(job):
             if standby.pid:
                 kill_group(standby.pid)  # no run of its own: nothing to drain
-            standby_end(standby, "No longer wanted (standby turned off, or the job's settings changed).")
+            standby_end(
+                standby,
+                "No longer wanted (standby turned off, the job's settings changed, or it runs in the shared driver, "
+                "whose spare stands behind it).",
+            )
             notes.append(f"standby {standby.id} stopped")
     if connection.vendor != "postgresql":  # the driver lock is PostgreSQL's: no standby on SQLite
         return notes
     settled = Q(runs__checkpoints__isnull=False) | Q(runs__started_at__lte=timezone.now() - SETTLE)
     for job in Job.objects.filter(Q(runs__status=RunStatus.RUNNING) & settled, standby=True).distinct():
-        if job.standbys.filter(status__in=LIVE).exists():
+        if job.standbys.filter(status__in=LIVE).exists() or shares_driver(
+            job
+        ):  # the spare shared driver is its standby
             continue
         try:
             standby = standby_spawn(job)
