@@ -39,6 +39,7 @@ from dashboard.services.hosts import host_gone, host_may_end
 from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
 from workers import job_lock
 from workers.driver import JobDriver, JobLease, spark_stop
+from workers.spark.fork_server import start_fork_server
 from workers.spark.query import spread_poll
 from workers.spark.session import TRIGGER_BEHIND, build_session, quiet
 
@@ -267,6 +268,8 @@ def main(argv: list[str]) -> int:
     host = SharedDriver(int(argv[1]))
     log.info("shared driver %s (pid %s, local[%s])", host.host.id, os.getpid(), host.host.cores)
     signal.signal(signal.SIGTERM, lambda *_: host.ending.set())
+    # each query's source runner (a Python process Spark starts per query) forked ready, as a standby's (fork_server.py)
+    start_fork_server(f"local[{host.host.cores}]")
     threading.Thread(target=host.start, name="spark-start", daemon=True).start()
     host.serve()
     host_gone(host.host, host.failure or "Ended on request.")

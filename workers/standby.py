@@ -34,7 +34,7 @@ from dashboard.services.runs import pid_alive
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
 from workers import job_lock
 from workers.driver import JobDriver, LeaseKeeper, job_session, spark_stop
-from workers.spark.fork_server import ForkServer
+from workers.spark.fork_server import start_fork_server
 from workers.spark.query import JobSpec, start_query
 
 log = logging.getLogger(__name__)
@@ -128,16 +128,6 @@ class WarmQuery:
 
 def _master(standby: StandbyDriver) -> str:
     return str(standby.built_for.get("spark_master") or f"local[{standby.job.parallelism}]")
-
-
-def start_fork_server(master: str) -> ForkServer | None:
-    """A fork server for the Python processes Spark starts per query, and this process's environment pointed at it
-    before its JVM starts. Local masters only: on a cluster the executors would be given the script's path too."""
-    if not master.startswith("local"):
-        return None
-    server = ForkServer()  # from this (the main) thread: the server ends with it
-    os.environ.update(server.env)
-    return server
 
 
 def _session(standby: StandbyDriver) -> Any:

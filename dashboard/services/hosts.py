@@ -30,6 +30,7 @@ HOST_LAUNCH_LOCK = 0x5354_4B48  # "STKH": one launch at a time looks for (or sta
 HOST_START_SECONDS = 120  # a shared driver that has not beaten by then never came up
 # a shared driver beats every second from its main loop: one silent this long is paused or hung (all its jobs with it)
 HOST_SILENT_SECONDS = 10
+SPARE_SETTLE = timedelta(seconds=30)  # as a standby of a job's own (dashboard/services/standby.py)
 
 
 def host_alive(host: DriverHost) -> bool:
@@ -76,11 +77,13 @@ def _host_spawn(status: str) -> DriverHost:
 
 
 def spare_wanted() -> bool:
-    """A serving shared driver on this host runs a job with standby on: a spare should stand behind it."""
-    return Run.objects.filter(
-        driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES,
-        job__standby=True,
-    ).exists()  # fmt: skip
+    """A serving shared driver on this host runs a job with standby on, and every run there has settled (committed a
+    batch, or run SPARE_SETTLE): a spare's JVM start must not share the cores with a takeover's first batches."""
+    active = Run.objects.filter(
+        driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES
+    )
+    settled = Q(checkpoints__isnull=False) | Q(started_at__lte=timezone.now() - SPARE_SETTLE)
+    return active.filter(job__standby=True).exists() and not active.exclude(settled).exists()
 
 
 def spare_idle() -> bool:
