@@ -46,7 +46,7 @@ from dashboard.models import Job, ResultRow  # noqa: E402
 from workers.driver import job_spec  # noqa: E402
 from workers.sink import batch_writer  # noqa: E402
 from workers.spark import cluster  # noqa: E402
-from workers.spark.query import JobSpec, events_frame, start_query  # noqa: E402
+from workers.spark.query import JobSpec, events_frame, session_settings, start_query  # noqa: E402
 from workers.spark.session import build_session  # noqa: E402
 
 CORES = 2
@@ -68,8 +68,7 @@ def run(spark: Any, spec: JobSpec, pipeline: Any, part: str, events: int, sink: 
     """One query over the whole backlog, batch after batch with no pause (trigger 0 s) and the job's batch limit,
     stopped once it has read every event (``sink``: the foreachBatch of a full run, else the job's own): its rows, and the seconds and state commit time of its batches after the
     first (a query's first batch pays its start: the source's process, the first plan, loading the state)."""
-    for key, value in {**spec.session_conf(), **pipeline.conf}.items():
-        spark.conf.set(key, value)
+    session_settings(spark, spec, pipeline)
     if part == "full":
         sink = sink or batch_writer(job_id=spec.job_id, token=1, pipeline=pipeline, dead_letters=spec.dead_letter,
                                     redis_url=spec.redis_url)  # fmt: skip

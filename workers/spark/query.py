@@ -135,16 +135,22 @@ def drop_checksums(checkpoint: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def start_query(
-    spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: Callable[[DataFrame, int], None]
-) -> StreamingQuery:
+def session_settings(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> None:
+    """The job's SQL settings on ``spark``, before its query starts. A session that ran another job before keeps none
+    of that job's file settings (RocksDB fails on the raw local file system a memory job's session uses)."""
     conf = {**spec.session_conf(), **pipeline.conf}
-    for key in RAW_LOCAL_FILES.keys() - conf.keys():  # a session that ran another job before keeps no file settings
+    for key in RAW_LOCAL_FILES.keys() - conf.keys():
         spark.conf.unset(key)
     if "fs.file.impl" in conf:
         drop_checksums(spec.checkpoint)
     for key, value in conf.items():
         spark.conf.set(key, value)
+
+
+def start_query(
+    spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: Callable[[DataFrame, int], None]
+) -> StreamingQuery:
+    session_settings(spark, spec, pipeline)
     values = json.loads(spec.parameters)
     output = apply(pipeline, events_frame(spark, spec, pipeline), values)
     spread = spread_trigger(spec, output)
