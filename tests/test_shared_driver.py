@@ -23,7 +23,7 @@ from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import send_events, wait_for
 from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
-from workers.host import spread_phase
+from workers.host import phase_gap, spread_phase
 from workers.spark.query import JobSpec, events_frame, spread_trigger
 from workers.spark.sources.redis_streams import RedisStreamReader
 
@@ -43,10 +43,6 @@ def committed_after(run: Run, batches: int) -> bool:
     """The run has committed ``batches`` more batches than it had when this was first asked."""
     run.refresh_from_db()
     return run.checkpoints.count() >= batches
-
-
-def apart(a: float, b: float, interval: float) -> float:
-    return min(abs(a - b) % interval, interval - abs(a - b) % interval)
 
 
 def test_two_jobs_share_one_driver_and_a_stop_or_a_fencing_ends_only_its_own(
@@ -70,7 +66,7 @@ def test_two_jobs_share_one_driver_and_a_stop_or_a_fencing_ends_only_its_own(
     # batches take less than the interval: the density benchmark measures it, a loaded test machine would not)
     text = Path(host.log_path).read_text()
     phases = [float(re.search(rf"{job.name}: batches start ([0-9.]+) s into each 1 s", text)[1]) for job in (first, second, third)]  # fmt: skip
-    assert all(apart(a, b, 1.0) >= 0.25 for i, a in enumerate(phases) for b in phases[i + 1 :]), phases
+    assert all(phase_gap(a, b, 1.0) >= 0.25 for i, a in enumerate(phases) for b in phases[i + 1 :]), phases
 
     # fenced: another token took the first job's lease; only its query stops
     Job.objects.filter(id=first.id).update(lease_token=F("lease_token") + 1)

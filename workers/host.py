@@ -63,6 +63,7 @@ class SharedDriver:
         self.phases: dict[int, tuple[float, float]] = {}  # run id -> its trigger interval and phase (seconds)
         self.phase_lock = threading.Lock()
         self.seen_gone: set[int] = set()  # serving shared drivers whose death this spare reported
+        self.spare = self.host.status == HostStatus.SPARE  # until a launch makes it the serving one (never back)
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
@@ -123,13 +124,16 @@ class SharedDriver:
     def _watch_serving(self) -> None:
         """A spare: the moment the serving shared driver's process is gone, run the supervisor (rather than at its
         next beat, up to 5 s later): it finds the jobs lost, and their restarts make this process the serving one."""
-        if DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).exists():
-            serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
-            for host_id, pid in serving.values_list("id", "pid"):
-                if host_id not in self.seen_gone and not pid_alive(pid):
-                    self.seen_gone.add(host_id)
-                    log.info("the serving shared driver %s (pid %s) is gone: supervising now", host_id, pid)
-                    enqueue_on(settings.HOST_ID, SUPERVISE_JOBS)
+        if self.spare:  # a serving shared driver, which this one never becomes again, asks nothing here
+            self.spare = DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).exists()
+        if not self.spare:
+            return
+        serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
+        for host_id, pid in serving.values_list("id", "pid"):
+            if host_id not in self.seen_gone and not pid_alive(pid):
+                self.seen_gone.add(host_id)
+                log.info("the serving shared driver %s (pid %s) is gone: supervising now", host_id, pid)
+                enqueue_on(settings.HOST_ID, SUPERVISE_JOBS)
 
     def _take_new(self) -> None:
         waiting = Run.objects.filter(driver_host_id=self.host.id, status=RunStatus.STARTING, released_at=None)
@@ -246,19 +250,21 @@ class SharedDriver:
             thread.join(max(0.1, deadline - time.monotonic()))
 
 
+def phase_gap(a: float, b: float, interval: float) -> float:
+    """How far apart two phases of ``interval`` are, around it."""
+    gap = abs(a - b) % interval
+    return min(gap, interval - gap)
+
+
 def spread_phase(trigger: float, taken: list[float]) -> float:
     """The poll tick of ``trigger`` seconds for one more run beside runs at the ``taken`` phases: the least taken tick,
     and of those the one farthest (around the interval) from the others; the earliest of equals."""
     poll = spread_poll(trigger)
     ticks = [i * poll for i in range(max(1, int(trigger / poll + 1e-9)))]
 
-    def apart(a: float, b: float) -> float:
-        gap = abs(a - b) % trigger
-        return min(gap, trigger - gap)
-
     def crowding(tick: float) -> tuple[int, float]:
-        near = sum(1 for p in taken if apart(tick, p) < poll / 2)
-        return near, round(sum(1 / (apart(tick, p) + poll) for p in taken), 9)
+        near = sum(1 for p in taken if phase_gap(tick, p, trigger) < poll / 2)
+        return near, round(sum(1 / (phase_gap(tick, p, trigger) + poll) for p in taken), 9)
 
     return min(ticks, key=crowding)
 

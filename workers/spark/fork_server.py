@@ -241,10 +241,6 @@ class ForkServer:
             os.rmdir(self.directory)
 
 
-if __name__ == "__main__":
-    serve(sys.argv[1])
-
-
 def start_fork_server(master: str) -> ForkServer | None:
     """A fork server for the Python processes Spark starts per query, and this process's environment pointed at it
     before its JVM starts. Local masters only: on a cluster the executors would be given the script's path too."""
@@ -253,3 +249,7 @@ def start_fork_server(master: str) -> ForkServer | None:
     server = ForkServer()  # from this (the main) thread: the server ends with it
     os.environ.update(server.env)
     return server
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

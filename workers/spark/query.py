@@ -165,7 +165,8 @@ def start_query(
     if spec.available_now:
         return writer.trigger(availableNow=True).start()
     if spread:
+        poll = spread_poll(spec.trigger_seconds)
         log.info("%s: batches start %g s into each %g s interval (trigger polled every %g s)", spec.name,
-                 spec.phase_seconds, spec.trigger_seconds, spread_poll(spec.trigger_seconds))  # fmt: skip
-        return writer.trigger(processingTime=f"{spread_poll(spec.trigger_seconds)} seconds").start()
+                 spec.phase_seconds, spec.trigger_seconds, poll)  # fmt: skip
+        return writer.trigger(processingTime=f"{poll} seconds").start()
     return writer.trigger(processingTime=f"{spec.trigger_seconds} seconds").start()

@@ -156,11 +156,15 @@ class RedisStreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
+    def interval_at(self, now_ms: float) -> int:
+        """Which of the intervals counted from the phase ``now_ms`` falls in."""
+        return int((now_ms - self.admit_phase) // self.admit_every)
+
     def admits(self, now_ms: float) -> bool:
         """With ``admitEveryMs``, whether a batch may take new entries now: once in each interval counted from the
         phase (the query's trigger polls more often). The first call admits, so a restarted job's first batch does not
         wait for its phase."""
-        return self.admit_every <= 0 or (now_ms - self.admit_phase) // self.admit_every != self._admitted
+        return self.admit_every <= 0 or self.interval_at(now_ms) != self._admitted
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         now_ms = time.time() * 1000
@@ -172,7 +176,7 @@ class RedisStreamReader(DataSourceStreamReader):
         latest = stream_position(client, self.stream)
         self._latest = latest
         if self.admit_every > 0 and parse_id(latest["id"]) > parse_id(start["id"]):
-            self._admitted = int((now_ms - self.admit_phase) // self.admit_every)
+            self._admitted = self.interval_at(now_ms)
         if self.ending is not None and parse_id(latest["id"]) > parse_id(self.ending["id"]):
             latest = self.ending
         if isinstance(limit, ReadMaxRows) and latest["n"] - start["n"] > limit.max_rows:
