@@ -44,30 +44,41 @@ def backend_conf(backend: str) -> dict[str, str]:
     raise ValueError(f"unknown state backend {backend!r}")
 
 
-# The memory backend's checkpoint on the local disk, written without forking (see ``local_files_conf``)
-RAW_LOCAL_FILES = {
+# Spark's checkpoint manager through Hadoop's FileSystem API: its rename is the file system's own. The default one goes
+# through Hadoop's FileContext, whose rename on the local disk forks `readlink` for its source and its target.
+FILE_SYSTEM_MANAGER = {
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
     ),
+}
+# The memory backend's checkpoint on the local disk, written without forking (see ``local_files_conf``)
+RAW_LOCAL_FILES = {
+    **FILE_SYSTEM_MANAGER,
     "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "fs.file.impl.disable.cache": "true",
 }
 
 
 def local_files_conf(backend: str, checkpoint: str) -> dict[str, str]:
-    """A session's settings for writing a checkpoint on the local disk without forking.
+    """A session's settings for writing a checkpoint on the local disk with fewer forks.
 
     Without Hadoop's native library (the wheel has none), Hadoop's local file system forks a process for every
     permission it sets and every symlink check of a rename: `chmod` and `readlink`, about 35 a second from a shared
-    driver's JVM with ten jobs, each adding 10 to 100 ms to a WAL, commit or state file write. For the memory backend
-    these settings (in the session's SQL settings, which its Hadoop configuration copies: the process's other jobs
-    keep theirs) write the same files without forking: no `.crc` side files, and a rename that checks the target is
-    absent before it rather than atomically (one driver per checkpoint is the job lock's and the fencing token's
-    guarantee, not the rename's). RocksDB's file manager needs Hadoop's checksummed local file system: it keeps the
-    default."""
-    if backend != "memory" or ("://" in checkpoint and not checkpoint.startswith("file:")):
+    driver's JVM with ten jobs, each adding 10 to 100 ms to a WAL, commit or state file write, more on a busy host.
+    These settings go in the session's SQL settings, which its Hadoop configuration copies: the process's other jobs
+    keep theirs.
+
+    - Every backend: Spark's file-system checkpoint manager, whose rename does not check for symlinks (no `readlink`),
+      and checks that its target is absent before it rather than atomically (one driver per checkpoint is the job
+      lock's and the fencing token's guarantee, not the rename's).
+    - Memory: also Hadoop's raw local file system: no `.crc` side files, so no `chmod` of one beside each file.
+      RocksDB's file manager needs the checksummed local file system (it copies state files to its working directory
+      through ``FileSystem.getLocal``), so a RocksDB job keeps it, and a `chmod` for each file it writes."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
         return {}
-    return dict(RAW_LOCAL_FILES)
+    if backend == "memory":
+        return dict(RAW_LOCAL_FILES)
+    return dict(FILE_SYSTEM_MANAGER)
 
 
 def jars() -> dict[str, str]:
