@@ -168,13 +168,16 @@ class JobDriver:
         executor_hosts: list[str] | None = None,
         shared: bool = False,
         phase_seconds: float | None = None,
+        code: pipelines.CodeVersion | None = None,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
         which renews but never ends the process. ``shared``: the run is one of a shared driver's, whose main loop
         renews its lease, beats for it and sets ``stop_signal`` on a stop request, and whose threads hold no
         database connection between batches (many jobs, one connection limit). ``phase_seconds``: where in the trigger
-        interval its batches start (the shared driver spreads its jobs; ``JobSpec.phase_seconds``)."""
+        interval its batches start (the shared driver spreads its jobs; ``JobSpec.phase_seconds``). ``code``: the
+        pipeline's code as the process loaded it, when it knows (a standby or shared driver, which imported it before
+        the run); hashing it at the start costs a tenth of a second or more on the restart's critical path."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared
@@ -184,6 +187,7 @@ class JobDriver:
         self.stop_signal = threading.Event()
         self.executor_hosts = executor_hosts or []  # where the job's executors run, on a cluster
         self.phase_seconds = phase_seconds
+        self.code = code
 
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
@@ -204,7 +208,8 @@ class JobDriver:
                 message=f"The job's output cannot be written: {'; '.join(problems)}"[:2000],
             )
             return RunStatus.FAILED
-        deploy_record(run=self.run, spark_conf={**spec.session_conf(), **pipeline.conf})
+        code = self.code or pipelines.code_version(spec.pipeline)
+        deploy_record(run=self.run, spark_conf={**spec.session_conf(), **pipeline.conf}, code=code)
         recorder = ProgressRecorder(
             job_id=self.job.id,
             run_id=self.run.id,
@@ -233,7 +238,7 @@ class JobDriver:
                     job_name=self.job.name,
                     checkpoint=spec.checkpoint,
                     parameters=values,
-                    code=pipelines.code_version(spec.pipeline).code_hash,
+                    code=code.code_hash,
                     close_connection=self.shared,
                 ),
             )

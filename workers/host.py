@@ -59,7 +59,7 @@ class SharedDriver:
         self.spark: Any = None
         self.ready = threading.Event()  # Spark is up (or failed: ``failure`` says why)
         self.failure = ""
-        self.loaded: dict[str, str] = {}  # pipeline -> the hash of the code this process imported
+        self.loaded: dict[str, pipelines.CodeVersion] = {}  # pipeline -> the code this process imported
         self.phases: dict[int, tuple[float, float]] = {}  # run id -> its trigger interval and phase (seconds)
         self.phase_lock = threading.Lock()
         self.seen_gone: set[int] = set()  # serving shared drivers whose death this spare reported
@@ -95,7 +95,7 @@ class SharedDriver:
         )
         if settings.SHARED_DRIVER_SPREAD:  # each batch of a spread job is longer than its trigger's poll
             quiet(self.spark, (TRIGGER_BEHIND,))
-        self.loaded = {name: pipelines.code_version(name).code_hash for name in pipelines.names()}
+        self.loaded = {name: pipelines.code_version(name) for name in pipelines.names()}
 
     def serve(self) -> None:
         last_leases, idle_since = 0.0, time.monotonic()
@@ -177,7 +177,7 @@ class SharedDriver:
             return f"its code could not be read ({exc})"
         return (
             ""
-            if now == self.loaded[pipeline]
+            if now == self.loaded[pipeline].code_hash
             else f"the code of {pipeline!r} changed since the shared driver loaded it"
         )
 
@@ -210,7 +210,9 @@ class SharedDriver:
             session = self.spark.newSession()
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"job-{job.id}")
             phase = self.take_phase(run_id, job.trigger_interval_seconds) if settings.SHARED_DRIVER_SPREAD else None
-            driver = JobDriver(session, run_id, keeper=lease, shared=True, phase_seconds=phase)
+            driver = JobDriver(
+                session, run_id, keeper=lease, shared=True, phase_seconds=phase, code=self.loaded[job.pipeline]
+            )
             self.drivers[run_id] = driver
             if self.ending.is_set():
                 driver.stop_signal.set()

@@ -9,10 +9,11 @@ from dashboard import pipelines
 from dashboard.models import Checkpoint, Deploy, Job, Run
 
 
-def deploy_record(*, run: Run, spark_conf: dict[str, str]) -> Deploy:
-    """The deploy this run is about to run (the job's last one when nothing changed), linked to the run."""
+def deploy_record(*, run: Run, spark_conf: dict[str, str], code: pipelines.CodeVersion | None = None) -> Deploy:
+    """The deploy this run is about to run (the job's last one when nothing changed), linked to the run. ``code``: the
+    pipeline's code as the driver loaded it, when the driver has it (else as it is on disk now)."""
     job = run.job
-    code = pipelines.code_version(job.pipeline)
+    code = code or pipelines.code_version(job.pipeline)
     wanted = {
         "pipeline": job.pipeline,
         "reference": code.reference,
