@@ -126,3 +126,26 @@ def test_a_standby_respects_the_failure_rate_limit_and_frees_the_lease(make_job)
     job.refresh_from_db()
     assert "2 failures within 30 minutes" in job.failed_reason and not job.lease_is_held()
     assert Run.objects.get(id=run.id).status == RunStatus.LOST and job.runs.count() == 2
+
+
+def test_a_standby_whose_pipeline_code_changed_on_disk_ends_rather_than_run_the_old_code(make_job):
+    from dataclasses import replace
+
+    from dashboard import pipelines
+    from workers import job_lock
+    from workers.standby import code_changed, wait_for_death
+
+    job = make_job(standby=True)
+    standby = StandbyDriver.objects.create(job=job, status=StandbyStatus.READY, built_for=built_for(job))
+    imported = pipelines.code_version(job.pipeline)
+    assert not code_changed(standby, imported), "the code on disk is the code it imported"
+    older = replace(imported, code_hash="0" * 64)  # as if the files changed after the standby imported them
+    assert code_changed(standby, older)
+    conn = job_lock.lock_connection()
+    try:
+        assert wait_for_death(standby, conn, loaded=older) is None, "it does not wait to take over with the old code"
+    finally:
+        conn.close()
+    standby.refresh_from_db()
+    assert standby.status == StandbyStatus.ENDED
+    assert "code changed on disk" in standby.message

@@ -3,7 +3,8 @@ driver's lock and take over the moment that driver's process dies (dashboard/ser
 may).
 
 The warm-up is what a cold restart pays on the critical path: the JVM and SparkSession, the Python workers, the data
-source's planning and Spark's code generation for this pipeline's plan. Two things would go cold while it waits, and
+source's planning, Spark's code generation for this pipeline's plan, and the code that restarts a query on an
+existing checkpoint (the warm query is started twice). Two things would go cold while it waits, and
 are kept warm. Spark ends a Python worker that has been idle for 60 s, and its successor pays a second or two in the
 first batch to fork new ones and import into them again (a transformWithState pipeline has workers of its own kind),
 so the warm-up's query keeps running and gets a few events every KEEP_WARM_SECONDS. And Spark starts a new Python
@@ -19,6 +20,7 @@ import os
 import random
 import shutil
 import signal
+import threading
 import time
 from typing import Any
 
@@ -68,8 +70,8 @@ def process_rss(pid: int) -> int:
 
 class WarmQuery:
     """The job's own transform on generated events in a scratch stream and a scratch checkpoint, into a sink that
-    consumes the rows as the real sink does: started (and its first micro-batch run) as the warm-up, then kept
-    running while the standby waits. ``feed`` adds a few events, which the query runs as one small micro-batch within
+    consumes the rows as the real sink does: started, and restarted, as the warm-up, then kept running while the
+    standby waits. ``feed`` adds a few events, which the query runs as one small micro-batch within
     TRIGGER_SECONDS: its Python workers, of every kind the pipeline uses, are used again before Spark's idle timeout
     ends them, at a fraction of a query start's cost. ``stop`` ends it and removes its scratch input."""
 
@@ -100,14 +102,20 @@ class WarmQuery:
         pipe.execute()
 
     def start(self) -> None:
-        """Start the query and wait for its first micro-batch: the warm-up proper."""
-        self.feed()
+        """The warm-up proper: start the query and run a micro-batch, then stop it and start it again on its
+        checkpoint and run another. A takeover is a restart: what only a restart runs (reading the offset and commit
+        logs, the state's metadata and schema, loading each partition's state from the checkpoint) is then loaded and
+        compiled in this JVM before the takeover needs it, half a second of its first batch on a busy host."""
 
         def consume(frame: Any, batch_id: int) -> None:
             list(self.pipeline.results(frame.collect()))
 
-        self.query = start_query(self.spark, self.spec, self.pipeline, consume)
-        self.query.processAllAvailable()
+        for _ in range(2):
+            if self.query is not None:
+                self.query.stop()
+            self.feed()
+            self.query = start_query(self.spark, self.spec, self.pipeline, consume)
+            self.query.processAllAvailable()
 
     def keep_warm(self) -> None:
         if self.query is not None and self.query.isActive:
@@ -142,9 +150,22 @@ def _holder_alive(standby: StandbyDriver) -> bool:
     return bool(run and run.host == settings.HOST_ID and pid_alive(run.pid))
 
 
-def wait_for_death(standby: StandbyDriver, conn: Any, keep_warm: Any = None) -> int | None:
+def code_changed(standby: StandbyDriver, loaded: pipelines.CodeVersion | None) -> bool:
+    """The pipeline's code on disk is no longer the code this standby imported (``loaded``): a new standby must import
+    it, or a takeover would run the old code."""
+    if loaded is None:
+        return False
+    try:
+        return pipelines.code_version(standby.job.pipeline).code_hash != loaded.code_hash
+    except Exception:  # unreadable now (an install in progress): the takeover's deploy still names what it runs
+        return False
+
+
+def wait_for_death(
+    standby: StandbyDriver, conn: Any, keep_warm: Any = None, loaded: pipelines.CodeVersion | None = None
+) -> int | None:
     """Wait on the job's lock until this standby takes over (the run id) or is no longer wanted (None); call
-    ``keep_warm`` every KEEP_WARM_SECONDS meanwhile."""
+    ``keep_warm`` every KEEP_WARM_SECONDS meanwhile, and end when the pipeline's code on disk is no longer ``loaded``."""
     job = standby.job
     idle_since = time.monotonic()
     measured, warmed = 0.0, time.monotonic()
@@ -159,6 +180,9 @@ def wait_for_death(standby: StandbyDriver, conn: Any, keep_warm: Any = None) -> 
         if time.monotonic() - measured > 10:
             StandbyDriver.objects.filter(id=standby.id).update(rss_bytes=process_rss(os.getpid()))
             measured = time.monotonic()
+            if code_changed(standby, loaded):
+                standby_end(standby, "The pipeline's code changed on disk since this standby imported it.")
+                return None
         latest = job.runs.order_by("-id").values_list("status", flat=True).first()
         if latest == RunStatus.RUNNING:
             idle_since = time.monotonic()
@@ -198,6 +222,7 @@ def main(argv: list[str]) -> int:
         spark = _session(standby)
         warm = WarmQuery(spark, standby)
         warm.start()
+        loaded = pipelines.code_version(standby.job.pipeline)  # what a takeover's deploy records
     except Exception as exc:
         log.exception("warm-up failed")
         if warm is not None:
@@ -216,12 +241,16 @@ def main(argv: list[str]) -> int:
     if server is not None and not server.ready(0):
         log.warning("standby %s: the fork server is not answering; query starts will run a new Python", standby.id)
     try:
-        run_id = wait_for_death(standby, conn, warm.keep_warm)
-    finally:
+        run_id = wait_for_death(standby, conn, warm.keep_warm, loaded)
+    except BaseException:
         warm.stop()
+        raise
     if run_id is None:
+        warm.stop()
         standby_end(standby, standby.message or "No longer wanted.")
         return 0
+    # the warm query ends beside the job's start, not before it: its stop waits for its batch in flight
+    threading.Thread(target=warm.stop, name="warm-query-stop", daemon=True).start()
     log.info("standby %s took over as run %s", standby.id, run_id)
     standby.job.refresh_from_db()
     _session(standby)  # the job's current SQL settings (state partitions may have changed since the warm-up)
@@ -229,7 +258,7 @@ def main(argv: list[str]) -> int:
 
     keeper = LeaseKeeper(standby.job_id, int(Run.objects.get(id=run_id).fencing_token or 0))
     keeper.start()
-    driver = JobDriver(spark, run_id, keeper=keeper)
+    driver = JobDriver(spark, run_id, keeper=keeper, code=loaded)
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
     status = driver.execute()
     StandbyDriver.objects.filter(id=standby.id).update(status=StandbyStatus.ENDED, ended_at=timezone.now())
