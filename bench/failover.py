@@ -2,11 +2,14 @@
 cold restart path, paired round by round on the real stack.
 
     .venv/bin/python -m bench.failover [--rounds 5] [--part both|failover|throughput] [--ready-for 75] [--busy] [--shared]
+        [--arms both|standby|cold]
 
 Starts its own Celery worker with beat (Redis database 13), one url-counts job (rocksdb, local[1], trigger 1 s,
 restart delay 0), a producer at 300 events/s. Each round kills the running driver once with the standby on and once
 with it off, and splits the time: detection (kill → the successor's run recorded), query start (→ the query running),
-first batch (→ its first batch committed), and → the batch's point on the live stream the browser reads. Prints a
+first batch (→ its first batch committed), and → the batch's point on the live stream the browser reads; beside it,
+the successor's next five batches (a first batch should be no slower than a steady one). ``--arms standby`` measures
+only the kills with the standby (a quicker look at a change to the takeover path). Prints a
 table against the targets (≤ 3 s median with a standby; Flink 2.3 restarts the same keyed job in 7.3 s here) and the
 standby's memory. ``--busy`` runs jobs like the demo's two running ones beside, in the shared driver, fed 200
 events/s between them (bench/busy.py): the on-call engineer's machine is not idle. ``--shared`` runs the job in the
@@ -77,6 +80,13 @@ def warm_spare() -> DriverHost:
     )  # fmt: skip
 
 
+def batches_after_first(run: Any, count: int) -> list[Checkpoint] | None:
+    """The ``count`` batches the run committed after its first, once it has: the steady batches a first one is
+    compared with."""
+    batches = list(Checkpoint.objects.filter(run=run).order_by("batch_id")[1 : count + 1])
+    return batches if len(batches) == count else None
+
+
 def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
     run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 180, 0.2, "a running driver")
     wait_for(lambda: Checkpoint.objects.filter(run=run).exists(), 180, 0.2, "its first batch")
@@ -96,6 +106,7 @@ def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
     )
     successor.refresh_from_db()
     live = live_point_at(client, successor.id, int(killed * 1000))
+    steady = wait_for(lambda: batches_after_first(successor, 5), 120, 0.2, "five batches after its first")
     # a record's committed_at is its trigger's start (Spark's progress timestamp); the commit is its duration later
     began = first.committed_at.timestamp()
     committed = began + first.duration_ms / 1000
@@ -105,6 +116,7 @@ def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
         "start": started - successor.requested_at.timestamp(),
         "trigger": began - started,
         "batch": first.duration_ms / 1000,
+        "steady": statistics.median(c.duration_ms for c in steady) / 1000,
         "total": committed - killed,
         "live": live - killed,
         "replayed": first.input_rows,
@@ -115,6 +127,11 @@ def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
 
 
 FULL_BATCH = 200_000
+ARMS = {
+    "both": "one kill with the standby, one without",
+    "standby": "one kill with the standby",
+    "cold": "one kill without a standby",
+}
 
 
 def batch_rate(job: Job, since: Any, until: Any) -> float:
@@ -175,6 +192,10 @@ def main() -> None:
         "--ready-for", type=float, default=75.0,
         help="seconds a standby has been ready when its driver is killed (Spark ends Python workers idle for 60 s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--arms", choices=("both", "standby", "cold"), default="both",
+        help="which kills each round measures: with the standby, cold, or both (paired)",
+    )  # fmt: skip
     parser.add_argument("--busy", action="store_true", help="the demo's two running jobs and their producer beside")
     parser.add_argument(
         "--shared", action="store_true",
@@ -201,7 +222,7 @@ def main() -> None:
             beside = busy.start_beside(client, halt)
         job_request_start(job=job)
         for _ in range(args.rounds if args.part != "throughput" else 0):
-            for standby in (True, False):
+            for standby in {"both": (True, False), "standby": (True,), "cold": (False,)}[args.arms]:
                 Job.objects.filter(id=job.id).update(standby=standby)
                 job.refresh_from_db()
                 if standby and args.shared:
@@ -247,14 +268,14 @@ def main() -> None:
         for i, (with_standby, alone) in enumerate(throughput, 1):
             print(f"| round {i} | {with_standby:,.0f} | {alone:,.0f} | {with_standby / alone:.2f} |")
         print(f"| median ratio (target ≥ 0.95) | | | **{statistics.median(ratios):.2f}** |\n")
-    if not rows[True]:
+    if not rows[True] and not rows[False]:
         return
 
     def med(standby: bool, key: str) -> float:
-        return statistics.median(r[key] for r in rows[standby])
+        return statistics.median(r[key] for r in rows[standby]) if rows[standby] else float("nan")
 
     print(
-        f"rounds: {args.rounds} (each: one kill with the standby, one without); job: url-counts, rocksdb, "
+        f"rounds: {args.rounds} (each: {ARMS[args.arms]}); job: url-counts, rocksdb, "
         f"{standalone.master_url + ' (1 worker, 1-core executor)' if standalone else 'local[1]'}"
         f"{' in the shared driver (the standby: the spare shared driver)' if args.shared else ''},"
         f" trigger 1 s, restart delay 0, producer 300 ev/s, the standby ready for {args.ready_for:.0f} s at the kill;"
@@ -267,6 +288,7 @@ def main() -> None:
         ("start", "… its query running (query start)"),
         ("trigger", "… its first trigger (Spark planning the batch)"),
         ("batch", "… the batch's own duration (first batch)"),
+        ("steady", "(the successor's next five batches: median duration)"),
         ("total", "**first batch committed by the successor**"),
         ("live", "that batch's point on the browser's live stream"),
     ):
@@ -282,9 +304,10 @@ def main() -> None:
     for standby, label in ((True, "with a standby"), (False, "cold")):
         totals = ", ".join(f"{r['total']:.2f}" for r in rows[standby])
         print(f"per round, {label} (total s): {totals}")
-    print(
-        f"standby memory (RSS of its Python, JVM and Python workers): median {statistics.median(memory) / 2**20:.0f} MB"
-    )
+    if memory:
+        print(
+            f"standby memory (RSS of its Python, JVM and Python workers): median {statistics.median(memory) / 2**20:.0f} MB"
+        )
 
 
 if __name__ == "__main__":
