@@ -127,10 +127,11 @@ def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
 
 
 FULL_BATCH = 200_000
+# --arms: which kills a round makes (with the standby on or off), and how the table's heading says it
 ARMS = {
-    "both": "one kill with the standby, one without",
-    "standby": "one kill with the standby",
-    "cold": "one kill without a standby",
+    "both": ((True, False), "one kill with the standby, one without"),
+    "standby": ((True,), "one kill with the standby"),
+    "cold": ((False,), "one kill without a standby"),
 }
 
 
@@ -193,7 +194,7 @@ def main() -> None:
         help="seconds a standby has been ready when its driver is killed (Spark ends Python workers idle for 60 s)",
     )  # fmt: skip
     parser.add_argument(
-        "--arms", choices=("both", "standby", "cold"), default="both",
+        "--arms", choices=tuple(ARMS), default="both",
         help="which kills each round measures: with the standby, cold, or both (paired)",
     )  # fmt: skip
     parser.add_argument("--busy", action="store_true", help="the demo's two running jobs and their producer beside")
@@ -222,7 +223,7 @@ def main() -> None:
             beside = busy.start_beside(client, halt)
         job_request_start(job=job)
         for _ in range(args.rounds if args.part != "throughput" else 0):
-            for standby in {"both": (True, False), "standby": (True,), "cold": (False,)}[args.arms]:
+            for standby in ARMS[args.arms][0]:
                 Job.objects.filter(id=job.id).update(standby=standby)
                 job.refresh_from_db()
                 if standby and args.shared:
@@ -275,7 +276,7 @@ def main() -> None:
         return statistics.median(r[key] for r in rows[standby]) if rows[standby] else float("nan")
 
     print(
-        f"rounds: {args.rounds} (each: {ARMS[args.arms]}); job: url-counts, rocksdb, "
+        f"rounds: {args.rounds} (each: {ARMS[args.arms][1]}); job: url-counts, rocksdb, "
         f"{standalone.master_url + ' (1 worker, 1-core executor)' if standalone else 'local[1]'}"
         f"{' in the shared driver (the standby: the spare shared driver)' if args.shared else ''},"
         f" trigger 1 s, restart delay 0, producer 300 ev/s, the standby ready for {args.ready_for:.0f} s at the kill;"

@@ -9,11 +9,10 @@ from dashboard import pipelines
 from dashboard.models import Checkpoint, Deploy, Job, Run
 
 
-def deploy_record(*, run: Run, spark_conf: dict[str, str], code: pipelines.CodeVersion | None = None) -> Deploy:
+def deploy_record(*, run: Run, spark_conf: dict[str, str], code: pipelines.CodeVersion) -> Deploy:
     """The deploy this run is about to run (the job's last one when nothing changed), linked to the run. ``code``: the
-    pipeline's code as the driver loaded it, when the driver has it (else as it is on disk now)."""
+    pipeline's code as the driver loaded it."""
     job = run.job
-    code = code or pipelines.code_version(job.pipeline)
     wanted = {
         "pipeline": job.pipeline,
         "reference": code.reference,
