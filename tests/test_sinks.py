@@ -28,12 +28,12 @@ from statekeeper_sdk.sinks import (
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
 from dashboard.failures import root_cause
-from dashboard.models import Job
+from dashboard.models import Job, ResultRow
 from dashboard.pipelines import get as get_pipeline
 from dashboard.services.forks import switch_to_fork
 from tests.conftest import run_through
 from tests.test_team_job import Orders, sink
-from workers.sink import SinkSet
+from workers.sink import SinkSet, rehearse
 
 SPEND = ("customer", "start", "end", "orders", "items", "total")
 COUNTS = TableSink(
@@ -162,6 +162,18 @@ def test_a_sink_that_cannot_write_fails_the_batch_naming_itself(spark, team_data
     cause = root_cause("".join(traceback.format_exception(failed.value)))
     assert cause.startswith("SinkError: sink counts (counts in postgresql://") and "no_such_database" in cause, cause
     assert "OperationalError" in cause
+
+
+@pytest.mark.spark
+@pytest.mark.django_db
+def test_a_standbys_rehearsal_of_a_batch_writes_nothing_and_leaves_nothing_cached(spark):
+    """A warm standby consumes its scratch batches as the results sink would, short of the write: the results a table
+    could store are counted (not the one it would refuse), none reaches the results table, and the batch does not stay
+    in Spark's cache for the standby's hours of waiting."""
+    frame = spark.createDataFrame([("/a", 3), ("/b", 1), ("/" + "x" * 600, 2)], "url string, requests long")
+    assert rehearse(get_pipeline("url-counts"), frame) == 2
+    assert not ResultRow.objects.exists()
+    assert not frame.storageLevel.useMemory and not frame.storageLevel.useDisk
 
 
 def lake_rows(spark: Any, path: Path) -> list[dict[str, Any]]:

@@ -145,6 +145,19 @@ def output_rows(frame: DataFrame, at_once: bool) -> Iterator[Row]:
     return iter(frame.collect()) if at_once else frame.toLocalIterator(prefetchPartitions=True)
 
 
+def rehearse(pipeline: Pipeline, frame: DataFrame) -> int:
+    """What ``batch_writer`` does with a batch on the driver, short of writing it: persisted, counted, read back and made
+    into the pipeline's storable results; returns how many. A standby's warm query consumes its batches so: the JVM's
+    code for Spark's cache of a batch (planning it, building its columns, counting and reading it) is then loaded and
+    compiled before a takeover's first batch needs it, not during it."""
+    frame.persist()
+    try:
+        at_once = frame.count() <= CHUNK
+        return len(_storable(-1, results_rows(pipeline, output_rows(frame, at_once)), []))
+    finally:
+        frame.unpersist()
+
+
 def batch_offsets_bytes(checkpoint: str, batch_id: int) -> bytes:
     try:
         return (Path(checkpoint) / "offsets" / str(batch_id)).read_bytes()

@@ -3,8 +3,9 @@ driver's lock and take over the moment that driver's process dies (dashboard/ser
 may).
 
 The warm-up is what a cold restart pays on the critical path: the JVM and SparkSession, the Python workers, the data
-source's planning, Spark's code generation for this pipeline's plan, and the code that restarts a query on an
-existing checkpoint (the warm query is started twice). Two things would go cold while it waits, and
+source's planning, Spark's code generation for this pipeline's plan, the sink's handling of a batch (cached, counted
+and read back: ``rehearse``), and the code that restarts a query on an existing checkpoint (the warm query is started
+twice). Two things would go cold while it waits, and
 are kept warm. Spark ends a Python worker that has been idle for 60 s, and its successor pays a second or two in the
 first batch to fork new ones and import into them again (a transformWithState pipeline has workers of its own kind),
 so the warm-up's query keeps running and gets a few events every KEEP_WARM_SECONDS. And Spark starts a new Python
@@ -36,6 +37,7 @@ from dashboard.services.runs import pid_alive
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
 from workers import job_lock
 from workers.driver import JobDriver, LeaseKeeper, job_session, spark_stop
+from workers.sink import rehearse
 from workers.spark.fork_server import start_fork_server
 from workers.spark.query import JobSpec, start_query
 
@@ -108,7 +110,7 @@ class WarmQuery:
         compiled in this JVM before the takeover needs it, half a second of its first batch on a busy host."""
 
         def consume(frame: Any, batch_id: int) -> None:
-            list(self.pipeline.results(frame.collect()))
+            rehearse(self.pipeline, frame)
 
         for _ in range(2):
             if self.query is not None:
