@@ -75,8 +75,8 @@ STAGES = ("latest_offset", "query_planning", "add_batch", "wal_commit", "commit_
 
 def warm_spare() -> DriverHost:
     return wait_for(
-        lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__startswith="Warm").first(),
-        300, 0.2, "a warm spare shared driver",
+        lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__contains="; warm for").first(),
+        300, 0.2, "a spare shared driver with its warm queries",
     )  # fmt: skip
 
 

@@ -114,7 +114,7 @@ def test_a_killed_shared_driver_loses_every_job_and_each_comes_back_exact(make_j
 
 
 def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when_the_serving_one_dies(
-    make_job, redis, stream_name, celery_worker, as_role
+    make_job, redis, stream_name, celery_worker, as_role, settings
 ):
     (job,) = shared_jobs(
         make_job, stream_name, 1, standby=True, restart_strategy="fixed-delay", restart_delay_seconds=0
@@ -124,10 +124,13 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
     job_request_start(job=job)
     run = wait_for(lambda: running_with_progress(job), 180, 0.5, "the job to commit")
     spare = wait_for(
-        lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__startswith="Warm").first(),
-        180, 0.5, "a warm spare shared driver",
+        lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__contains="warm for url-counts (memory)")
+        .first(),
+        180, 0.5, "a spare shared driver with its warm query for the job's pipeline",
     )  # fmt: skip
     assert not job.standbys.exists(), "no standby process of its own: the spare stands behind the shared jobs"
+    scratch = settings.CHECKPOINT_ROOT / ".scratch" / f"spare-{spare.id}-0"
+    assert (scratch / "commits").is_dir(), "the warm query ran batches of its own, on a checkpoint of its own"
     page = as_role("viewer").get(f"/jobs/{job.name}/").content.decode()
     assert f"the spare shared driver #{spare.id}" in page
 
@@ -137,6 +140,8 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
     print(f"kill -9 of the shared driver to the job committing in the spare: {time.monotonic() - killed:.1f} s")
     assert (successor.driver_host_id, successor.pid) == (spare.id, spare.pid), "restarted in the spare's process"
     assert DriverHost.objects.get(id=spare.id).status == HostStatus.SERVING
+    wait_for(lambda: not scratch.exists(), 60, 0.5, "the warm query stopped once the spare serves")
+    assert not redis.exists(f"statekeeper:warmup:spare-{spare.id}-0"), "and its scratch input removed"
     wait_for(lambda: DriverHost.objects.filter(status=HostStatus.SPARE).exclude(id=spare.id).exists(), 60, 0.5,
              "a new spare behind it")  # fmt: skip
     drain_and_stop(job, producer, redis)

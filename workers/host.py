@@ -9,7 +9,8 @@ in a SparkSession of its own (its SQL settings: state backend, partitions) and i
 so a busy job cannot starve the others of task slots. One job's failure ends that job's run only.
 
 A spare (dashboard/services/hosts.py) runs the same loop with no run assigned, its Spark started, and watches the
-serving shared driver's process.
+serving shared driver's process. Meanwhile it runs a warm query (workers/warm_query.py) for each pipeline and state
+backend the serving one runs with standby on, as a job's own standby does, and stops them when it starts serving.
 
 The main loop, every POLL_SECONDS: beat, take the runs assigned here, and every LEASE_RENEW seconds renew every job's
 lease, beat for their runs and pass on stop requests. It ends the process when it has had no job for IDLE_SECONDS,
@@ -35,13 +36,14 @@ from dashboard import pipelines
 from dashboard.failures import root_cause
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
-from dashboard.services.hosts import host_gone, host_may_end
+from dashboard.services.hosts import host_gone, host_may_end, spare_warms
 from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
 from workers import job_lock
 from workers.driver import JobDriver, JobLease, spark_stop
 from workers.spark.fork_server import start_fork_server
 from workers.spark.query import spread_poll
 from workers.spark.session import TRIGGER_BEHIND, build_session, quiet
+from workers.warm_query import KEEP_WARM_SECONDS, WarmQuery
 
 log = logging.getLogger("statekeeper.host")
 POLL_SECONDS = 0.25
@@ -64,14 +66,18 @@ class SharedDriver:
         self.phase_lock = threading.Lock()
         self.seen_gone: set[int] = set()  # serving shared drivers whose death this spare reported
         self.spare = self.host.status == HostStatus.SPARE  # until a launch makes it the serving one (never back)
+        self.spare_over = threading.Event()  # set once it serves, or ends: its warm queries stop
+        self.warming: threading.Thread | None = None
+        self.started_in = 0.0  # seconds its Spark took to start
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
         began = time.monotonic()
         try:
             self._start_spark()
+            self.started_in = time.monotonic() - began
             DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).update(
-                message=f"Warm: its Spark started in {time.monotonic() - began:.1f} s."
+                message=f"Warm: its Spark started in {self.started_in:.1f} s."
             )
         except Exception as exc:
             log.exception("Spark did not start")
@@ -99,6 +105,9 @@ class SharedDriver:
 
     def serve(self) -> None:
         last_leases, idle_since = 0.0, time.monotonic()
+        if self.spare:
+            self.warming = threading.Thread(target=self._warm_spare, name="spare-warm-up", daemon=True)
+            self.warming.start()
         while not self.ending.is_set():
             DriverHost.objects.filter(id=self.host.id).update(heartbeat_at=timezone.now())
             self._watch_serving()
@@ -127,6 +136,7 @@ class SharedDriver:
         if self.spare:  # a serving shared driver, which this one never becomes again, asks nothing here
             self.spare = DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).exists()
         if not self.spare:
+            self.spare_over.set()
             return
         serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
         for host_id, pid in serving.values_list("id", "pid"):
@@ -134,6 +144,54 @@ class SharedDriver:
                 self.seen_gone.add(host_id)
                 log.info("the serving shared driver %s (pid %s) is gone: supervising now", host_id, pid)
                 enqueue_on(settings.HOST_ID, SUPERVISE_JOBS)
+
+    def _warm_spare(self) -> None:
+        """A spare: a warm query for each pipeline and state backend the serving shared driver runs with standby on
+        (``spare_warms``: looked at again every few seconds), each kept warm every KEEP_WARM_SECONDS, until this
+        process serves or ends. The takeover's first batches then find their code loaded and compiled, their Python
+        workers started. Its queries run in a scheduler pool of their own, and stop beside the first runs it serves."""
+        self.ready.wait()
+        warm: dict[tuple[str, str], WarmQuery] = {}
+        kept = time.monotonic()
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "warm-up")
+        try:
+            while not self.failure and not self.spare_over.is_set():
+                try:
+                    wanted = spare_warms()
+                except DatabaseError as exc:
+                    log.warning("the jobs to keep warm could not be read: %s", exc)
+                    wanted = []
+                for job in wanted:
+                    key = (job.pipeline, job.state_backend)
+                    if key in warm or self.refusal(job.pipeline) or self.spare_over.is_set():
+                        continue
+                    warm[key] = WarmQuery(self.spark.newSession(), job, f"spare-{self.host.id}-{len(warm)}")
+                    began = time.monotonic()
+                    try:
+                        warm[key].start()
+                        log.info("warm query for %s (%s) ready in %.1f s", *key, time.monotonic() - began)
+                    except Exception:  # not warm for it, and not tried again: a takeover runs it cold
+                        log.exception("the warm query for %s (%s) failed", *key)
+                        continue
+                    ready = ", ".join(f"{name} ({backend})" for (name, backend), q in warm.items() if q.query)
+                    DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).update(
+                        message=f"Warm: its Spark started in {self.started_in:.1f} s; warm for {ready}."
+                    )
+                if time.monotonic() - kept > KEEP_WARM_SECONDS:
+                    for query in warm.values():
+                        query.keep_warm()
+                    kept = time.monotonic()
+                connection.close()
+                self.spare_over.wait(5)
+        except Exception:
+            log.exception("the spare's warm-up stopped")
+        finally:
+            for query in warm.values():
+                try:
+                    query.stop()
+                except Exception as exc:
+                    log.warning("a warm query did not stop cleanly: %s", exc)
+            connection.close()
 
     def _take_new(self) -> None:
         waiting = Run.objects.filter(driver_host_id=self.host.id, status=RunStatus.STARTING, released_at=None)
@@ -245,10 +303,11 @@ class SharedDriver:
             return self.phases[run_id][1]
 
     def _stop_all(self) -> None:
+        self.spare_over.set()
         for driver in list(self.drivers.values()):
             driver.stop_signal.set()
         deadline = time.monotonic() + settings.STOP_GRACE_SECONDS
-        for thread in list(self.threads.values()):
+        for thread in [*self.threads.values(), *filter(None, [self.warming])]:
             thread.join(max(0.1, deadline - time.monotonic()))
 
 

@@ -15,21 +15,16 @@ a fork server (workers/spark/fork_server.py) that has done them."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import random
-import shutil
 import signal
 import threading
 import time
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
-from statekeeper_sdk import sample_events
 
 from dashboard import pipelines
 from dashboard.models import RunStatus, StandbyDriver, StandbyStatus
@@ -37,13 +32,11 @@ from dashboard.services.runs import pid_alive
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
 from workers import job_lock
 from workers.driver import JobDriver, LeaseKeeper, job_session, spark_stop
-from workers.sink import rehearse
 from workers.spark.fork_server import start_fork_server
-from workers.spark.query import JobSpec, start_query
+from workers.warm_query import KEEP_WARM_SECONDS, WarmQuery
 
 log = logging.getLogger(__name__)
 WAIT_SLICE_SECONDS = 2.0  # how long one wait on the lock lasts before the standby looks at the job again
-KEEP_WARM_SECONDS = 40.0  # + the warm query's trigger (5 s): inside Spark's 60 s idle timeout for a Python worker
 
 
 def process_rss(pid: int) -> int:
@@ -68,72 +61,6 @@ def process_rss(pid: int) -> int:
             pass
         todo += children.get(current, [])
     return total
-
-
-class WarmQuery:
-    """The job's own transform on generated events in a scratch stream and a scratch checkpoint, into a sink that
-    consumes the rows as the real sink does: started, and restarted, as the warm-up, then kept running while the
-    standby waits. ``feed`` adds a few events, which the query runs as one small micro-batch within
-    TRIGGER_SECONDS: its Python workers, of every kind the pipeline uses, are used again before Spark's idle timeout
-    ends them, at a fraction of a query start's cost. ``stop`` ends it and removes its scratch input."""
-
-    TRIGGER_SECONDS = 5.0
-
-    def __init__(self, spark: Any, standby: StandbyDriver) -> None:
-        job = standby.job
-        self.spark, self.standby = spark, standby
-        self.pipeline = pipelines.get(job.pipeline)
-        self.stream = f"statekeeper:warmup:{standby.id}"
-        self.scratch = settings.CHECKPOINT_ROOT / ".scratch" / f"standby-{standby.id}"
-        self.client = redis.Redis.from_url(settings.REDIS_URL)
-        self.make = sample_events(self.pipeline, random.Random(standby.id))
-        self.query: Any = None
-        self.spec = JobSpec(
-            job_id=0, name=f"warmup-{standby.id}", pipeline=self.pipeline.name, stream=self.stream,
-            redis_url=settings.REDIS_URL, backend=job.state_backend, trigger_seconds=self.TRIGGER_SECONDS,
-            partitions=job.state_partitions, parallelism=job.parallelism, checkpoint=str(self.scratch),
-            batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{self.stream}:dead",
-            max_future_seconds=job.max_future_seconds, parameters=json.dumps(job.parameters),
-        )  # fmt: skip
-
-    def feed(self, count: int = 50) -> None:
-        now = int(time.time() * 1000)
-        pipe = self.client.pipeline()
-        for _ in range(count):
-            pipe.xadd(self.stream, {"v": self.make(now)}, maxlen=1000, approximate=True)
-        pipe.execute()
-
-    def start(self) -> None:
-        """The warm-up proper: start the query and run a micro-batch, then stop it and start it again on its
-        checkpoint and run another. A takeover is a restart: what only a restart runs (reading the offset and commit
-        logs, the state's metadata and schema, loading each partition's state from the checkpoint) is then loaded and
-        compiled in this JVM before the takeover needs it, half a second of its first batch on a busy host."""
-
-        def consume(frame: Any, batch_id: int) -> None:
-            rehearse(self.pipeline, frame)
-
-        for _ in range(2):
-            if self.query is not None:
-                self.query.stop()
-            self.feed()
-            self.query = start_query(self.spark, self.spec, self.pipeline, consume)
-            self.query.processAllAvailable()
-
-    def keep_warm(self) -> None:
-        if self.query is not None and self.query.isActive:
-            self.feed(5)
-        elif self.query is not None:
-            log.warning("standby %s: its warm query ended (%s); it is no longer kept warm", self.standby.id,
-                        self.query.exception())  # fmt: skip
-            self.query = None
-
-    def stop(self) -> None:
-        try:
-            if self.query is not None:
-                self.query.stop()
-        finally:
-            self.client.delete(self.stream, f"{self.stream}:dead", f"{self.stream}:dead:seen")
-            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _master(standby: StandbyDriver) -> str:
@@ -222,7 +149,7 @@ def main(argv: list[str]) -> int:
     warm: WarmQuery | None = None
     try:
         spark = _session(standby)
-        warm = WarmQuery(spark, standby)
+        warm = WarmQuery(spark, standby.job, f"standby-{standby.id}")
         warm.start()
         loaded = pipelines.code_version(standby.job.pipeline)  # what a takeover's deploy records
     except Exception as exc:

@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from dashboard.models import ACTIVE_RUN_STATUSES, DriverHost, HostStatus, Run
+from dashboard.models import ACTIVE_RUN_STATUSES, DriverHost, HostStatus, Job, Run
 from dashboard.services.processes import kill_group, pid_alive, spawn_process
 
 HOST_LAUNCH_LOCK = 0x5354_4B48  # "STKH": one launch at a time looks for (or starts) the shared driver
@@ -84,6 +84,16 @@ def spare_wanted() -> bool:
     )
     settled = Q(checkpoints__isnull=False) | Q(started_at__lte=timezone.now() - SPARE_SETTLE)
     return active.filter(job__standby=True).exists() and not active.exclude(settled).exists()
+
+
+def spare_warms() -> list[Job]:
+    """What a spare keeps warm: one job for each pipeline and state backend that a serving shared driver of this host
+    runs with standby on (a warm query's code is its pipeline's and its backend's, not its job's)."""
+    running = Run.objects.filter(
+        driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES
+    )
+    jobs = Job.objects.filter(standby=True, id__in=running.values("job_id")).order_by("id")
+    return list({(job.pipeline, job.state_backend): job for job in reversed(jobs)}.values())
 
 
 def spare_idle() -> bool:

@@ -1,0 +1,89 @@
+"""A warm query: a job's own transform run on generated events, so that a process that may take the job over (a
+standby, the spare shared driver) has loaded and compiled what the job's query runs before it must run it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+from statekeeper_sdk import sample_events
+
+from dashboard import pipelines
+from dashboard.models import Job
+from workers.sink import rehearse
+from workers.spark.query import JobSpec, start_query
+
+log = logging.getLogger(__name__)
+KEEP_WARM_SECONDS = 40.0  # + the warm query's trigger (5 s): inside Spark's 60 s idle timeout for a Python worker
+
+
+class WarmQuery:
+    """The job's own transform on generated events in a scratch stream and a scratch checkpoint, into a sink that
+    consumes the rows as the real sink does: started, and restarted, as the warm-up, then kept running while the
+    standby (or the spare shared driver) waits. ``keep_warm``, every KEEP_WARM_SECONDS, adds a few events, which the
+    query runs as one small micro-batch within TRIGGER_SECONDS: its Python workers, of every kind the pipeline uses,
+    are used again before Spark's idle timeout ends them, at a fraction of a query start's cost. ``stop`` ends it and
+    removes its scratch input."""
+
+    TRIGGER_SECONDS = 5.0
+
+    def __init__(self, spark: Any, job: Job, tag: str) -> None:
+        """``tag`` names its scratch stream, checkpoint and query: unique to the process that warms (``standby-7``)."""
+        self.spark, self.tag = spark, tag
+        self.pipeline = pipelines.get(job.pipeline)
+        self.stream = f"statekeeper:warmup:{tag}"
+        self.scratch = settings.CHECKPOINT_ROOT / ".scratch" / tag
+        self.client = redis.Redis.from_url(settings.REDIS_URL)
+        self.make = sample_events(self.pipeline, random.Random(tag))
+        self.query: Any = None
+        self.spec = JobSpec(
+            job_id=0, name=f"warmup-{tag}", pipeline=self.pipeline.name, stream=self.stream,
+            redis_url=settings.REDIS_URL, backend=job.state_backend, trigger_seconds=self.TRIGGER_SECONDS,
+            partitions=job.state_partitions, parallelism=job.parallelism, checkpoint=str(self.scratch),
+            batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{self.stream}:dead",
+            max_future_seconds=job.max_future_seconds, parameters=json.dumps(job.parameters),
+        )  # fmt: skip
+
+    def feed(self, count: int = 50) -> None:
+        now = int(time.time() * 1000)
+        pipe = self.client.pipeline()
+        for _ in range(count):
+            pipe.xadd(self.stream, {"v": self.make(now)}, maxlen=1000, approximate=True)
+        pipe.execute()
+
+    def start(self) -> None:
+        """The warm-up proper: start the query and run a micro-batch, then stop it and start it again on its
+        checkpoint and run another. A takeover is a restart: what only a restart runs (reading the offset and commit
+        logs, the state's metadata and schema, loading each partition's state from the checkpoint) is then loaded and
+        compiled in this JVM before the takeover needs it, half a second of its first batch on a busy host."""
+
+        def consume(frame: Any, batch_id: int) -> None:
+            rehearse(self.pipeline, frame)
+
+        for _ in range(2):
+            if self.query is not None:
+                self.query.stop()
+            self.feed()
+            self.query = start_query(self.spark, self.spec, self.pipeline, consume)
+            self.query.processAllAvailable()
+
+    def keep_warm(self) -> None:
+        if self.query is not None and self.query.isActive:
+            self.feed(5)
+        elif self.query is not None:
+            log.warning("%s: its warm query ended (%s); it is no longer kept warm", self.tag, self.query.exception())
+            self.query = None
+
+    def stop(self) -> None:
+        try:
+            if self.query is not None:
+                self.query.stop()
+        finally:
+            self.client.delete(self.stream, f"{self.stream}:dead", f"{self.stream}:dead:seen")
+            shutil.rmtree(self.scratch, ignore_errors=True)
