@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import entry_points, packages_distributions, requires, version
+from importlib.metadata import entry_points, requires, version
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from statekeeper_sdk import FileSink, KafkaSink, resolve
 from statekeeper_sdk.code import code_version as sdk_code_version
+from statekeeper_sdk.code import installed_owners
 
 ENTRY_POINT_GROUP = "statekeeper.pipelines"
 # What the console and its driver read from a pipeline; a missing one is refused at registration, not at run time.
@@ -89,7 +90,7 @@ def check(pipeline: Any) -> str:
 def sdk_refusal(module_name: str) -> str:
     """Why the package holding this module cannot run here: it declares an SDK range that excludes the SDK this
     console ships (its major, the only thing that may break a package). Empty when it can, or declares none."""
-    dists = packages_distributions().get(module_name.partition(".")[0], [])
+    dists = installed_owners().get(module_name.partition(".")[0], [])
     if not dists:
         return ""
     for text in requires(dists[0]) or []:

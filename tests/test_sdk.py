@@ -95,6 +95,20 @@ def test_a_deploys_code_version_sees_an_edit_to_a_helper_module(site):
     assert after.package == before.package and after.code_hash != before.code_hash, "the helper's edit is a new version"
 
 
+def test_a_distribution_installed_after_a_code_version_was_taken_is_named_in_the_next(site):
+    """Which distribution holds each package is read once and kept until an install changes a directory on the path:
+    a package installed since is still named in its deploy record."""
+    _distribution(site, "acme_first", "statekeeper-sdk>=1,<2")
+    import acme_first.jobs
+
+    assert code_version(acme_first.jobs).package == "acme_first 1.0"
+    _distribution(site, "acme_later", "statekeeper-sdk>=1,<2")
+    import acme_later.jobs
+
+    assert code_version(acme_later.jobs).package == "acme_later 1.0"
+    assert code_version(acme_first.jobs).package == "acme_first 1.0"
+
+
 def test_parameters_are_checked_against_what_the_pipeline_declares():
     declared = (
         Parameter("window_minutes", "int", 60, minimum=1, maximum=1440),

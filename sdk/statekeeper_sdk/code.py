@@ -13,6 +13,29 @@ from pathlib import Path
 from types import ModuleType
 
 SKIPPED = ("__pycache__", ".egg-info", ".dist-info")
+_owners: tuple[tuple[int, ...], Mapping[str, list[str]]] | None = None
+
+
+def _modified(entry: str) -> int:
+    try:
+        return os.stat(entry or ".").st_mtime_ns
+    except OSError:
+        return 0
+
+
+def installed_owners() -> Mapping[str, list[str]]:
+    """``packages_distributions()``: which installed distributions hold each top-level package. It reads every
+    distribution's file list (a twentieth of a second or more), so it is read again only when a directory on
+    ``sys.path`` has changed since: installing, upgrading or removing a distribution adds or removes its
+    ``.dist-info`` there."""
+    global _owners
+    key = tuple(_modified(entry) for entry in sys.path)
+    cached = _owners
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found = packages_distributions()
+    _owners = (key, found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -24,9 +47,8 @@ class CodeVersion:
 
 def code_files(module: ModuleType, owners: Mapping[str, list[str]] | None = None) -> list[Path]:
     """The files that make up the module's code: every file under the top-level packages of its distribution, or
-    (outside a distribution) the module's own file. ``owners``: ``packages_distributions()``, when the caller has it
-    (it reads every installed distribution's file list: a tenth of a second or more)."""
-    found = packages_distributions() if owners is None else owners
+    (outside a distribution) the module's own file. ``owners``: ``installed_owners()``, when the caller has it."""
+    found = installed_owners() if owners is None else owners
     top = module.__name__.partition(".")[0]
     dists = found.get(top, [])
     roots: list[Path] = []
@@ -49,7 +71,7 @@ def code_files(module: ModuleType, owners: Mapping[str, list[str]] | None = None
 
 
 def code_version(module: ModuleType) -> CodeVersion:
-    owners = packages_distributions()
+    owners = installed_owners()
     files = code_files(module, owners)
     base = Path(os.path.commonpath(files)) if files else Path()
     digest = hashlib.sha256()
