@@ -132,7 +132,7 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
     scratch = settings.CHECKPOINT_ROOT / ".scratch" / f"spare-{spare.id}-0"
     assert (scratch / "commits").is_dir(), "the warm query ran batches of its own, on a checkpoint of its own"
     page = as_role("viewer").get(f"/jobs/{job.name}/").content.decode()
-    assert f"the spare shared driver #{spare.id}" in page
+    assert f"the spare shared driver #{spare.id}" in page and "warm for url-counts (memory)" in page
 
     os.killpg(run.pid, signal.SIGKILL)
     killed = time.monotonic()
