@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from dashboard.models import AuditEntry, Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
+from dashboard.models import (
+    AuditEntry,
+    Checkpoint,
+    DriverHost,
+    HostStatus,
+    Job,
+    Recovery,
+    RestartStrategy,
+    Run,
+    RunStatus,
+)
 from dashboard.services.recovery import recoveries_supervise, restart_delay
 
 pytestmark = pytest.mark.django_db
@@ -15,7 +26,7 @@ pytestmark = pytest.mark.django_db
 
 def failed_run(job, message="The driver process exited without reporting (killed or crashed).", error="", **extra):
     return Run.objects.create(
-        job=job, status=RunStatus.LOST, message=message, error=error, ended_at=timezone.now(), **extra
+        job=job, message=message, error=error, ended_at=timezone.now(), **{"status": RunStatus.LOST, **extra}
     )
 
 
@@ -40,6 +51,28 @@ def test_a_lost_driver_is_restarted_after_the_delay_and_its_downtime_recorded(ma
     recoveries_supervise()
     recovery.refresh_from_db()
     assert recovery.downtime_seconds == 13.5, "down until the first batch committed: its trigger plus its duration"
+
+
+def test_a_standby_job_whose_shared_driver_died_restarts_in_the_spare_at_once_and_others_after_their_delay(
+    make_job, settings
+):
+    serving = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.GONE, pid=2**22 + 1)
+    DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SPARE, pid=os.getpid())  # a live spare
+    standing_by, without = make_job(driver="shared", standby=True), make_job(driver="shared")
+    crashed = make_job(driver="shared", standby=True)
+    lost = [failed_run(job, driver_host=serving) for job in (standing_by, without)]
+    failed = failed_run(crashed, driver_host=serving, status=RunStatus.FAILED, message="The query failed: boom")
+    recoveries_supervise()
+    waits = {r.job_id: r.restart_at - r.failed_at for r in Recovery.objects.filter(failed_run__in=[*lost, failed])}
+    assert waits[standing_by.id] == timedelta(0), "the spare takes over at once, as a standby would"
+    assert waits[without.id] == waits[crashed.id] == timedelta(seconds=5), "no standby, or a failed query: the delay"
+    assert Recovery.objects.get(failed_run=lost[0]).restart_run is not None, "restarted in the same round"
+
+    DriverHost.objects.filter(status=HostStatus.SPARE).update(status=HostStatus.GONE)
+    again = failed_run(standing_by, driver_host=serving)
+    recoveries_supervise()
+    recovery = Recovery.objects.get(failed_run=again)
+    assert recovery.restart_at - recovery.failed_at == timedelta(seconds=10), "no spare: a cold start, after the delay"
 
 
 def test_exponential_back_off_doubles_up_to_the_cap(make_job):

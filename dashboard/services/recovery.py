@@ -10,10 +10,21 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches
-from dashboard.models import IN_FLIGHT_ACTIONS, Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
+from dashboard.models import (
+    IN_FLIGHT_ACTIONS,
+    Checkpoint,
+    DriverHost,
+    HostStatus,
+    Job,
+    Recovery,
+    RestartStrategy,
+    Run,
+    RunStatus,
+)
 from dashboard.selectors.incidents import recovery_incidents
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
+from dashboard.services.hosts import host_alive
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import savepoint_newest_verified
@@ -31,6 +42,18 @@ def restart_delay(job: Job, attempt: int) -> float:
     if job.restart_strategy == RestartStrategy.FIXED:
         return float(job.restart_delay_seconds)
     return float(min(job.restart_delay_seconds * 2 ** (attempt - 1), job.restart_max_delay_seconds))
+
+
+def spare_takes_over(job: Job, run: Run) -> bool:
+    """A job with standby on whose shared driver died, with a spare standing by: it restarts in the spare at once, as
+    a standby of its own takes over at once (the restart delay is for a job with no standby, or a query that failed).
+    The failure-rate limit still applies."""
+    return (
+        job.standby
+        and run.status == RunStatus.LOST
+        and run.driver_host_id is not None
+        and any(host_alive(spare) for spare in DriverHost.objects.filter(status=HostStatus.SPARE))
+    )
 
 
 def in_flight_batches(job: Job) -> int:
@@ -76,7 +99,8 @@ def record_failure(job: Job, run: Run) -> Recovery:
             f"{job.failure_rate_max}): the job stays down. Last cause: {recovery.cause}"
         )
     else:
-        recovery.restart_at = recovery.failed_at + timedelta(seconds=restart_delay(job, recovery.attempt))
+        delay = 0.0 if spare_takes_over(job, run) else restart_delay(job, recovery.attempt)
+        recovery.restart_at = recovery.failed_at + timedelta(seconds=delay)
     with transaction.atomic():
         recovery.save()
         if recovery.gave_up:
