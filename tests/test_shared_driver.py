@@ -23,7 +23,7 @@ from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import send_events, wait_for
 from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
-from workers.host import phase_gap, spread_phase
+from workers.host import SharedDriver, phase_gap, spread_phase
 from workers.spark.query import JobSpec, events_frame, spread_trigger
 from workers.spark.sources.redis_streams import RedisStreamReader
 
@@ -180,6 +180,16 @@ def test_the_shared_driver_gives_each_new_job_the_least_crowded_phase():
     for _ in range(32):
         phases.append(spread_phase(10.0, phases[8:]))
     assert collections.Counter(phases[8:]).most_common(1)[0][1] == 2, "forty jobs of 10 s: two on each 500 ms tick"
+
+
+def test_a_job_that_keeps_sparks_tick_is_counted_on_it_and_the_next_job_keeps_away(settings):
+    """A windowed job in the shared driver was given a phase but starts its batches on Spark's tick (its plan is not
+    spread): the next job's phase is chosen against the tick it really uses."""
+    host = SharedDriver(DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING).id)
+    assert [host.take_phase(1, 2.0), host.take_phase(2, 2.0)] == [0.0, 1.0]
+    host.phase_used(1, 2.0, 0.0)  # spread, at its phase
+    host.phase_used(2, 2.0, None)  # not spread: on Spark's tick, 0
+    assert host.take_phase(3, 2.0) == 1.0, "half an interval from the two batches that start on the tick"
 
 
 @pytest.mark.parametrize(("pipeline", "spread"), [("url-counts", True), ("minute-windows", False), ("dedup", False),

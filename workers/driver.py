@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -169,13 +170,15 @@ class JobDriver:
         shared: bool = False,
         phase_seconds: float | None = None,
         code: pipelines.CodeVersion | None = None,
+        on_phase: Callable[[float | None], None] | None = None,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
         which renews but never ends the process. ``shared``: the run is one of a shared driver's, whose main loop
         renews its lease, beats for it and sets ``stop_signal`` on a stop request, and whose threads hold no
         database connection between batches (many jobs, one connection limit). ``phase_seconds``: where in the trigger
-        interval its batches start (the shared driver spreads its jobs; ``JobSpec.phase_seconds``). ``code``: the
+        interval its batches start (the shared driver spreads its jobs; ``JobSpec.phase_seconds``), and ``on_phase`` is
+        told the phase the query took (``start_query``). ``code``: the
         pipeline's code as the process loaded it, when it knows (a standby or shared driver, which imported it before
         the run); hashing it at the start costs a tenth of a second or more on the restart's critical path."""
         self.spark = spark
@@ -186,7 +189,7 @@ class JobDriver:
         self.token = int(self.run.fencing_token or 0)
         self.stop_signal = threading.Event()
         self.executor_hosts = executor_hosts or []  # where the job's executors run, on a cluster
-        self.phase_seconds = phase_seconds
+        self.phase_seconds, self.on_phase = phase_seconds, on_phase
         self.code = code
 
     def execute(self) -> str:
@@ -241,6 +244,7 @@ class JobDriver:
                     code=code.code_hash,
                     close_connection=self.shared,
                 ),
+                self.on_phase,
             )
             keeper.queries.append(query)
             listener.query_id = str(query.id)

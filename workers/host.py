@@ -269,8 +269,9 @@ class SharedDriver:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"job-{job.id}")
             phase = self.take_phase(run_id, job.trigger_interval_seconds) if settings.SHARED_DRIVER_SPREAD else None
             driver = JobDriver(
-                session, run_id, keeper=lease, shared=True, phase_seconds=phase, code=self.loaded[job.pipeline]
-            )
+                session, run_id, keeper=lease, shared=True, phase_seconds=phase, code=self.loaded[job.pipeline],
+                on_phase=lambda used: self.phase_used(run_id, job.trigger_interval_seconds, used),
+            )  # fmt: skip
             self.drivers[run_id] = driver
             if self.ending.is_set():
                 driver.stop_signal.set()
@@ -301,6 +302,13 @@ class SharedDriver:
             taken = [phase for interval, phase in self.phases.values() if interval == trigger]
             self.phases[run_id] = (trigger, spread_phase(trigger, taken))
             return self.phases[run_id][1]
+
+    def phase_used(self, run_id: int, trigger: float, used: float | None) -> None:
+        """The phase the run's query took: a query that is not spread (``spread_trigger``) starts its batches on Spark's
+        tick, the interval's multiples, whatever phase it was given, and the runs after it keep away from that."""
+        with self.phase_lock:
+            if run_id in self.phases:
+                self.phases[run_id] = (trigger, 0.0 if used is None else used)
 
     def _stop_all(self) -> None:
         self.spare_over.set()

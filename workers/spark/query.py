@@ -148,12 +148,20 @@ def session_settings(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> 
 
 
 def start_query(
-    spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: Callable[[DataFrame, int], None]
+    spark: SparkSession,
+    spec: JobSpec,
+    pipeline: Pipeline,
+    sink: Callable[[DataFrame, int], None],
+    on_phase: Callable[[float | None], None] | None = None,
 ) -> StreamingQuery:
+    """``on_phase``: told where in the interval the query's batches will start, before it starts: ``spec.phase_seconds``
+    when it is spread (``spread_trigger``), None when it keeps Spark's tick (the interval's multiples)."""
     session_settings(spark, spec, pipeline)
     values = json.loads(spec.parameters)
     output = apply(pipeline, events_frame(spark, spec, pipeline), values)
     spread = spread_trigger(spec, output)
+    if on_phase is not None:
+        on_phase(spec.phase_seconds if spread else None)
     if spread:
         output = apply(pipeline, events_frame(spark, spec, pipeline, spread=True), values)
     writer = (
