@@ -178,9 +178,9 @@ class JobDriver:
         renews its lease, beats for it and sets ``stop_signal`` on a stop request, and whose threads hold no
         database connection between batches (many jobs, one connection limit). ``phase_seconds``: where in the trigger
         interval its batches start (the shared driver spreads its jobs; ``JobSpec.phase_seconds``), and ``on_phase`` is
-        told the phase the query took (``start_query``). ``code``: the
-        pipeline's code as the process loaded it, when it knows (a standby or shared driver, which imported it before
-        the run); hashing it at the start costs a tenth of a second or more on the restart's critical path."""
+        told the phase the query took (``start_query``). ``code``: the pipeline's code as the process loaded it, when
+        it knows (a standby or shared driver, which imported it before the run); hashing it at the start costs a tenth
+        of a second or more on the restart's critical path."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -145,17 +146,24 @@ def output_rows(frame: DataFrame, at_once: bool) -> Iterator[Row]:
     return iter(frame.collect()) if at_once else frame.toLocalIterator(prefetchPartitions=True)
 
 
+@contextmanager
+def persisted(frame: DataFrame) -> Iterator[DataFrame]:
+    """The batch computed once (its stateful operators run, its state files written) and kept while its sinks read it."""
+    frame.persist()
+    try:
+        yield frame
+    finally:
+        frame.unpersist()
+
+
 def rehearse(pipeline: Pipeline, frame: DataFrame) -> int:
     """What ``batch_writer`` does with a batch on the driver, short of writing it: persisted, counted, read back and made
     into the pipeline's storable results; returns how many. A standby's warm query consumes its batches so: the JVM's
     code for Spark's cache of a batch (planning it, building its columns, counting and reading it) is then loaded and
     compiled before a takeover's first batch needs it, not during it."""
-    frame.persist()
-    try:
+    with persisted(frame):
         at_once = frame.count() <= CHUNK
         return len(_storable(-1, results_rows(pipeline, output_rows(frame, at_once)), []))
-    finally:
-        frame.unpersist()
 
 
 def batch_offsets_bytes(checkpoint: str, batch_id: int) -> bytes:
@@ -238,11 +246,8 @@ def batch_writer(
             lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
         digest = lineage_digest(batch_offsets_bytes(checkpoint, batch_id), code, values)
         rejected: list[Rejected] = []
-        frame.persist()
-        try:
+        with persisted(frame):
             written = sinks.write(frame, batch_id, digest, rejected)
-        finally:
-            frame.unpersist()
         for name, outcome in written.items():
             if outcome.rewound:
                 log.warning("job %s batch %s: sink %s rewound (%s rows or files of later batches removed)",

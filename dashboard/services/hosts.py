@@ -86,6 +86,13 @@ def spare_wanted() -> bool:
     return active.filter(job__standby=True).exists() and not active.exclude(settled).exists()
 
 
+def spare_ready() -> bool:
+    """This host has a spare that the next launch would make the serving shared driver: its process alive and beating
+    (``host_for_launch`` takes no other)."""
+    spares = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SPARE)
+    return any(host_alive(spare) and not host_silent(spare) for spare in spares)
+
+
 def spare_warms() -> list[Job]:
     """What a spare keeps warm: one job for each pipeline and state backend that a serving shared driver of this host
     runs with standby on (a warm query's code is its pipeline's and its backend's, not its job's)."""

@@ -10,21 +10,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches
-from dashboard.models import (
-    IN_FLIGHT_ACTIONS,
-    Checkpoint,
-    DriverHost,
-    HostStatus,
-    Job,
-    Recovery,
-    RestartStrategy,
-    Run,
-    RunStatus,
-)
+from dashboard.models import IN_FLIGHT_ACTIONS, Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
 from dashboard.selectors.incidents import recovery_incidents
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
-from dashboard.services.hosts import host_alive
+from dashboard.services.hosts import spare_ready
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.runs import job_request_start
 from dashboard.services.savepoints import savepoint_newest_verified
@@ -48,12 +38,7 @@ def spare_takes_over(job: Job, run: Run) -> bool:
     """A job with standby on whose shared driver died, with a spare standing by: it restarts in the spare at once, as
     a standby of its own takes over at once (the restart delay is for a job with no standby, or a query that failed).
     The failure-rate limit still applies."""
-    return (
-        job.standby
-        and run.status == RunStatus.LOST
-        and run.driver_host_id is not None
-        and any(host_alive(spare) for spare in DriverHost.objects.filter(status=HostStatus.SPARE))
-    )
+    return job.standby and run.status == RunStatus.LOST and run.driver_host_id is not None and spare_ready()
 
 
 def in_flight_batches(job: Job) -> int:
