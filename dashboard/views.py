@@ -127,7 +127,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "standby": job.standbys.first() if job.standby else None,
         "spare": jobs.spare_driver() if job.standby and shares_driver(job) else None,
         "shared": shares_driver(job),
-        "run": run,
+        "active_run": run,  # the tabs' ``run`` is the header's: the latest run, active or not
         "shared_with": jobs.shared_with(run),
         "master_ui": settings.SPARK_MASTER_UI,
     }

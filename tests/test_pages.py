@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from dashboard.models import Checkpoint, Run, RunStatus
+from dashboard.models import Checkpoint, DriverHost, HostStatus, Run, RunStatus
 from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
@@ -144,6 +144,19 @@ def test_a_job_whose_pipeline_is_gone_is_shown_not_crashed_on(viewer, make_job):
         response = viewer.get(f"/jobs/clicks/{tab}")
         assert response.status_code == 200
     assert "not registered" in viewer.get("/jobs/clicks/").content.decode()
+
+
+def test_a_stopped_job_in_the_shared_driver_is_not_shown_running_there(viewer, make_job, settings):
+    """The overview's "Runs on" is the job's active run: once its last run stopped, it runs nowhere, though the
+    header still shows that run's status and message."""
+    host = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING, pid=4321)
+    job = make_job(name="clicks", driver="shared")
+    run = Run.objects.create(job=job, status=RunStatus.RUNNING, driver_host=host, pid=4321, host="vm")
+    assert "the shared driver #" in viewer.get("/jobs/clicks/").content.decode()
+    Run.objects.filter(id=run.id).update(status=RunStatus.STOPPED, message="Stopped on request.")
+    page = viewer.get("/jobs/clicks/").content.decode()
+    assert "(not running)" in page and "the shared driver #" not in page
+    assert "Stopped on request." in page
 
 
 def test_an_unknown_job_is_a_404(viewer):
