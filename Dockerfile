@@ -1,6 +1,6 @@
 # One image for web, worker, beat and the Spark standalone master and worker: the same pinned PySpark everywhere.
 FROM python:3.11-slim-bookworm
-RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jdk-headless procps && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY requirements/lock.txt requirements/lock.txt
 RUN pip install --no-cache-dir -r requirements/lock.txt

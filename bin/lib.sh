@@ -25,7 +25,10 @@ ensure_java() {
   fi
   if [ "${major:-0}" -lt 17 ]; then
     say "installing Java 17 (found ${major:-none})"
-    apt_install openjdk-17-jre-headless
+    apt_install openjdk-17-jdk-headless
+  elif ! command -v javac >/dev/null; then  # its compiler builds the quiet local file system (workers/spark/quiet_files.py)
+    say "installing the Java 17 compiler"
+    apt_install openjdk-17-jdk-headless || say "no javac: Hadoop's local file system forks chmod for each file it writes"
   fi
 }
 

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
 
-from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf
+from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
@@ -138,7 +138,7 @@ def drop_checksums(checkpoint: str) -> None:
 def session_settings(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> None:
     """The job's SQL settings on ``spark``, before its query starts. A session that ran another job before keeps none
     of that job's file settings (RocksDB fails on the raw local file system a memory job's session uses)."""
-    conf = {**spec.session_conf(), **pipeline.conf}
+    conf = quiet_raw_local(spark, {**spec.session_conf(), **pipeline.conf})
     for key in RAW_LOCAL_FILES.keys() - conf.keys():
         spark.conf.unset(key)
     if "fs.file.impl" in conf:

@@ -7,6 +7,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from workers.spark.quiet_files import QUIET_LOCAL, QUIET_RAW_LOCAL, quiet_files_conf
+
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -73,12 +75,23 @@ def local_files_conf(backend: str, checkpoint: str) -> dict[str, str]:
       lock's and the fencing token's guarantee, not the rename's).
     - Memory: also Hadoop's raw local file system: no `.crc` side files, so no `chmod` of one beside each file.
       RocksDB's file manager needs the checksummed local file system (it copies state files to its working directory
-      through ``FileSystem.getLocal``), so a RocksDB job keeps it, and a `chmod` for each file it writes."""
+      through ``FileSystem.getLocal``), so a RocksDB job keeps it.
+    - A session built with the quiet local file system (``workers/spark/quiet_files.py``) forks no `chmod` at all:
+      ``quiet_raw_local`` puts its raw class in place of Hadoop's for the memory backend."""
     if "://" in checkpoint and not checkpoint.startswith("file:"):
         return {}
     if backend == "memory":
         return dict(RAW_LOCAL_FILES)
     return dict(FILE_SYSTEM_MANAGER)
+
+
+def quiet_raw_local(spark: SparkSession, conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with the quiet raw local file system in place of Hadoop's, when ``spark``'s JVM has it."""
+    if conf.get("fs.file.impl") != RAW_LOCAL_FILES["fs.file.impl"]:
+        return conf
+    if spark.sparkContext.getConf().get("spark.hadoop.fs.file.impl", "") != QUIET_LOCAL:
+        return conf
+    return {**conf, "fs.file.impl": QUIET_RAW_LOCAL}
 
 
 def jars() -> dict[str, str]:
@@ -131,6 +144,7 @@ def build_session(
         "spark.ui.retainedTasks": "500",
         "spark.sql.ui.retainedExecutions": "20",
         **backend_conf(backend),
+        **quiet_files_conf(master),
         **jars(),
         **(extra or {}),
     }
