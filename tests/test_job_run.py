@@ -12,6 +12,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from dashboard.models import Checkpoint, ResultRow, RunStatus
+from dashboard.services.checkpoints import progress_stream_ingest
 from tests.conftest import read_through, run_through, send_events, wait_for
 from workers.spark.pipelines import order_state_machine
 from workers.spark.state_tool import FORMAT_VERSION, answer
@@ -58,6 +59,32 @@ def test_stop_and_restart_resume_exactly(make_job, start_driver, redis, stream_n
     assert batch_ids == list(range(len(batch_ids)))
     assert Checkpoint.objects.filter(job=job).aggregate(n=Sum("input_rows"))["n"] == first + second
     assert job.runs.count() == 2
+
+
+def test_a_job_behind_its_trigger_stops_after_the_batch_in_flight_and_its_restart_loses_nothing(
+    make_job, start_driver, redis, stream_name
+):
+    # a backlog read 60 entries a batch, on a 0.1 s trigger: each batch starts as the last commits, so the query is
+    # never seen between batches; a stop must not wait for the backlog (or the grace period) to run out
+    job = make_job(max_records_per_batch=60, trigger_interval_seconds=0.1)
+    sent = send_events(redis, stream_name, "url-counts", 6000)
+    driver = start_driver(job)
+    wait_for(lambda: read_through(job, redis, 120), 120, what="two batches")
+
+    assert driver.stop() == RunStatus.STOPPED
+    driver.run.refresh_from_db()
+    assert driver.run.message == "Stopped on request after the batch in flight committed."
+    progress_stream_ingest(client=redis)
+    read = Checkpoint.objects.filter(job=job).aggregate(n=Sum("input_rows"))["n"]
+    assert read < sent / 2, "stopped with the backlog still waiting, not once it ran out"
+    assert sink_total(job) == read
+
+    job.max_records_per_batch = 2000
+    job.save(update_fields=["max_records_per_batch"])
+    run_through(start_driver(job), redis, sent)
+    assert sink_total(job) == sent, "the interrupted batch replayed once: nothing lost, nothing counted twice"
+    batch_ids = list(Checkpoint.objects.filter(job=job).order_by("batch_id").values_list("batch_id", flat=True))
+    assert batch_ids == list(range(len(batch_ids)))
 
 
 def test_malformed_events_go_to_the_dead_letter_stream_and_the_job_keeps_running(
