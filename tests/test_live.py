@@ -56,6 +56,15 @@ def test_the_time_to_drain_uses_the_current_rates():
     assert lag_status(points([100, 200, 300], in_rate=200), 2, NOW).drain_seconds is None
 
 
+def test_a_lag_that_fell_once_but_is_not_draining_is_not_called_catching_up():
+    draining = lag_status(points([900, 600, 300]), 2, NOW)
+    assert (draining.status, draining.reason) == ("OK", "catching up")
+    # a job always behind: its lag dipped once in the window (Burrow's OK), but the input outruns the processing
+    behind = lag_status(points([700, 800, 750, 900], in_rate=200), 2, NOW)
+    assert (behind.status, behind.reason) == ("OK", "behind, not draining at the current rates")
+    assert lag_status(points([0, 0, 0]), 2, NOW).reason == "keeping up"
+
+
 def test_a_long_range_is_thinned_to_the_point_budget_keeping_the_newest(make_job):
     job = make_job()
     Checkpoint.objects.bulk_create(
