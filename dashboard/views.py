@@ -532,6 +532,8 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
                 elif "incident" in data:
                     body = data["incident"] | {"job": data["job"]}
                     yield f"id: {cursor}\nevent: incident\ndata: {json.dumps(body)}\n\n"
+                    if job is not None:  # a run started or ended, an action or an alert: the header's run with it
+                        yield f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job))}\n\n"
                 elif "source" in data:
                     body = data["source"] | {"job": data["job"]}
                     yield f"id: {cursor}\nevent: source\ndata: {json.dumps(body)}\n\n"

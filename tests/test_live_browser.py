@@ -32,6 +32,10 @@ def status(tab: Any) -> str:
     return tab.locator("#lag-status").inner_text()
 
 
+def run_shown(tab: Any) -> str:
+    return tab.locator("#run-status").inner_text().lower()
+
+
 def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_job, redis, stream_name, tmp_path):
     job = make_job(name="clicks", parallelism=1, trigger_interval_seconds=1, max_records_per_batch=40)
     send_events(redis, stream_name, "url-counts", 30)
@@ -69,7 +73,11 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     Job.objects.filter(id=job.id).update(max_records_per_batch=5000)
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 60, 1, "the stop")
+    # the header's run follows without a reload: its status and its message
+    wait_for(lambda: run_shown(page) == "stopped", 30, 0.5, "the header to show the run stopped")
+    assert "Stopped on request" in page.locator("#run-message").inner_text()
     job_request_start(job=job)
+    wait_for(lambda: run_shown(page) == "running", 120, 0.5, "the header to show the new run running")
     wait_for(lambda: status(page) == "OK", 120, 0.5, "the lag status back to OK once the job catches up")
     assert job.runs.order_by("id").first().status == RunStatus.STOPPED, "a clean stop, not a fenced driver"
     wait_for(lambda: {"stop", "start"} <= set(incident_kinds(page)[-4:]), 30, 0.5, "the restart on the timeline")

@@ -116,15 +116,18 @@ def job_results(*, job: Job, limit: int = 15) -> list[ResultTable]:
 def job_lag_status(job: Job, now: datetime | None = None, recent: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A job's lag status: Burrow's rules over its last checkpoints (``recent``, when the caller has read them)
     while it runs; while it is down, its source's backlog says STOP as soon as records wait (no progress event can
-    say it then)."""
+    say it then). With it, the job's latest run (its status and message), which the page's header shows live."""
     now = now or timezone.now()
+    latest = job.runs.order_by("-id").values("status", "message").first()
+    run = {"status": latest["status"], "message": latest["message"]} if latest else None
     if not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
         sample = lag.latest_source_lag([job], now).get(job.id)
         if sample is not None and sample.lag_records > 0:
             oldest = f", the oldest waiting {sample.lag_seconds:.0f} s" if sample.lag_seconds else ""
-            return asdict(lag.LagStatus("STOP", f"not running: {sample.lag_records} records waiting{oldest}", None))
+            down = lag.LagStatus("STOP", f"not running: {sample.lag_records} records waiting{oldest}", None)
+            return asdict(down) | {"run": run}
     points = charts.recent_points(job) if recent is None else recent
-    return lag.status_json(points, job.trigger_interval_seconds, now)
+    return lag.status_json(points, job.trigger_interval_seconds, now) | {"run": run}
 
 
 def spare_driver() -> DriverHost | None:

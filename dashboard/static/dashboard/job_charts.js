@@ -148,6 +148,13 @@
     el.textContent = status.status || "–";
     const drain = status.drain_seconds ? `, drains in ${status.drain_seconds.toFixed(0)} s` : "";
     document.getElementById("lag-reason").textContent = status.reason + drain;
+    if (status.run === undefined) return;  // a checkpoint's status: the run is as it was
+    const run = document.getElementById("run-status");
+    run.className = "badge b-" + (status.run ? status.run.status : "none");
+    run.textContent = status.run ? status.run.status : "never run";
+    const message = (status.run && status.run.message) || "";  // as the page's template cuts it: 140 characters
+    document.getElementById("run-message").textContent =
+      message ? "· " + (message.length > 140 ? message.slice(0, 139) + "…" : message) : "";
   }
 
   function connect(after) {
