@@ -3,10 +3,13 @@ and a reconnect fills the gap."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.utils import timezone
 
 from dashboard.models import AlertKind, Checkpoint, Job, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop
@@ -108,3 +111,30 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     wait_for(lambda: int(lag_line.get_attribute("data-points") or 0) > drawn, 30, 0.5, "a sparkline point, no reload")
     jobs.screenshot(path=str(tmp_path / "job-list.png"), full_page=True)
     job_request_stop(job=job)
+
+
+def test_a_range_without_batches_is_drawn_as_the_range_and_says_so(page, asgi_server, make_job, redis, stream_name):
+    job = make_job(name="quiet")
+    page.goto(f"{asgi_server}/jobs/quiet/")
+    wait_for(lambda: page.locator("#live-state").inner_text(timeout=1000) == "live", 30, 0.5, "the live connection")
+
+    def shown_span(chart: str) -> float:
+        return page.evaluate(
+            "(id) => { const r = document.getElementById(id).layout.xaxis.range;"
+            " return (Date.parse(r[1]) - Date.parse(r[0])) / 60000; }",
+            chart,
+        )
+
+    for chart in ("chart-duration", "chart-incidents"):
+        assert 14.9 < shown_span(chart) < 15.1, f"{chart} spans the 15 minutes, not an instant"
+    assert "no batch committed in this range" in page.locator("#chart-duration").inner_text()
+    page.get_by_role("button", name="1h", exact=True).click()
+    wait_for(lambda: 59.9 < shown_span("chart-duration") < 60.1, 10, 0.2, "the hour's range")
+
+    # the range's first batch, pushed live: drawn, and the note gone
+    wait_for(lambda: page.locator("#live-state").inner_text(timeout=1000) == "live", 30, 0.5, "the live connection")
+    point = {"batch_id": 0, "committed_at": timezone.now().isoformat(), "lag_records": 0, "processed_rate": 5.0,
+             "end_offset": {"id": "1-0", "n": 10}}  # fmt: skip
+    redis.xadd(settings.LIVE_STREAM, {"data": json.dumps({"job": job.id, "record": point})})
+    wait_for(lambda: shown(page) == 1, 30, 0.5, "the first point")
+    assert "no batch committed in this range" not in page.locator("#chart-duration").inner_text()

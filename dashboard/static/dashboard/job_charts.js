@@ -15,6 +15,8 @@
     type: "line", xref: "x", yref: "paper", x0: e.t, x1: e.t, y0: 0, y1: 1,
     line: { color: color(e.kind), width: 1, dash: "dot" },
   }));
+  const RANGE_MS = { "15m": 9e5, "1h": 36e5, "6h": 216e5, "1d": 864e5, "1w": 6048e5, "4w": 24192e5 };
+  let rangeMs = RANGE_MS["15m"];
   const layout = (title, y, y2) => {
     const spec = {
       shapes: shapes(),
@@ -23,6 +25,11 @@
       legend: { orientation: "h", y: -0.3 }, barmode: "stack",
     };
     if (y2) spec.yaxis2 = { title: { text: y2 }, overlaying: "y", side: "right", rangemode: "tozero" };
+    if (!points.length) {  // the range itself, and why it is empty: Plotly alone would span a single instant
+      const now = Date.now();
+      spec.xaxis.range = [new Date(now - rangeMs).toISOString(), new Date(now).toISOString()];
+      spec.annotations = [{ text: "no batch committed in this range", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }];
+    }
     return spec;
   };
   // [element id, title, y title, y2 title, traces: [name, field, type, axis]]; a null name is the measure's label
@@ -64,10 +71,12 @@
     }));
   }
 
-  // from the first point or incident to now: a timeline of one point would otherwise zoom to a second
+  // from the first point or incident to now (a timeline of one point would otherwise zoom to a second); with
+  // neither, the range
   function span() {
     const times = points.map((p) => p.t).concat(incidents.map((e) => e.t)).sort();
-    return times.length ? [times[0], new Date().toISOString()] : undefined;
+    const now = Date.now();
+    return [times.length ? times[0] : new Date(now - rangeMs).toISOString(), new Date(now).toISOString()];
   }
 
   function drawIncidents() {
@@ -129,6 +138,10 @@
     if (seen.has(key(p))) return false;
     seen.add(key(p));
     points.push(p);
+    if (points.length === 1) {  // the first of the range: drawn afresh, without the empty range's note
+      draw();
+      return true;
+    }
     for (const spec of charts) {
       const update = { x: [], y: [] };
       for (const [, field] of spec[4]) { update.x.push([p.t]); update.y.push([value(p, field)]); }
@@ -177,6 +190,7 @@
 
   async function load(range) {
     const data = await (await fetch(seriesUrl + "?range=" + range)).json();
+    rangeMs = RANGE_MS[range] || rangeMs;
     resolution = data.resolution; labels = data.labels; sourcePoints = data.source;
     points = data.points; seen.clear(); points.forEach((p) => seen.add(key(p)));
     incidents = data.incidents; incidentKeys.clear(); incidents.forEach((e) => incidentKeys.add(e.key));
