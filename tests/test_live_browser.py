@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from dashboard.models import AlertKind, Checkpoint, Job, RunStatus
+from dashboard.models import Alert, AlertKind, Checkpoint, Job, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop
 from tests.conftest import send_events, wait_for
 
@@ -115,6 +115,8 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
 
 def test_a_range_without_batches_is_drawn_as_the_range_and_says_so(page, asgi_server, make_job, redis, stream_name):
     job = make_job(name="quiet")
+    # an incident but no batch (a lag alert on a job never started): the timeline spans the range all the same
+    Alert.objects.create(job=job, kind=AlertKind.LAG_STOP, message="not running")
     page.goto(f"{asgi_server}/jobs/quiet/")
     wait_for(lambda: page.locator("#live-state").inner_text(timeout=1000) == "live", 30, 0.5, "the live connection")
 
@@ -125,6 +127,7 @@ def test_a_range_without_batches_is_drawn_as_the_range_and_says_so(page, asgi_se
             chart,
         )
 
+    assert page.locator("#chart-incidents").get_attribute("data-incidents") == "1"
     for chart in ("chart-duration", "chart-incidents"):
         assert 14.9 < shown_span(chart) < 15.1, f"{chart} spans the 15 minutes, not an instant"
     assert "no batch committed in this range" in page.locator("#chart-duration").inner_text()

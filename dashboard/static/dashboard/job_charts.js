@@ -71,12 +71,12 @@
     }));
   }
 
-  // from the first point or incident to now (a timeline of one point would otherwise zoom to a second); with
-  // neither, the range
+  // from the first point or incident to now (a timeline of one point would otherwise zoom to a second); with no
+  // point, the range, as the charts above it
   function span() {
     const times = points.map((p) => p.t).concat(incidents.map((e) => e.t)).sort();
     const now = Date.now();
-    return [times.length ? times[0] : new Date(now - rangeMs).toISOString(), new Date(now).toISOString()];
+    return [points.length ? times[0] : new Date(now - rangeMs).toISOString(), new Date(now).toISOString()];
   }
 
   function drawIncidents() {
