@@ -9,6 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from dashboard.models import Checkpoint, DriverHost, HostStatus, Run, RunStatus
+from dashboard.selectors.jobs import job_lag_status
 from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
@@ -157,6 +158,17 @@ def test_a_stopped_job_in_the_shared_driver_is_not_shown_running_there(viewer, m
     page = viewer.get("/jobs/clicks/").content.decode()
     assert "(not running)" in page and "the shared driver #" not in page
     assert "Stopped on request." in page
+
+
+def test_the_run_message_pushed_live_is_the_one_the_header_shows(viewer, make_job):
+    """The live status carries the run's message cut as the header's template cuts it: a push does not change it."""
+    job = make_job(name="clicks")
+    long = "Not started: the checkpoint directory is missing or empty " + "x" * 300
+    Run.objects.create(job=job, status=RunStatus.FAILED, message=long)
+    pushed = job_lag_status(job)["run"]
+    assert pushed["status"] == RunStatus.FAILED and len(pushed["message"]) == 140
+    page = viewer.get("/jobs/clicks/").content.decode()
+    assert f'<span class="muted" id="run-message">· {pushed["message"]}</span>' in page
 
 
 def test_an_unknown_job_is_a_404(viewer):

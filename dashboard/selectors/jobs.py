@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db.models import Count, F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.text import Truncator
 
 from dashboard import pipelines
 from dashboard.connections import redis_client
@@ -119,7 +120,8 @@ def job_lag_status(job: Job, now: datetime | None = None, recent: list[dict[str,
     say it then). With it, the job's latest run (its status and message), which the page's header shows live."""
     now = now or timezone.now()
     latest = job.runs.order_by("-id").values("status", "message").first()
-    run = {"status": latest["status"], "message": latest["message"]} if latest else None
+    # the message cut as the header's template cuts it, so the page shows the same text before and after a push
+    run = {"status": latest["status"], "message": Truncator(latest["message"]).chars(140)} if latest else None
     if not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
         sample = lag.latest_source_lag([job], now).get(job.id)
         if sample is not None and sample.lag_records > 0:

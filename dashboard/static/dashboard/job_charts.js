@@ -165,9 +165,8 @@
     const run = document.getElementById("run-status");
     run.className = "badge b-" + (status.run ? status.run.status : "none");
     run.textContent = status.run ? status.run.status : "never run";
-    const message = (status.run && status.run.message) || "";  // as the page's template cuts it: 140 characters
-    document.getElementById("run-message").textContent =
-      message ? "· " + (message.length > 140 ? message.slice(0, 139) + "…" : message) : "";
+    const message = status.run && status.run.message;  // cut on the server as the template cuts it
+    document.getElementById("run-message").textContent = message ? "· " + message : "";
   }
 
   function connect(after) {
