@@ -39,6 +39,14 @@ def run_shown(tab: Any) -> str:
     return tab.locator("#run-status").inner_text().lower()
 
 
+def buttons(tab: Any) -> list[str]:
+    return [b.strip() for b in tab.locator("#job-actions button").all_inner_texts()]
+
+
+def fact(tab: Any, name: str) -> str:
+    return tab.locator(f"#job-facts dt:text-is('{name}') + dd").inner_text()
+
+
 def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_job, redis, stream_name, tmp_path):
     job = make_job(name="clicks", parallelism=1, trigger_interval_seconds=1, max_records_per_batch=40)
     send_events(redis, stream_name, "url-counts", 30)
@@ -79,8 +87,18 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     # the header's run follows without a reload: its status and its message
     wait_for(lambda: run_shown(page) == "stopped", 30, 0.5, "the header to show the run stopped")
     assert "Stopped on request" in page.locator("#run-message").inner_text()
+    # and so do the buttons and the overview: Start in place of Stop, no driver
+    wait_for(lambda: buttons(page) == ["Savepoint", "Start"], 30, 0.5, "Start in place of Stop")
+    assert "(not running)" in fact(page, "Runs on")
     job_request_start(job=job)
     wait_for(lambda: run_shown(page) == "running", 120, 0.5, "the header to show the new run running")
+    wait_for(lambda: "Stop" in buttons(page), 30, 0.5, "the Stop button back")
+    wait_for(
+        lambda: f"driver pid {job.runs.order_by('-id').first().pid} " in fact(page, "Runs on"),
+        30,
+        0.5,
+        "the new run's driver in the overview",
+    )
     wait_for(lambda: status(page) == "OK", 120, 0.5, "the lag status back to OK once the job catches up")
     assert job.runs.order_by("id").first().status == RunStatus.STOPPED, "a clean stop, not a fenced driver"
     wait_for(lambda: {"stop", "start"} <= set(incident_kinds(page)[-4:]), 30, 0.5, "the restart on the timeline")

@@ -132,6 +132,7 @@
     incidents.sort((a, b) => (a.t < b.t ? -1 : 1));
     for (const spec of charts) Plotly.relayout(spec[0], { shapes: shapes() });
     drawIncidents();
+    refreshFacts();
   }
 
   function add(p) {
@@ -152,6 +153,30 @@
     return true;
   }
 
+  // The parts of the page that a run's start or end, an action or an alert changes (the buttons, the notices, the
+  // overview's facts) are taken from the page rendered afresh: the server renders them one way only. Answers that
+  // arrive out of order are dropped; a failed fetch (the console restarting) waits for the next incident.
+  let shownRun, refreshes = 0, refreshTimer = null;
+  function refreshFacts() {
+    window.clearTimeout(refreshTimer);
+    refreshTimer = window.setTimeout(async () => {
+      const mine = ++refreshes;
+      try {
+        const response = await fetch(window.location.href, { headers: { Accept: "text/html" } });
+        if (!response.ok || mine !== refreshes) return;
+        const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+        if (mine !== refreshes) return;
+        for (const id of ["job-actions", "job-notices", "job-facts"]) {
+          const now = document.getElementById(id), next = fresh.getElementById(id);
+          if (now && next) now.replaceWith(document.adoptNode(next));
+        }
+        root.dataset.refreshed = String(mine);
+      } catch (error) {
+        // the console restarting: the next incident or status tries again
+      }
+    }, 250);
+  }
+
   // The lag status is judged on the server (dashboard/selectors/lag.py): it comes with the series, with every point
   // pushed, and with every keep-alive of the live stream (STOP is the absence of commits).
   function showStatus(status) {
@@ -162,6 +187,9 @@
     const drain = status.drain_seconds ? `, drains in ${status.drain_seconds.toFixed(0)} s` : "";
     document.getElementById("lag-reason").textContent = status.reason + drain;
     if (status.run === undefined) return;  // a checkpoint's status: the run is as it was
+    const runKey = JSON.stringify(status.run);
+    if (shownRun !== undefined && runKey !== shownRun) refreshFacts();
+    shownRun = runKey;
     const run = document.getElementById("run-status");
     run.className = "badge b-" + (status.run ? status.run.status : "none");
     run.textContent = status.run ? status.run.status : "never run";
