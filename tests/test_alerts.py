@@ -134,6 +134,29 @@ def test_a_condition_back_before_the_all_clear_keeps_the_alert_open(make_job, we
     assert Alert.objects.get(job=job).is_open and Alert.objects.get(job=job).clear_since is None
 
 
+def test_a_job_that_stays_behind_keeps_its_lag_warning_when_the_lag_dips_once(make_job, webhook):
+    job = make_job(trigger_interval_seconds=1)
+    running(job)
+    commits(job, [100, 200, 350, 600])
+    assert evaluate()[0] == [(AlertKind.LAG_WARN, "firing")]
+    # one dip in the window makes it Burrow's OK, but the input (50/s) still outruns the processing (40/s)
+    start = timezone.now()
+    commits(job, [700, 650, 800, 900], first=10, age=-10)  # committed 6-9 s from now
+    at = start + timedelta(seconds=10)
+    assert job_conditions(job, at)[AlertKind.LAG_WARN][0].startswith("lag still behind: behind, not draining")
+    assert evaluate(at)[0] == [] and evaluate(at + timedelta(seconds=25))[0] == [], "no all-clear while behind"
+    assert [h["status"] for h in webhook.received] == ["firing"]
+    # the job drains at last: the all-clear once that has held for a while
+    commits(job, [500, 200, 0], first=20, age=-50)  # committed 47-49 s from now
+    assert evaluate(start + timedelta(seconds=50))[0] == []
+    assert evaluate(start + timedelta(seconds=75))[0] == [(AlertKind.LAG_WARN, "resolved")]
+    # a job that was never warned is not warned for the same dip: the warning opens on Burrow's WARN only
+    quiet = make_job(name="quiet", trigger_interval_seconds=1)
+    running(quiet)
+    commits(quiet, [700, 650, 800, 900])
+    assert job_conditions(quiet, timezone.now())[AlertKind.LAG_WARN] == (None, None)
+
+
 def test_stalled_offsets_and_a_checkpoint_stall(make_job, webhook, settings):
     settings.ALERT_CHECKPOINT_STALL_TRIGGERS = 10
     stalled = make_job(name="stalled", trigger_interval_seconds=1)

@@ -77,6 +77,11 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
             status = lag_status(recent, trigger, now)
             if status.status in LAG_ALERTS:
                 found[LAG_ALERTS[status.status]] = (f"lag {status.status}: {status.reason}", None)
+            elif status.status == "OK" and status.drain_seconds is None and _open(job, AlertKind.LAG_WARN):
+                # Burrow calls a job OK once its lag fell in the window, though its input still outruns it: the
+                # warning it had stays open until the lag drains at the current rates, rather than an all-clear and
+                # a new page each time the lag dips
+                found[AlertKind.LAG_WARN] = (f"lag still behind: {status.reason}", None)
             found[AlertKind.WATERMARK_DROPS] = (watermark_jump(recent), None)
     elif not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
         # down (not starting or stopping either): progress events say nothing, the source does; lag that keeps
@@ -126,6 +131,10 @@ def alerts_evaluate(
         transaction.on_commit(lambda a=alert.id, e=event: deliver(a, e))  # type: ignore[misc]
         incidents_publish(alert.job_id, alert_incidents(alert)[-1:])  # what just happened: opened or all clear
     return changes
+
+
+def _open(job: Job, kind: str) -> bool:
+    return Alert.objects.filter(job=job, kind=kind, resolved_at__isnull=True).exists()
 
 
 def _apply(job: Job, kind: str, message: str | None, subject: int | None, now: datetime) -> tuple[Alert, str] | None:
