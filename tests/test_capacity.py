@@ -163,3 +163,7 @@ def test_recommend_mode_only_shows(client, django_user_model, make_job):
         )
     assert autoscale_run() == [] and not Action.objects.exists()
     assert "Raise parallelism 1 → 2" in client.get("/jobs/orders/").content.decode()
+    # stopped, its last run's batches are no advice for a run it does not have
+    Run.objects.filter(job=job).update(status=RunStatus.STOPPED, ended_at=timezone.now())
+    page = client.get("/jobs/orders/").content.decode()
+    assert "Raise parallelism" not in page and "no change (the job is not running)" in page

@@ -1,9 +1,10 @@
 """Autoscaling from the capacity signals: per job off, recommend (shown on the job page and in the review), or apply
 (a rescale action, audited like a manual one, with origin "autoscaler").
 
-A recommendation is applied only when it holds over the job's whole window (the median batch time of the window's
-checkpoints, the window full of them), no rescale happened in the window, and fewer than the job's daily cap of
-automatic rescales happened in the last 24 hours."""
+A running job's window is judged; a stopped one has no recommendation. A recommendation is applied only when it
+holds over the job's whole window (the median batch time of the window's checkpoints, the window full of them), no
+rescale happened in the window, and fewer than the job's daily cap of automatic rescales happened in the last 24
+hours."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from dashboard.stats import quantile
 def window_advice(job: Job, now: datetime | None = None) -> tuple[Recommendation | None, str]:
     """The parallelism recommendation over the job's window, and why there is none when there is none."""
     now = now or timezone.now()
+    if not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+        # its window's batches are its last run's: a rescale is judged on the run it would change
+        return None, "the job is not running"
     start = now - timedelta(minutes=job.autoscale_window_minutes)
     durations = list(
         Checkpoint.objects.filter(job=job, location=job.checkpoint_dir, committed_at__gte=start).values_list(
@@ -41,8 +45,6 @@ def autoscale_run(now: datetime | None = None) -> list[str]:
     now = now or timezone.now()
     notes = []
     for job in Job.objects.filter(autoscale_mode=AutoscaleMode.APPLY):
-        if not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
-            continue
         advice, why = window_advice(job, now)
         if advice is None:
             continue
