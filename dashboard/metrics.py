@@ -3,6 +3,7 @@ Read from the database the console already keeps (one query per metric family, w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,13 +23,26 @@ def _label(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _number(value: float | int) -> str:
+    """A sample's value in full: an integer as it is, a float as Python's shortest round-trip form (``%g`` kept six
+    digits, so a commit timestamp or a heap in bytes lost its last ones)."""
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    if isinstance(value, int) or number.is_integer():
+        return str(int(value))
+    return repr(number)
+
+
 def _family(name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, Any], float | int | None]]) -> str:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for labels, value in samples:
         if value is None:
             continue
         text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-        lines.append(f"{name}{{{text}}} {float(value):g}" if text else f"{name} {float(value):g}")
+        lines.append(f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}")
     return "\n".join(lines)
 
 

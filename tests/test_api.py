@@ -153,6 +153,8 @@ def test_metrics_for_prometheus(client, token, make_job):
     assert 'statekeeper_checkpoint_size_bytes{job="orders"} 4096' in text
     assert 'statekeeper_job_restarts_total{job="orders"} 0' in text
     assert "# TYPE statekeeper_job_restarts_total counter" in text
+    # in full: six significant digits made a commit at midnight 1795310000, 73 minutes late
+    assert 'statekeeper_checkpoint_last_commit_timestamp_seconds{job="orders"} 1795305600' in text
 
 
 def test_a_token_is_created_from_the_command_line(django_user_model, capsys):
