@@ -11,7 +11,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 
 from dashboard.api.tokens import token_user
-from dashboard.models import Alert, Recovery, RunStatus
+from dashboard.models import Alert, Recovery, Run, RunStatus
 from dashboard.records import MEASURES
 from dashboard.selectors.jobs import dead_letter_counts, job_list
 from dashboard.selectors.lag import latest_source_lag
@@ -56,6 +56,12 @@ def render_metrics() -> str:
         return [({"job": j.name}, get(j, j.latest_checkpoint)) for j in jobs]
 
     source = latest_source_lag(jobs)
+    heaps: dict[int, tuple[int | None, int | None]] = {
+        job_id: (held, most)
+        for job_id, held, most in Run.objects.filter(status=RunStatus.RUNNING).values_list(
+            "job_id", "heap_after_gc_bytes", "heap_max_bytes"
+        )
+    }
 
     def exported(measure: Any, j: Any, c: Any) -> float | None:
         if measure.column == "lag_records" and j.id in source:  # the source's own count: true while the job is down
@@ -79,6 +85,10 @@ def render_metrics() -> str:
          per_job(lambda j, c: restarts.get(j.id, 0))),
         ("statekeeper_job_dead_letters", "gauge", "entries in the job's dead-letter stream",
          per_job(lambda j, c: dead.get(j.id))),
+        ("statekeeper_driver_heap_after_gc_bytes", "gauge", "the running driver JVM's heap after its latest garbage collection (a shared driver's for each of its jobs)",
+         per_job(lambda j, c: heaps.get(j.id, (None, None))[0])),
+        ("statekeeper_driver_heap_max_bytes", "gauge", "the running driver JVM's maximum heap",
+         per_job(lambda j, c: heaps.get(j.id, (None, None))[1])),
         ("statekeeper_alerts_open", "gauge", "open alerts",
          [({"job": a["job__name"], "alert": a["kind"]}, a["n"]) for a in alerts]),
     ]  # fmt: skip

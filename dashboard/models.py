@@ -316,6 +316,10 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heap_after_gc_bytes = models.BigIntegerField(
+        null=True, blank=True, help_text="its driver JVM's heap after the latest garbage collection, at the heartbeat"
+    )
+    heap_max_bytes = models.BigIntegerField(null=True, blank=True, help_text="its driver JVM's maximum heap")
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     message = models.TextField(blank=True)
     error = models.TextField(blank=True)
@@ -346,6 +350,13 @@ class Run(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_RUN_STATUSES
+
+    @property
+    def heap_share(self) -> float | None:
+        """The share of its driver's heap that live objects held at the latest garbage collection."""
+        if not self.heap_after_gc_bytes or not self.heap_max_bytes or self.heap_max_bytes <= 0:
+            return None
+        return self.heap_after_gc_bytes / self.heap_max_bytes
 
 
 class CheckpointKind(models.TextChoices):
@@ -709,6 +720,7 @@ class AlertKind(models.TextChoices):
     RESTART_LOOP = "restart-loop", "Restart loop"
     SAVEPOINT_FAILED = "savepoint-failed", "Savepoint failed"
     WATERMARK_DROPS = "watermark-drops", "Rows dropped by the watermark"
+    DRIVER_HEAP = "driver-heap", "Driver heap nearly full"
 
 
 class Alert(models.Model):

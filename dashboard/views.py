@@ -130,6 +130,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
         "active_run": run,  # the tabs' ``run`` is the header's: the latest run, active or not
         "shared_with": jobs.shared_with(run),
         "master_ui": settings.SPARK_MASTER_UI,
+        "heap_alert_share": settings.ALERT_DRIVER_HEAP_PERCENT / 100,
     }
     return _job_tab(request, job, "overview", context)
 

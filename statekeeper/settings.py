@@ -280,6 +280,13 @@ ALERT_EMAILS = [a for a in env_str("STATEKEEPER_ALERT_EMAILS", "").split(",") if
 ALERT_CHECKPOINT_STALL_TRIGGERS = env_int("STATEKEEPER_ALERT_STALL_TRIGGERS", 10)  # no commit for N x trigger
 ALERT_RESTART_LOOP_COUNT = env_int("STATEKEEPER_ALERT_RESTARTS", 3)  # restarts within the job's failure window
 ALERT_RESOLVE_AFTER_SECONDS = env_int("STATEKEEPER_ALERT_RESOLVE_AFTER", 20)  # clear this long before all-clear
+# a running job's driver JVM whose heap, after a garbage collection, holds this share of its maximum: near an
+# OutOfMemoryError, which in a shared driver fails every job in it
+ALERT_DRIVER_HEAP_PERCENT = env_int("STATEKEEPER_ALERT_DRIVER_HEAP_PERCENT", 85)
+if not 1 <= ALERT_DRIVER_HEAP_PERCENT <= 100:
+    raise ImproperlyConfigured(
+        f"STATEKEEPER_ALERT_DRIVER_HEAP_PERCENT must be 1 to 100, not {ALERT_DRIVER_HEAP_PERCENT}"
+    )
 CAPACITY_EMAILS = [a for a in env_str("STATEKEEPER_CAPACITY_EMAILS", "").split(",") if a]  # weekly review
 CONSOLE_URL = env_str("STATEKEEPER_CONSOLE_URL", "http://127.0.0.1:8000")
 DEFAULT_FROM_EMAIL = env_str("STATEKEEPER_FROM_EMAIL", "statekeeper@localhost")

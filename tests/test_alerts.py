@@ -157,6 +157,39 @@ def test_a_job_that_stays_behind_keeps_its_lag_warning_when_the_lag_dips_once(ma
     assert job_conditions(quiet, timezone.now())[AlertKind.LAG_WARN] == (None, None)
 
 
+def test_a_driver_heap_nearly_full_after_a_collection_is_an_alert_that_names_the_shared_driver(make_job, webhook):
+    from dashboard.models import DriverHost
+
+    own, shared = make_job(name="own"), make_job(name="shared")
+    host = DriverHost.objects.create(host="here", pid=1)
+    gib = 2**30
+    for job, after_gc in ((own, 0.5 * gib), (shared, 1.8 * gib)):
+        run = running(job, started_seconds_ago=5)  # too young for a checkpoint stall
+        Run.objects.filter(id=run.id).update(
+            heap_after_gc_bytes=int(after_gc), heap_max_bytes=2 * gib, last_heartbeat_at=timezone.now(),
+            driver_host=host if job is shared else None,
+        )  # fmt: skip
+    assert evaluate()[0] == [(AlertKind.DRIVER_HEAP, "firing")]
+    alert = Alert.objects.get(kind=AlertKind.DRIVER_HEAP)
+    assert alert.job == shared
+    assert (
+        f"the shared driver #{host.id}'s heap, which all its jobs share, held 1,843 MB of 2,048 MB (90%)"
+        in alert.message
+    )
+    assert "STATEKEEPER_SHARED_DRIVER_MEMORY" in alert.message
+    # its own driver's heap fills too: the remedy is that driver's memory
+    Run.objects.filter(job=own).update(heap_after_gc_bytes=int(1.9 * gib))
+    assert "a larger STATEKEEPER_DRIVER_MEMORY" in job_conditions(own, timezone.now())[AlertKind.DRIVER_HEAP][0]
+    # figures from a heartbeat long gone say nothing about now (the driver is gone or paused: other alerts say so)
+    Run.objects.filter(job=own).update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    assert job_conditions(own, timezone.now())[AlertKind.DRIVER_HEAP] == (None, None)
+    # the shared driver's heap drains (a job moved away): the all-clear
+    Run.objects.filter(job=shared).update(heap_after_gc_bytes=int(0.6 * gib))
+    evaluate()
+    later = evaluate(timezone.now() + timedelta(seconds=25))[0]  # (a checkpoint stall by then: no batch in 30 s)
+    assert (AlertKind.DRIVER_HEAP, "resolved") in later
+
+
 def test_stalled_offsets_and_a_checkpoint_stall(make_job, webhook, settings):
     settings.ALERT_CHECKPOINT_STALL_TRIGGERS = 10
     stalled = make_job(name="stalled", trigger_interval_seconds=1)

@@ -137,7 +137,7 @@ def test_bad_bodies_get_a_clear_400(client, token, make_job):
 
 def test_metrics_for_prometheus(client, token, make_job):
     job = make_job(name="orders")
-    Run.objects.create(job=job, status=RunStatus.RUNNING)
+    Run.objects.create(job=job, status=RunStatus.RUNNING, heap_after_gc_bytes=300 * 2**20, heap_max_bytes=2**30)
     checkpoint = Checkpoint.objects.create(
         job=job, batch_id=41, committed_at="2026-11-22T00:00:00Z", duration_ms=1500, lag_records=120,
         processed_rate=60, state_rows_total=9, full_size_bytes=4096,
@@ -155,6 +155,8 @@ def test_metrics_for_prometheus(client, token, make_job):
     assert "# TYPE statekeeper_job_restarts_total counter" in text
     # in full: six significant digits made a commit at midnight 1795310000, 73 minutes late
     assert 'statekeeper_checkpoint_last_commit_timestamp_seconds{job="orders"} 1795305600' in text
+    assert f'statekeeper_driver_heap_after_gc_bytes{{job="orders"}} {300 * 2**20}' in text
+    assert f'statekeeper_driver_heap_max_bytes{{job="orders"}} {2**30}' in text
 
 
 def test_a_token_is_created_from_the_command_line(django_user_model, capsys):

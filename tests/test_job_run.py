@@ -44,6 +44,10 @@ def test_checkpoints_add_up_to_the_events_sent(make_job, start_driver, redis, st
     assert checkpoints[-1].end_offset["n"] == sent
     job.refresh_from_db()
     assert job.latest_checkpoint == checkpoints[-1]
+    # the run's heartbeats carried its driver JVM's heap: what live objects held after a collection, of its maximum
+    run = job.runs.get()
+    assert run.heap_max_bytes is not None and 0.5 * 2**30 <= run.heap_max_bytes <= 2**30, "the driver's 1g heap"
+    assert run.heap_after_gc_bytes is not None and 2**20 < run.heap_after_gc_bytes < run.heap_max_bytes
 
 
 def test_stop_and_restart_resume_exactly(make_job, start_driver, redis, stream_name):

@@ -58,9 +58,21 @@ def test_two_jobs_share_one_driver_and_a_stop_or_a_fencing_ends_only_its_own(
     host = DriverHost.objects.get()
     assert {run.pid for run in runs} == {host.pid} and {run.driver_host_id for run in runs} == {host.id}
     assert host.status == HostStatus.SERVING and pid_alive(host.pid)
-    page = as_role("viewer").get(f"/jobs/{first.name}/").content.decode()
+    viewer = as_role("viewer")
+    page = viewer.get(f"/jobs/{first.name}/").content.decode()
     assert f"the shared driver #{host.id} (pid {host.pid}" in page, "the overview says where the query runs"
     assert f"{second.name}, {third.name}" in page or f"{third.name}, {second.name}" in page, "and beside which jobs"
+    # each run's heartbeat carries the one JVM's heap: the same figures for every job in it, of its 2g
+    heaps = wait_for(
+        lambda: {(r.heap_after_gc_bytes, r.heap_max_bytes) for r in Run.objects.filter(id__in=[r.id for r in runs])}
+        if all(Run.objects.filter(id__in=[r.id for r in runs]).values_list("heap_max_bytes", flat=True)) else None,
+        30, 0.5, "the runs' heap figures",
+    )  # fmt: skip
+    assert len(heaps) == 1, f"one JVM, one heartbeat for all its runs: {heaps}"
+    ((after_gc, maximum),) = heaps
+    assert 1.5 * 2**30 <= maximum <= 2 * 2**30 and 2**20 < after_gc < maximum
+    page = viewer.get(f"/jobs/{first.name}/").content.decode()
+    assert re.search(r"heap [0-9.]+ MB of 2\.0 GB after GC", page), "the overview shows it"
 
     # their batches start at phases of the 1 s interval a poll (250 ms) apart, not on one tick of the clock (when their
     # batches take less than the interval: the density benchmark measures it, a loaded test machine would not)

@@ -37,7 +37,7 @@ from workers.progress import ProgressListener, ProgressRecorder, recording_threa
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.query import JobSpec, start_query
-from workers.spark.session import build_session
+from workers.spark.session import build_session, heap_after_gc
 
 log = logging.getLogger("statekeeper.driver")
 FENCED_EXIT_SECONDS = 5  # a driver that lost its lease is gone this long after it notices, whatever hangs
@@ -50,6 +50,12 @@ def hard_exit(code: int, why: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
+
+
+def heap_fields(spark: Any) -> dict[str, int]:
+    """A run's heap figures for its heartbeat's update: none when the JVM cannot say (the figures stay as they were)."""
+    sample = heap_after_gc(spark) if spark is not None else None
+    return {"heap_after_gc_bytes": sample[0], "heap_max_bytes": sample[1]} if sample else {}
 
 
 class JobLease:
@@ -285,7 +291,7 @@ class JobDriver:
                 return RunStatus.FAILED
             stop_at = None
             if not self.shared:
-                Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now())
+                Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now(), **heap_fields(self.spark))
                 stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
             if stop_at or self.stop_signal.is_set():
                 run_finish(run_id=self.run.id, status=RunStatus.STOPPED, message=self._drain_and_stop(query))

@@ -39,7 +39,7 @@ from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
 from dashboard.services.hosts import host_gone, host_may_end, spare_warms
 from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
 from workers import job_lock
-from workers.driver import JobDriver, JobLease, spark_stop
+from workers.driver import JobDriver, JobLease, heap_fields, spark_stop
 from workers.spark.fork_server import start_fork_server
 from workers.spark.query import spread_poll
 from workers.spark.session import TRIGGER_BEHIND, build_session, quiet
@@ -217,7 +217,8 @@ class SharedDriver:
         if not running:
             return
         try:
-            Run.objects.filter(id__in=running).update(last_heartbeat_at=timezone.now())
+            # one JVM for all its jobs: each run carries the shared heap's figures
+            Run.objects.filter(id__in=running).update(last_heartbeat_at=timezone.now(), **heap_fields(self.spark))
             asked = Run.objects.filter(id__in=running, stop_requested_at__isnull=False).values_list("id", flat=True)
             for run_id in asked:
                 if (driver := self.drivers.get(run_id)) is not None:

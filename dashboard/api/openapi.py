@@ -61,6 +61,12 @@ RUN = {
         "started_at": STAMP,
         "ended_at": STAMP,
         "message": {"type": "string"},
+        "heap_after_gc_bytes": {
+            "type": "integer",
+            "nullable": True,
+            "description": "its driver JVM's heap after the latest garbage collection, at the last heartbeat",
+        },
+        "heap_max_bytes": {"type": "integer", "nullable": True, "description": "its driver JVM's maximum heap"},
     },
 }
 SAVEPOINT = {

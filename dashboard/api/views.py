@@ -160,6 +160,8 @@ def run_json(r: Run) -> dict[str, Any]:
         "started_at": _stamp(r.started_at),
         "ended_at": _stamp(r.ended_at),
         "message": r.message,
+        "heap_after_gc_bytes": r.heap_after_gc_bytes,
+        "heap_max_bytes": r.heap_max_bytes,
     }
 
 

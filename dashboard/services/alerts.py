@@ -50,6 +50,31 @@ def watermark_jump(recent: list[dict[str, Any]]) -> str | None:
     )
 
 
+def mb(value: int | None) -> str:
+    return f"{(value or 0) / 2**20:,.0f} MB"
+
+
+def heap_pressure(run: Run, now: datetime) -> str | None:
+    """The run's driver heap held nearly its maximum after a garbage collection, at a recent heartbeat."""
+    share = run.heap_share
+    beat = run.last_heartbeat_at
+    if share is None or beat is None or (now - beat).total_seconds() > settings.LEASE_TTL_SECONDS:
+        return None
+    if share * 100 < settings.ALERT_DRIVER_HEAP_PERCENT:
+        return None
+    if run.driver_host_id:
+        where = f"the shared driver #{run.driver_host_id}'s heap, which all its jobs share,"
+        remedy = "a larger STATEKEEPER_SHARED_DRIVER_MEMORY, or a driver of its own for the largest job"
+    else:
+        where = "its driver's heap"
+        remedy = "a larger STATEKEEPER_DRIVER_MEMORY"
+    return (
+        f"{where} held {mb(run.heap_after_gc_bytes)} of {mb(run.heap_max_bytes)} ({share:.0%}) after its "
+        f"latest garbage collection (the limit is {settings.ALERT_DRIVER_HEAP_PERCENT}%): an OutOfMemoryError "
+        f"would fail the run. Give it {remedy}."
+    )
+
+
 def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int | None]]:
     """Each alert kind's condition on this job now: a message while it holds, None when it does not."""
     found: dict[str, tuple[str | None, int | None]] = {kind: (None, None) for kind in AlertKind.values}
@@ -83,6 +108,7 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
                 # a new page each time the lag dips
                 found[AlertKind.LAG_WARN] = (f"lag still behind: {status.reason}", None)
             found[AlertKind.WATERMARK_DROPS] = (watermark_jump(recent), None)
+        found[AlertKind.DRIVER_HEAP] = (heap_pressure(run, now), None)
     elif not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
         # down (not starting or stopping either): progress events say nothing, the source does; lag that keeps
         # growing is the on-call's business

@@ -158,3 +158,26 @@ def build_session(
         if key.startswith("spark.sql.") and key not in STATIC:
             spark.conf.set(key, value)
     return spark
+
+
+def heap_after_gc(spark: SparkSession) -> tuple[int, int] | None:
+    """(bytes the driver JVM's heap held after its latest garbage collection, the heap's maximum): what the live
+    objects need, which the heap in use (garbage included) does not say. None before the first collection, or when
+    the JVM cannot be asked (it is going away)."""
+    try:
+        management = spark._jvm.java.lang.management.ManagementFactory  # type: ignore[union-attr]
+        heap_pools = {
+            pool.getName() for pool in management.getMemoryPoolMXBeans() if str(pool.getType()) == "Heap memory"
+        }
+        latest = None
+        for collector in management.getGarbageCollectorMXBeans():
+            info = collector.getLastGcInfo()
+            if info is not None and (latest is None or info.getEndTime() > latest.getEndTime()):
+                latest = info
+        if latest is None:
+            return None
+        after = latest.getMemoryUsageAfterGc()
+        held = sum(after[name].getUsed() for name in heap_pools if name in after)
+        return int(held), int(management.getMemoryMXBean().getHeapMemoryUsage().getMax())
+    except Exception:  # py4j's errors, and the gateway gone
+        return None
