@@ -31,6 +31,7 @@ def stopped_after(job, redis, stream, consumed: int) -> None:
 def test_a_stopped_jobs_lag_grows_from_the_source_and_its_alert_fires(make_job, redis, stream_name, client, admin_user):
     job = make_job(name="orders")
     stopped_after(job, redis, stream_name, 100)
+    Run.objects.create(job=job, status=RunStatus.STOPPED, ended_at=timezone.now() - timedelta(minutes=5))
     now = timezone.now()
     for i, more in enumerate((10, 20, 30)):  # the producer goes on while the job is down
         send_events(redis, stream_name, "url-counts", more, seed=i)
@@ -52,6 +53,22 @@ def test_a_stopped_jobs_lag_grows_from_the_source_and_its_alert_fires(make_job, 
     series = client.get("/jobs/orders/series.json").json()
     assert [p["lag"] for p in series["source"]] == [10, 30, 60]
     assert series["status"]["status"] == "STOP"
+
+
+def test_a_job_never_started_is_not_paged_for_its_sources_backlog(make_job, redis, stream_name, client, admin_user):
+    job = make_job(name="fresh")  # created, not started yet (as the demo's sessions job waits for its user)
+    now = timezone.now()
+    for i, more in enumerate((10, 20, 30)):
+        send_events(redis, stream_name, "url-counts", more, seed=i)
+        source_lag_sample(now + timedelta(seconds=5 * i))
+    assert alerts_evaluate(now + timedelta(seconds=11), deliver=lambda *_: None) == []
+    client.force_login(admin_user)
+    assert "60 records" in client.get("/jobs/fresh/").content.decode(), "its page still shows what it would read"
+    Run.objects.create(job=job, status=RunStatus.FAILED, ended_at=now)  # it ran and died: now the backlog pages
+    send_events(redis, stream_name, "url-counts", 10, seed=9)
+    source_lag_sample(now + timedelta(seconds=15))
+    changes = alerts_evaluate(now + timedelta(seconds=16), deliver=lambda *_: None)
+    assert [(a.kind, event) for a, event in changes] == [(AlertKind.LAG_STOP, "firing")]
 
 
 def test_a_stopped_job_whose_source_is_quiet_raises_nothing(make_job, redis, stream_name):

@@ -65,13 +65,15 @@ def heap_pressure(run: Run, now: datetime) -> str | None:
     if run.driver_host_id:
         where = f"the shared driver #{run.driver_host_id}'s heap, which all its jobs share,"
         remedy = "a larger STATEKEEPER_SHARED_DRIVER_MEMORY, or a driver of its own for the largest job"
+        victims = "every job in it"
     else:
         where = "its driver's heap"
         remedy = "a larger STATEKEEPER_DRIVER_MEMORY"
+        victims = "the run"
     return (
         f"{where} held {mb(run.heap_after_gc_bytes)} of {mb(run.heap_max_bytes)} ({share:.0%}) after its "
         f"latest garbage collection (the limit is {settings.ALERT_DRIVER_HEAP_PERCENT}%): an OutOfMemoryError "
-        f"would fail the run. Give it {remedy}."
+        f"would fail {victims}. Give it {remedy}."
     )
 
 
@@ -109,9 +111,9 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
                 found[AlertKind.LAG_WARN] = (f"lag still behind: {status.reason}", None)
             found[AlertKind.WATERMARK_DROPS] = (watermark_jump(recent), None)
         found[AlertKind.DRIVER_HEAP] = (heap_pressure(run, now), None)
-    elif not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+    elif job.runs.exists() and not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
         # down (not starting or stopping either): progress events say nothing, the source does; lag that keeps
-        # growing is the on-call's business
+        # growing is the on-call's business. A job never started has stopped nothing: its page shows the backlog
         samples = list(job.source_lag.filter(sampled_at__gte=now - SOURCE_WINDOW).order_by("sampled_at"))
         if source_lag_growing(samples):
             newest = samples[-1]
