@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -43,16 +44,37 @@ def hold(job_id: int, within_seconds: float = 30.0, grace_seconds: float = 2.0) 
     if not supported():
         return None
     conn = lock_connection()
-    began = time.monotonic()
-    while not conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, job_id]).fetchone()[0]:  # type: ignore[index]
-        waited = time.monotonic() - began
-        if waited > within_seconds:
-            conn.close()
-            raise TimeoutError(f"job {job_id}'s driver lock was not free within {within_seconds:.0f} s")
-        if waited > grace_seconds:
+
+    def attempt(evicting: bool) -> bool:
+        if try_lock(conn, job_id):
+            return True
+        if evicting:
             evict(conn, job_id)
-        time.sleep(0.05)
+        return False
+
+    try:
+        wait_for(job_id, attempt, within_seconds, grace_seconds)
+    except TimeoutError:
+        conn.close()
+        raise
     return conn
+
+
+def try_lock(conn: psycopg.Connection[Any], job_id: int) -> bool:
+    return bool(conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, job_id]).fetchone()[0])  # type: ignore[index]
+
+
+def wait_for(job_id: int, attempt: Callable[[bool], bool], within_seconds: float, grace_seconds: float) -> None:
+    """Call ``attempt`` every 50 ms until it takes the lock, telling it to end the holder's session once the holder
+    has had ``grace_seconds``; TimeoutError after ``within_seconds``."""
+    began = time.monotonic()
+    while True:
+        waited = time.monotonic() - began
+        if attempt(waited > grace_seconds):
+            return
+        if waited > within_seconds:
+            raise TimeoutError(f"job {job_id}'s driver lock was not free within {within_seconds:.0f} s")
+        time.sleep(0.05)
 
 
 def evict(conn: psycopg.Connection[Any], job_id: int) -> int:
@@ -94,34 +116,29 @@ class LockSet:
         if self.conn is None or self.conn.closed:
             self.conn = lock_connection()
             for job_id in sorted(self.held):  # after an eviction: take again what is still free
-                if not self._try(job_id):
+                if not try_lock(self.conn, job_id):
                     self.held.discard(job_id)
         return self.conn
-
-    def _try(self, job_id: int) -> bool:
-        assert self.conn is not None
-        return bool(self.conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, job_id]).fetchone()[0])  # type: ignore[index]
 
     def take(self, job_id: int, within_seconds: float = 30.0, grace_seconds: float = 2.0) -> None:
         """As ``hold``: wait for the lock, ending the session of a holder still there after ``grace_seconds``."""
         if not supported():
             return
-        began = time.monotonic()
-        while True:
-            waited = time.monotonic() - began
+
+        def attempt(evicting: bool) -> bool:
             with self.mutex:
                 try:
                     conn = self._connection()
-                    if self._try(job_id):
+                    if try_lock(conn, job_id):
                         self.held.add(job_id)
-                        return
-                    if waited > grace_seconds:
+                        return True
+                    if evicting:
                         evict(conn, job_id)
                 except psycopg.OperationalError:
                     self.conn = None
-            if waited > within_seconds:
-                raise TimeoutError(f"job {job_id}'s driver lock was not free within {within_seconds:.0f} s")
-            time.sleep(0.05)
+            return False
+
+        wait_for(job_id, attempt, within_seconds, grace_seconds)
 
     def let_go(self, job_id: int) -> None:
         if not supported():
