@@ -254,6 +254,9 @@ LIVE_STREAMS_TOTAL = env_int("STATEKEEPER_LIVE_STREAMS_TOTAL", 200)
 AUDIT_CSV_MAX_ROWS = env_int("STATEKEEPER_AUDIT_CSV_MAX_ROWS", 100_000)
 # a standby driver whose job has not been running for this long ends (the next running driver gets a new one)
 STANDBY_IDLE_SECONDS = env_int("STATEKEEPER_STANDBY_IDLE_SECONDS", 120)
+# the spare shared driver runs a warm query for each pipeline and backend of the shared jobs with standby on: about
+# 1.6 GB rather than 0.55 GB, for a takeover's first commit in about 1.6 s rather than 12 s
+SPARE_WARM_QUERIES = env_bool("STATEKEEPER_SPARE_WARM_QUERIES", True)
 # The warm state reader (workers/spark/state_reader.py): one per deployment (BASE_DIR and database), started on the
 # first state read and ended after this long without one. 0 reads every time in a new process.
 STATE_READER_IDLE_SECONDS = env_int("STATEKEEPER_STATE_READER_IDLE_SECONDS", 900)

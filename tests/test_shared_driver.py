@@ -20,6 +20,7 @@ from statekeeper_sdk import apply
 
 from dashboard import pipelines
 from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
+from dashboard.services.hosts import spare_warms
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import send_events, wait_for
 from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
@@ -160,6 +161,20 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
     assert sink_total(job) == producer.sent, "every event exactly once across the kill"
     wait_for(lambda: not DriverHost.objects.filter(status=HostStatus.SPARE).exists(), 30, 0.5,
              "the spare ended with no shared job running")  # fmt: skip
+
+
+def test_a_spare_warms_one_query_per_pipeline_and_backend_of_standby_jobs_or_none_when_switched_off(make_job, settings):
+    serving = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING)
+    orders = make_job(name="orders", driver="shared", standby=True, state_backend="rocksdb")
+    orders_too = make_job(name="orders-eu", driver="shared", standby=True, state_backend="rocksdb")
+    in_memory = make_job(name="clicks", driver="shared", standby=True, state_backend="memory")
+    no_standby = make_job(name="adhoc", driver="shared", standby=False, state_backend="rocksdb-incremental")
+    for job in (orders, orders_too, in_memory, no_standby):
+        Run.objects.create(job=job, status=RunStatus.RUNNING, driver_host=serving)
+    warmed = sorted((job.pipeline, job.state_backend) for job in spare_warms())
+    assert warmed == [(orders.pipeline, "memory"), (orders.pipeline, "rocksdb")], "one for the two rocksdb jobs"
+    settings.SPARE_WARM_QUERIES = False  # the operator chose 0.55 GB for the spare over a warm takeover
+    assert spare_warms() == []
 
 
 def test_a_gated_source_admits_new_entries_once_an_interval_and_the_first_call_at_once(redis, stream_name, settings):

@@ -78,6 +78,7 @@ class SharedDriver:
             self.started_in = time.monotonic() - began
             DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).update(
                 message=f"Warm: its Spark started in {self.started_in:.1f} s."
+                + ("" if settings.SPARE_WARM_QUERIES else " No warm queries (STATEKEEPER_SPARE_WARM_QUERIES is off).")
             )
         except Exception as exc:
             log.exception("Spark did not start")

@@ -95,7 +95,10 @@ def spare_ready() -> bool:
 
 def spare_warms() -> list[Job]:
     """What a spare keeps warm: one job for each pipeline and state backend that a serving shared driver of this host
-    runs with standby on (a warm query's code is its pipeline's and its backend's, not its job's)."""
+    runs with standby on (a warm query's code is its pipeline's and its backend's, not its job's). None when
+    STATEKEEPER_SPARE_WARM_QUERIES is off: the spare keeps only its Spark started."""
+    if not settings.SPARE_WARM_QUERIES:
+        return []
     running = Run.objects.filter(
         driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES
     )
