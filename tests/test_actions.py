@@ -152,6 +152,7 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     job.refresh_from_db()
     assert (job.parallelism, job.state_partitions) == (1, 3)
     assert action.params["before"] == {"parallelism": 2, "state_partitions": 2}
+    assert action.outcome.startswith("Rescaled: parallelism 2 → 1, state partitions 2 → 3; savepoint #")
     assert job.savepoints.get().origin == "before-rescale"
     assert job.checkpoint_dir.startswith("checkpoint-rescale-")
 

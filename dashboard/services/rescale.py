@@ -135,9 +135,17 @@ def _apply(action: Action) -> Done:
     stopped_at = datetime.fromisoformat(action.params["stopped_at"])
     downtime = (timezone.now() - stopped_at).total_seconds()
     return Done(
-        f"Rescaled {action.params['before']} → {after}; {', '.join(notes) or 'job left stopped'}; offline for "
-        f"{downtime:.1f} s before the restart request."
+        f"Rescaled: {scale_change(action.params['before'], after)}; {', '.join(notes) or 'job left stopped'}; "
+        f"offline for {downtime:.1f} s before the restart request."
     )
+
+
+def scale_change(before: dict[str, int], after: dict[str, int]) -> str:
+    """'parallelism 1 → 2, state partitions 4': what changed, then what stayed, in an operator's words."""
+    words = {"parallelism": "parallelism", "state_partitions": "state partitions"}
+    changed = [f"{words[k]} {before.get(k)} → {after[k]}" for k in words if before.get(k) != after[k]]
+    kept = [f"{words[k]} {after[k]}" for k in words if before.get(k) == after[k]]
+    return ", ".join(changed + kept)
 
 
 RESCALE_STEPS: Steps = {
