@@ -177,6 +177,30 @@ def test_a_spare_warms_one_query_per_pipeline_and_backend_of_standby_jobs_or_non
     assert spare_warms() == []
 
 
+def test_a_spare_whose_jobs_code_changed_on_disk_ends_so_that_a_new_one_imports_it(make_job, settings):
+    serving = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING)
+    job = make_job(name="orders", driver="shared", standby=True)
+    Run.objects.create(job=job, status=RunStatus.RUNNING, driver_host=serving)
+    spare = SharedDriver(DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SPARE).id)
+    on_disk = pipelines.code_version(job.pipeline)
+    spare.loaded = {job.pipeline: on_disk}
+    assert spare.retire_if_stale() is False, "the code it imported is the code on disk"
+    spare.loaded = {job.pipeline: dataclasses.replace(on_disk, code_hash="an-older-release")}
+    assert spare.retire_if_stale() is True and spare.spare_over.is_set(), "its warm queries stop"
+    ended = DriverHost.objects.get(id=spare.host.id)
+    assert ended.status == HostStatus.GONE
+    assert (
+        ended.message
+        == f"Ended: the code of {job.pipeline!r} changed since the shared driver loaded it; a new spare imports it."
+    )
+    # a launch made it the serving one first: it serves, and hands such a run to a driver of its own
+    promoted = SharedDriver(DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SPARE).id)
+    promoted.loaded = {job.pipeline: dataclasses.replace(on_disk, code_hash="an-older-release")}
+    DriverHost.objects.filter(id=promoted.host.id).update(status=HostStatus.SERVING)
+    assert promoted.retire_if_stale() is False
+    assert DriverHost.objects.get(id=promoted.host.id).status == HostStatus.SERVING
+
+
 def test_a_gated_source_admits_new_entries_once_an_interval_and_the_first_call_at_once(redis, stream_name, settings):
     # the interval began 30 s ago and ends in 30 s
     reader = RedisStreamReader(

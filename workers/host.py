@@ -36,7 +36,7 @@ from dashboard import pipelines
 from dashboard.failures import root_cause
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
-from dashboard.services.hosts import host_gone, host_may_end, spare_warms
+from dashboard.services.hosts import host_gone, host_may_end, spare_jobs, spare_retire, spare_warms
 from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
 from workers import job_lock
 from workers.driver import JobDriver, JobLease, heap_fields, spark_stop
@@ -48,6 +48,7 @@ from workers.warm_query import KEEP_WARM_SECONDS, WarmQuery
 log = logging.getLogger("statekeeper.host")
 POLL_SECONDS = 0.25
 IDLE_SECONDS = 120.0  # no job for this long: the process ends (a launch starts a new one)
+CODE_CHECK_SECONDS = 10.0  # how often a spare compares the code it imported with the code on disk
 
 
 class SharedDriver:
@@ -109,9 +110,14 @@ class SharedDriver:
         if self.spare:
             self.warming = threading.Thread(target=self._warm_spare, name="spare-warm-up", daemon=True)
             self.warming.start()
+        code_checked = time.monotonic()
         while not self.ending.is_set():
             DriverHost.objects.filter(id=self.host.id).update(heartbeat_at=timezone.now())
             self._watch_serving()
+            if self.spare and self.ready.is_set() and time.monotonic() - code_checked >= CODE_CHECK_SECONDS:
+                code_checked = time.monotonic()
+                if self.retire_if_stale():
+                    break
             self._take_new()
             self._reap()
             if time.monotonic() - last_leases >= settings.LEASE_RENEW_SECONDS:
@@ -226,6 +232,22 @@ class SharedDriver:
                     driver.stop_signal.set()
         except DatabaseError as exc:
             log.warning("heartbeat not recorded: %s", exc)
+
+    def retire_if_stale(self) -> bool:
+        """A spare that could not run a job it stands behind (its pipeline's code changed on disk, or was installed
+        after this process started) ends, as a job's own standby does: the supervisor starts a new spare that imports
+        the code now on disk, where a takeover would otherwise hand every such job to a driver of its own."""
+        try:
+            stale = next((why for job in spare_jobs() if (why := self.refusal(job.pipeline))), "")
+            if not stale or not spare_retire(self.host.id, f"Ended: {stale}; a new spare imports it."):
+                return False
+        except DatabaseError as exc:
+            log.warning("the spare's code check could not be made: %s", exc)
+            return False
+        log.info("spare ending: %s", stale)
+        self.spare = False
+        self.spare_over.set()
+        return True
 
     def refusal(self, pipeline: str) -> str:
         """Why this process cannot run the pipeline's code as it is on disk now (empty when it can)."""

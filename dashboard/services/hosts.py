@@ -44,12 +44,18 @@ def host_silent(host: DriverHost) -> bool:
     return (timezone.now() - last).total_seconds() > limit
 
 
+def launch_lock() -> None:
+    """One at a time on this deployment: a launch looking for (or starting) the shared driver, the supervisor starting
+    or ending the spare, a spare ending itself. Held to the end of the caller's transaction; nothing on SQLite."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, 0)", [HOST_LAUNCH_LOCK])
+
+
 def host_for_launch() -> DriverHost:
     """The shared driver a run starts in on this host: the serving one, else a new one. Call inside the launch's
     transaction (the row lock keeps a driver that is ending itself from taking a run it will not serve)."""
-    if connection.vendor == "postgresql":  # two launches at once must not start two shared drivers
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, 0)", [HOST_LAUNCH_LOCK])
+    launch_lock()  # two launches at once must not start two shared drivers
     for host in DriverHost.objects.select_for_update().filter(host=settings.HOST_ID, status=HostStatus.SERVING):
         if host_alive(host) and not host_silent(host):
             return host
@@ -93,17 +99,33 @@ def spare_ready() -> bool:
     return any(host_alive(spare) and not host_silent(spare) for spare in spares)
 
 
+def spare_jobs() -> list[Job]:
+    """The jobs a spare stands behind: those with standby on that a serving shared driver of this host runs."""
+    running = Run.objects.filter(
+        driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES
+    )
+    return list(Job.objects.filter(standby=True, id__in=running.values("job_id")).order_by("id"))
+
+
 def spare_warms() -> list[Job]:
     """What a spare keeps warm: one job for each pipeline and state backend that a serving shared driver of this host
     runs with standby on (a warm query's code is its pipeline's and its backend's, not its job's). None when
     STATEKEEPER_SPARE_WARM_QUERIES is off: the spare keeps only its Spark started."""
     if not settings.SPARE_WARM_QUERIES:
         return []
-    running = Run.objects.filter(
-        driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES
-    )
-    jobs = Job.objects.filter(standby=True, id__in=running.values("job_id")).order_by("id")
-    return list({(job.pipeline, job.state_backend): job for job in reversed(jobs)}.values())
+    return list({(job.pipeline, job.state_backend): job for job in reversed(spare_jobs())}.values())
+
+
+def spare_retire(host_id: int, why: str) -> bool:
+    """A spare that could not run the code its jobs now have ends itself (``why``), as a job's own standby does, and
+    the supervisor starts a new one that imports it. Under the launch lock: False when a launch has just made it the
+    serving one (it serves, and hands such a run to a driver of its own)."""
+    with transaction.atomic():
+        launch_lock()
+        ended = DriverHost.objects.filter(id=host_id, status=HostStatus.SPARE).update(
+            status=HostStatus.GONE, ended_at=timezone.now(), message=why[:2000]
+        )
+    return bool(ended)
 
 
 def spare_idle() -> bool:
@@ -121,9 +143,7 @@ def spare_idle() -> bool:
 def spare_supervise() -> list[str]:
     """Start the spare when one is wanted and there is none; end it when it has been idle (``spare_idle``)."""
     with transaction.atomic():
-        if connection.vendor == "postgresql":  # not beside a launch that may be making the spare the serving one
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s, 0)", [HOST_LAUNCH_LOCK])
+        launch_lock()  # not beside a launch that may be making the spare the serving one
         spares = list(DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SPARE))
         if not spares and spare_wanted():
             spare = _host_spawn(HostStatus.SPARE)
