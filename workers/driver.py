@@ -37,7 +37,7 @@ from workers.progress import ProgressListener, ProgressRecorder, recording_threa
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.query import JobSpec, start_query
-from workers.spark.session import build_session, heap_after_gc
+from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_code
 
 log = logging.getLogger("statekeeper.driver")
 FENCED_EXIT_SECONDS = 5  # a driver that lost its lease is gone this long after it notices, whatever hangs
@@ -259,6 +259,8 @@ class JobDriver:
             run_started(run_id=self.run.id, executors=self.executor_hosts)
             return self._watch(query, keeper)
         except Exception:
+            if (exit_code := jvm_exit_code(self.spark)) is not None:
+                return self._jvm_gone(exit_code)
             trace = traceback.format_exc()
             run_finish(
                 run_id=self.run.id,
@@ -269,9 +271,22 @@ class JobDriver:
             return RunStatus.FAILED
         finally:
             keeper.done.set()
-            time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
-            self.spark.streams.removeListener(listener)
+            if jvm_exit_code(self.spark) is None:
+                time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
+                self.spark.streams.removeListener(listener)
             recording_thread().drain()  # and the last record be made before the run's end is recorded
+
+    def _jvm_gone(self, code: int) -> str:
+        """Spark's JVM ended under the query. A driver of its own says why and fails the run (its restart strategy
+        decides what next); in a shared driver the main loop ends the process, and the supervisor finds each of its
+        runs lost with the shared driver's cause."""
+        death = jvm_death(code, self.run.log_path)
+        if self.shared:
+            log.error("run %s: %s", self.run.id, death)
+            return RunStatus.LOST
+        remedy = " Give it a larger STATEKEEPER_DRIVER_MEMORY." if "out of memory" in death else ""
+        run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"The driver failed: {death}.{remedy}")
+        return RunStatus.FAILED
 
     def _watch(self, query: Any, keeper: JobLease) -> str:
         while True:
@@ -327,6 +342,8 @@ def last_batch(query: Any) -> int | None:
 
 def spark_stop(spark: Any) -> None:
     """Stop Spark, or end the process if that hangs: a driver whose run ended must not linger."""
+    if jvm_exit_code(spark) is not None:
+        return  # nothing to stop, and each call would wait on a gateway that is gone
     watchdog = threading.Timer(SPARK_STOP_SECONDS, hard_exit, (1, "spark.stop() did not return"))
     watchdog.daemon = True
     watchdog.start()

@@ -42,7 +42,7 @@ from workers import job_lock
 from workers.driver import JobDriver, JobLease, heap_fields, spark_stop
 from workers.spark.fork_server import start_fork_server
 from workers.spark.query import spread_poll
-from workers.spark.session import TRIGGER_BEHIND, build_session, quiet
+from workers.spark.session import TRIGGER_BEHIND, build_session, jvm_death, jvm_exit_code, quiet
 from workers.warm_query import KEEP_WARM_SECONDS, WarmQuery
 
 log = logging.getLogger("statekeeper.host")
@@ -112,6 +112,8 @@ class SharedDriver:
             self.warming.start()
         code_checked = time.monotonic()
         while not self.ending.is_set():
+            if self.ready.is_set() and (code := jvm_exit_code(self.spark)) is not None:
+                self._jvm_gone(code)
             DriverHost.objects.filter(id=self.host.id).update(heartbeat_at=timezone.now())
             self._watch_serving()
             if self.spare and self.ready.is_set() and time.monotonic() - code_checked >= CODE_CHECK_SECONDS:
@@ -232,6 +234,19 @@ class SharedDriver:
                     driver.stop_signal.set()
         except DatabaseError as exc:
             log.warning("heartbeat not recorded: %s", exc)
+
+    def _jvm_gone(self, code: int) -> None:
+        """Spark's JVM ended under every job here (out of heap, or killed): record why and end the whole process
+        group at once, as a kill -9 of it would. The supervisor finds each run lost, with this cause, and restarts it
+        under its strategy (in the spare, if there is one); a process left with no JVM would take restarts it cannot
+        run."""
+        death = jvm_death(code, self.host.log_path)
+        remedy = " Give it a larger STATEKEEPER_SHARED_DRIVER_MEMORY." if "out of memory" in death else ""
+        log.error("ending: %s", death)
+        host_gone(self.host, f"Ended: {death}.{remedy}")
+        if os.getpgrp() == os.getpid():  # its own group (spawned so): its fork server and workers go with it
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
 
     def retire_if_stale(self) -> bool:
         """A spare that could not run a job it stands behind (its pipeline's code changed on disk, or was installed

@@ -13,7 +13,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from dashboard.models import ACTIVE_RUN_STATUSES, IN_FLIGHT_ACTIONS, DriverMode, Job, Run, RunStatus
+from dashboard.models import (
+    ACTIVE_RUN_STATUSES,
+    IN_FLIGHT_ACTIONS,
+    DriverHost,
+    DriverMode,
+    HostStatus,
+    Job,
+    Run,
+    RunStatus,
+)
 from dashboard.selectors.incidents import run_incidents
 from dashboard.services.enqueue import KILL_DRIVER, START_RUN, enqueue, enqueue_on
 from dashboard.services.errors import ActionRefused
@@ -191,6 +200,14 @@ def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") 
 LAUNCH_LIMIT = timedelta(minutes=10)  # a start no worker launched by then was lost
 
 
+def host_cause(host: DriverHost | None) -> str:
+    """What a shared driver that ended itself recorded as its cause (its JVM ran out of memory, say), else empty."""
+    if host is None:
+        return ""
+    message = DriverHost.objects.filter(id=host.id, status=HostStatus.GONE).values_list("message", flat=True).first()
+    return message.removeprefix("Ended: ") if message and message.startswith("Ended: ") else ""
+
+
 def runs_supervise() -> list[str]:
     """Mark runs whose driver is gone as lost; kill drivers that ignored a stop request past the grace period; expire
     starts that never got a driver (a lost task, a worker that died between the lease and the process)."""
@@ -220,6 +237,8 @@ def runs_supervise() -> list[str]:
         )
         if exited or expired:
             message = "The driver process exited without reporting (killed or crashed)."
+            if exited and (cause := host_cause(run.driver_host)):
+                message = f"The shared driver #{run.driver_host_id} ended: {cause}"
             if not exited and run.driver_host is not None and not host_silent(run.driver_host):
                 # a shared driver that beats: the others' queries are fine there; this one's lease keeper finds
                 # itself fenced and stops its query, and its token is stale from now on

@@ -100,10 +100,46 @@ def jars() -> dict[str, str]:
     return {"spark.jars": listed} if listed else {}
 
 
+# an OutOfMemoryError ends the driver's JVM at once (exit code 3), where it would leave it running half-broken (a
+# thread of Spark's gone, a query failed with the heap still full, the jobs beside it next): the driver reports why
+# and the restart strategy brings the job back, in a shared driver's case all of its jobs, in the spare
+EXIT_ON_OOM = "-XX:+ExitOnOutOfMemoryError"
+OOM_EXIT_CODE = 3
+
+
 def driver_java_options() -> dict[str, str]:
-    """More options for the driver's JVM (e.g. its garbage collector), from STATEKEEPER_DRIVER_JAVA_OPTIONS."""
+    """Options for the driver's JVM: EXIT_ON_OOM, and more (e.g. its garbage collector) from
+    STATEKEEPER_DRIVER_JAVA_OPTIONS."""
     given = os.environ.get("STATEKEEPER_DRIVER_JAVA_OPTIONS", "").strip()
-    return {"spark.driver.extraJavaOptions": given} if given else {}
+    return {"spark.driver.extraJavaOptions": f"{EXIT_ON_OOM} {given}".strip()}
+
+
+def jvm_exit_code(spark: SparkSession | None) -> int | None:
+    """The exit code of the JVM this process started for Spark, None while it runs (or when there is none)."""
+    process = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
+    process = getattr(process, "proc", None)
+    return None if process is None else process.poll()
+
+
+def jvm_death(code: int, log_path: str) -> str:
+    """Why the JVM ended, from its exit code and the last lines it wrote to the process's log."""
+    tail = ""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - 65536))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        pass
+    if code == OOM_EXIT_CODE or "java.lang.OutOfMemoryError" in tail:
+        found = [line for line in tail.splitlines() if "java.lang.OutOfMemoryError" in line]
+        what = found[-1].split("java.lang.", 1)[-1].strip() if found else "OutOfMemoryError"
+        return f"its JVM ran out of memory ({what}) and exited"
+    if code < 0:
+        return (
+            f"its JVM was killed (signal {-code}{': the kernel out-of-memory killer, or a kill' if code == -9 else ''})"
+        )
+    return f"its JVM exited with code {code}"
 
 
 def quiet(spark: SparkSession, loggers: tuple[str, ...]) -> None:

@@ -1,0 +1,94 @@
+"""A driver's JVM that dies under it: out of heap (the JVM is told to exit on an OutOfMemoryError rather than go on
+half-broken), or killed (the kernel's out-of-memory killer picks the largest process, which is the JVM). The run says
+which; a shared driver ends its whole process, so that no restart lands in a process without a JVM, and each of its
+runs is lost with that cause."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dashboard.models import DriverHost, HostStatus, Run, RunStatus
+from dashboard.services.runs import job_request_start, pid_alive
+from tests.conftest import wait_for
+from tests.test_chaos import running_with_progress
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_out_of_memory_error_ends_the_jvm_and_is_named_from_its_log(tmp_path: Path):
+    log = tmp_path / "driver.log"
+    script = textwrap.dedent("""
+        import os, time
+        os.environ["STATEKEEPER_DRIVER_MEMORY"] = "512m"
+        from workers.spark.session import build_session, jvm_death, jvm_exit_code
+        spark = build_session("oom", "local[1]")
+        try:
+            spark._jvm.java.nio.ByteBuffer.allocate(700 * 1024 * 1024)  # more than the whole heap
+        except Exception:
+            pass
+        for _ in range(100):
+            if (code := jvm_exit_code(spark)) is not None:
+                break
+            time.sleep(0.1)
+        with open(os.environ["RESULT"], "w") as result:
+            print(f"EXIT {code}", file=result)
+            print(f"DEATH {jvm_death(code, os.environ['DRIVER_LOG'])}", file=result)
+    """)
+    result = tmp_path / "result"
+    with log.open("wb") as out:  # both streams to the log, as a driver process has them (the JVM's line is stdout)
+        subprocess.run(
+            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT, timeout=180,
+            env={**os.environ, "DRIVER_LOG": str(log), "RESULT": str(result)}, cwd=Path(__file__).parent.parent,
+        )  # fmt: skip
+    printed = result.read_text()
+    assert "EXIT 3" in printed, f"the JVM exits on the error (code 3): {printed}"
+    assert "DEATH its JVM ran out of memory (OutOfMemoryError: Java heap space) and exited" in printed
+
+
+def jvm_of(pid: int) -> int:
+    """The Java process a driver process started for Spark (its child)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and b"java" in cmdline.split(b"\0")[0]:
+            return int(entry.name)
+    raise AssertionError(f"no JVM under process {pid}")
+
+
+def test_a_killed_jvm_fails_its_own_drivers_run_and_ends_the_shared_driver_with_every_run_lost(make_job, celery_worker):
+    own = make_job(name="own", driver="own", parallelism=1, restart_strategy="none", trigger_interval_seconds=1)
+    shared = make_job(name="shared", driver="shared", parallelism=1, restart_strategy="none",
+                      trigger_interval_seconds=1, source_stream=f"{own.source_stream}-shared")  # fmt: skip
+    for job in (own, shared):
+        job_request_start(job=job)
+    runs = {job.name: wait_for(lambda j=job: running_with_progress(j), 180, 0.5, f"{job.name} to commit")
+            for job in (own, shared)}  # fmt: skip
+    host = DriverHost.objects.get(id=runs["shared"].driver_host_id)
+    for run in runs.values():
+        os.kill(jvm_of(run.pid), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+
+    failed = wait_for(lambda: Run.objects.filter(id=runs["own"].id, status=RunStatus.FAILED).first(), 60, 0.5,
+                      "the own driver's run to fail")  # fmt: skip
+    assert failed.message.startswith("The driver failed: its JVM was killed (signal 9: the kernel out-of-memory"), (
+        failed.message
+    )
+    wait_for(lambda: not pid_alive(failed.pid), 30, 0.5, "the own driver's process to end")
+
+    lost = wait_for(lambda: Run.objects.filter(id=runs["shared"].id, status=RunStatus.LOST).first(), 60, 0.5,
+                    "the shared driver's run to be lost")  # fmt: skip
+    assert lost.message.startswith(f"The shared driver #{host.id} ended: its JVM was killed (signal 9"), lost.message
+    host.refresh_from_db()
+    assert host.status == HostStatus.GONE and not pid_alive(host.pid), "the process ended, taking no more runs"
