@@ -1,7 +1,8 @@
-"""A driver's JVM that dies under it: out of heap (the JVM is told to exit on an OutOfMemoryError rather than go on
+"""A driver's processes that die under it. Its JVM: out of heap (the JVM is told to exit on an OutOfMemoryError rather than go on
 half-broken), or killed (the kernel's out-of-memory killer picks the largest process, which is the JVM). The run says
 which; a shared driver ends its whole process, so that no restart lands in a process without a JVM, and each of its
-runs is lost with that cause."""
+runs is lost with that cause. Its query's Python source runner: the run names the Java cause, where Spark's own
+message says "(no cause message)"."""
 
 from __future__ import annotations
 
@@ -92,3 +93,40 @@ def test_a_killed_jvm_fails_its_own_drivers_run_and_ends_the_shared_driver_with_
     assert lost.message.startswith(f"The shared driver #{host.id} ended: its JVM was killed (signal 9"), lost.message
     host.refresh_from_db()
     assert host.status == HostStatus.GONE and not pid_alive(host.pid), "the process ended, taking no more runs"
+
+
+def descendants(pid: int) -> dict[int, bytes]:
+    """Every process under ``pid``, with its command line."""
+    parents: dict[int, int] = {}
+    lines: dict[int, bytes] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                lines[int(entry.name)] = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, its_parent in parents.items():
+            if its_parent == parent and child not in found:
+                found[child] = lines[child]
+                frontier.append(child)
+    return found
+
+
+def test_a_source_runner_that_dies_fails_the_run_naming_where_it_broke(make_job, celery_worker):
+    job = make_job(name="reader", driver="own", parallelism=1, restart_strategy="none", trigger_interval_seconds=1)
+    job_request_start(job=job)
+    run = wait_for(lambda: running_with_progress(job), 180, 0.5, "the job to commit")
+    runner = wait_for(
+        lambda: next((p for p, line in descendants(run.pid).items() if b"python_streaming_source_runner" in line), None),
+        30, 0.5, "the query's source runner",
+    )  # fmt: skip
+    os.kill(runner, signal.SIGKILL)
+    failed = wait_for(
+        lambda: Run.objects.filter(id=run.id, status=RunStatus.FAILED).first(), 60, 0.5, "the run to fail"
+    )
+    assert "no cause message" not in failed.message, failed.message
+    assert "EOFException: (no message) thrown in PythonStreamingSourceRunner." in failed.message, failed.message

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -298,7 +299,7 @@ class JobDriver:
                 return RunStatus.FAILED
             if not query.isActive:
                 error = query.exception()
-                trace = f"{error}\n{getattr(error, 'stackTrace', '') or ''}" if error else ""
+                trace = failure_text(error) if error else ""
                 message = (
                     describe(trace, planned_batch(self.job.checkpoint_location)) if error else "The query stopped."
                 )
@@ -332,6 +333,26 @@ class JobDriver:
             time.sleep(0.05)
         query.stop()
         return "Stopped on request after the batch in flight committed."
+
+
+def failure_text(error: Any) -> str:
+    """A failed query's exception as text with its Java causes, which PySpark keeps apart from its message: Spark's
+    "[STREAM_FAILED] ... (no cause message)" says nothing of what failed, its innermost cause does (``root_cause``
+    reads the "Caused by:" lines). A cause without a message is named by where it was thrown."""
+    text = f"{error}\n{getattr(error, '_stackTrace', '') or ''}"
+    cause, depth = getattr(error, "_cause", None), 0
+    while cause is not None and depth < 8:
+        if getattr(cause, "_origin", None) is not None:  # a class PySpark knows: its message alone in _desc
+            name, message = type(cause).__name__, str(getattr(cause, "_desc", "") or "")
+        else:  # any other: the Java exception's toString(), "class: message"
+            name, _, message = str(getattr(cause, "_desc", None) or cause).partition(": ")
+        if not message:
+            frames = re.findall(r"^\s*at ([\w.$]+)\.([\w$<>]+)\(", str(getattr(cause, "_stackTrace", "") or ""), re.M)
+            ours = next((f for f in frames if not f[0].startswith(("java.", "jdk.", "sun.", "scala."))), None)
+            message = f"(no message) thrown in {ours[0].rsplit('.', 1)[-1]}.{ours[1]}" if ours else ""
+        text += f"\nCaused by: {name.strip()}{': ' + message.splitlines()[0] if message else ''}"
+        cause, depth = getattr(cause, "_cause", None), depth + 1
+    return text
 
 
 def last_batch(query: Any) -> int | None:
