@@ -161,6 +161,17 @@ def code_version(name: str) -> CodeVersion:
     return CodeVersion(ref, found.package, found.code_hash)
 
 
+CONSOLE_DISTRIBUTION = "statekeeper"  # the console's own: the built-in pipelines are in it
+
+
+def whose_code(name: str, version: CodeVersion) -> str:
+    """Whose code changes when the pipeline's does: a built-in pipeline's hash covers the console's whole distribution
+    (dashboard/, workers/, statekeeper/), so any change to the console changes it, and a message should say so."""
+    if version.package.partition(" ")[0] == CONSOLE_DISTRIBUTION:
+        return f"the console's code (which holds the built-in pipeline {name!r})"
+    return f"the code of {name!r}"
+
+
 def parameter_values(name: str, given: dict[str, Any]) -> dict[str, Any]:
     """Every parameter's value for a job of pipeline ``name``: the given ones, checked, and defaults for the rest.
     ValueError with one problem per line."""

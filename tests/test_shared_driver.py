@@ -191,8 +191,11 @@ def test_a_spare_whose_jobs_code_changed_on_disk_ends_so_that_a_new_one_imports_
     assert ended.status == HostStatus.GONE
     assert (
         ended.message
-        == f"Ended: the code of {job.pipeline!r} changed since the shared driver loaded it; a new spare imports it."
+        == f"Ended: the console's code (which holds the built-in pipeline {job.pipeline!r}) changed since the shared "
+        "driver loaded it; a new spare imports it."
     )
+    team = pipelines.CodeVersion("orders_team.pipelines:ORDERS", "orders-team 2.1.0", "a-hash")
+    assert pipelines.whose_code("team-orders", team) == "the code of 'team-orders'", "a team's own package is named"
     # a launch made it the serving one first: it serves, and hands such a run to a driver of its own
     promoted = SharedDriver(DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SPARE).id)
     promoted.loaded = {job.pipeline: dataclasses.replace(on_disk, code_hash="an-older-release")}

@@ -148,4 +148,7 @@ def test_a_standby_whose_pipeline_code_changed_on_disk_ends_rather_than_run_the_
         conn.close()
     standby.refresh_from_db()
     assert standby.status == StandbyStatus.ENDED
-    assert "code changed on disk" in standby.message
+    assert standby.message == (
+        f"The console's code (which holds the built-in pipeline {job.pipeline!r}) changed on disk since this standby "
+        "imported it."
+    ), "a built-in pipeline is the console's code: the message says so"

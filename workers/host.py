@@ -275,7 +275,7 @@ class SharedDriver:
         return (
             ""
             if now == self.loaded[pipeline].code_hash
-            else f"the code of {pipeline!r} changed since the shared driver loaded it"
+            else f"{pipelines.whose_code(pipeline, self.loaded[pipeline])} changed since the shared driver loaded it"
         )
 
     def _hand_over(self, run: Run, why: str) -> None:

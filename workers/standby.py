@@ -110,7 +110,8 @@ def wait_for_death(
             StandbyDriver.objects.filter(id=standby.id).update(rss_bytes=process_rss(os.getpid()))
             measured = time.monotonic()
             if code_changed(standby, loaded):
-                standby_end(standby, "The pipeline's code changed on disk since this standby imported it.")
+                whose = pipelines.whose_code(job.pipeline, loaded) if loaded else "the pipeline's code"
+                standby_end(standby, f"{whose[0].upper()}{whose[1:]} changed on disk since this standby imported it.")
                 return None
         latest = job.runs.order_by("-id").values_list("status", flat=True).first()
         if latest == RunStatus.RUNNING:
