@@ -8,6 +8,7 @@ import signal
 from typing import Any
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from dashboard.models import RunStatus
 from tests.conftest import send_events, wait_for
@@ -71,7 +72,17 @@ def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
     total = sum(r.value["requests"] for r in job.results.filter(kind="url"))
     assert total == sent
 
-    page.get_by_role("button", name="Start", exact=True).click()
+    start = page.get_by_role("button", name="Start", exact=True)
+    try:
+        start.wait_for(timeout=30_000)
+    except PlaywrightTimeout:  # seen once in CI (2026-11-25), not since: say what the page showed instead
+        page.screenshot(path=str(tmp_path / "no-start.png"), full_page=True)
+        actions = page.locator("#job-actions").inner_html()
+        raise AssertionError(
+            f"no Start button on the stopped job's page ({page.url}, status "
+            f"{page.locator('#run-status').inner_text()!r}): #job-actions is {actions!r}"
+        ) from None
+    start.click()
     run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 90, 1, "the second run")
     os.killpg(run.pid, signal.SIGKILL)
     wait_for(lambda: status_on_page(page, url) == "lost", 60, 1, "the supervisor to notice the dead driver")
