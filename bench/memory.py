@@ -5,7 +5,9 @@ divided among their users) and resident size, in MiB, read from /proc.
     STATEKEEPER_ENV=development .venv/bin/python -m bench.memory
 
 Run it beside ./bin/dev (the demo jobs running a few minutes). STATEKEEPER_DRIVER_MEMORY and
-STATEKEEPER_DRIVER_JAVA_OPTIONS, set when bin/dev starts, size the drivers' JVMs.
+STATEKEEPER_DRIVER_JAVA_OPTIONS, set when bin/dev starts, size the drivers' JVMs. The processes that stand behind the
+jobs are listed too: the spare shared driver (STATEKEEPER_SPARE_WARM_QUERIES says whether it runs warm queries) and
+each job's own standby.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import django  # noqa: E402
 
 django.setup()
 
-from dashboard.models import Run  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from dashboard.models import DriverHost, HostStatus, Run, StandbyDriver  # noqa: E402
+from dashboard.services.standby import LIVE  # noqa: E402
 
 KINDS = ("JVM", "Python driver", "Python source runner", "Python workers", "other")
 
@@ -47,7 +52,7 @@ def kind(pid: int) -> str:
     command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     if command.split(" ", 1)[0].endswith("java"):
         return "JVM"
-    if "workers.driver_process" in command or "workers.host_process" in command:
+    if any(f"workers.{name}" in command for name in ("driver_process", "host_process", "standby_process")):
         return "Python driver"
     if "python_streaming_source_runner" in command:
         return "Python source runner"
@@ -73,7 +78,13 @@ def main() -> None:
         by_process[int(run.pid or 0)].append(run.job.name)
     print("PSS MiB (processes); a driver's total is its whole tree, and a shared driver's is divided among its jobs\n")
     print(f"| jobs | {' | '.join(KINDS)} | total PSS | total RSS | a job (PSS) |\n|---|{'---:|' * (len(KINDS) + 3)}")
-    for root, names in by_process.items():
+    behind: dict[int, list[str]] = {}  # processes that stand behind jobs: no job of their own yet
+    for host in DriverHost.objects.filter(status=HostStatus.SPARE).exclude(pid=None):
+        warm = "warm queries on" if settings.SPARE_WARM_QUERIES else "warm queries off"
+        behind[int(host.pid or 0)] = [f"(spare shared driver #{host.id}, {warm})"]
+    for standby in StandbyDriver.objects.filter(status__in=LIVE).exclude(pid=None).select_related("job"):
+        behind[int(standby.pid or 0)] = [f"(standby of {standby.job.name})"]
+    for root, names in [*by_process.items(), *behind.items()]:
         pss: collections.Counter[str] = collections.Counter()
         count: collections.Counter[str] = collections.Counter()
         rss = 0
