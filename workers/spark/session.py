@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -196,17 +198,25 @@ def build_session(
     return spark
 
 
+@functools.lru_cache(maxsize=4)
+def _memory_beans(context: Any) -> tuple[frozenset[str], tuple[Any, ...], Any]:
+    """The JVM's heap pools' names, its garbage collectors and its memory bean: fixed for the JVM's life, and about
+    30 ms of py4j calls to list, so asked once per SparkContext (a shared driver's sessions have one)."""
+    management = context._jvm.java.lang.management.ManagementFactory
+    pools = frozenset(
+        pool.getName() for pool in management.getMemoryPoolMXBeans() if str(pool.getType()) == "Heap memory"
+    )
+    return pools, tuple(management.getGarbageCollectorMXBeans()), management.getMemoryMXBean()
+
+
 def heap_after_gc(spark: SparkSession) -> tuple[int, int] | None:
     """(bytes the driver JVM's heap held after its latest garbage collection, the heap's maximum): what the live
     objects need, which the heap in use (garbage included) does not say. None before the first collection, or when
     the JVM cannot be asked (it is going away)."""
     try:
-        management = spark._jvm.java.lang.management.ManagementFactory  # type: ignore[union-attr]
-        heap_pools = {
-            pool.getName() for pool in management.getMemoryPoolMXBeans() if str(pool.getType()) == "Heap memory"
-        }
+        heap_pools, collectors, memory = _memory_beans(spark.sparkContext)
         latest = None
-        for collector in management.getGarbageCollectorMXBeans():
+        for collector in collectors:
             info = collector.getLastGcInfo()
             if info is not None and (latest is None or info.getEndTime() > latest.getEndTime()):
                 latest = info
@@ -214,6 +224,6 @@ def heap_after_gc(spark: SparkSession) -> tuple[int, int] | None:
             return None
         after = latest.getMemoryUsageAfterGc()
         held = sum(after[name].getUsed() for name in heap_pools if name in after)
-        return int(held), int(management.getMemoryMXBean().getHeapMemoryUsage().getMax())
+        return int(held), int(memory.getHeapMemoryUsage().getMax())
     except Exception:  # py4j's errors, and the gateway gone
         return None
