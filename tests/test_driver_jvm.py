@@ -40,7 +40,7 @@ def test_an_out_of_memory_error_ends_the_jvm_and_is_named_from_its_log(tmp_path:
             time.sleep(0.1)
         with open(os.environ["RESULT"], "w") as result:
             print(f"EXIT {code}", file=result)
-            print(f"DEATH {jvm_death(code, os.environ['DRIVER_LOG'])}", file=result)
+            print(f"DEATH {jvm_death(code, os.environ['DRIVER_LOG'], 'STATEKEEPER_DRIVER_MEMORY')}", file=result)
     """)
     result = tmp_path / "result"
     with log.open("wb") as out:  # both streams to the log, as a driver process has them (the JVM's line is stdout)
@@ -50,7 +50,10 @@ def test_an_out_of_memory_error_ends_the_jvm_and_is_named_from_its_log(tmp_path:
         )  # fmt: skip
     printed = result.read_text()
     assert "EXIT 3" in printed, f"the JVM exits on the error (code 3): {printed}"
-    assert "DEATH its JVM ran out of memory (OutOfMemoryError: Java heap space) and exited" in printed
+    assert (
+        "DEATH its JVM ran out of memory (OutOfMemoryError: Java heap space) and exited. Give it a larger "
+        "STATEKEEPER_DRIVER_MEMORY." in printed
+    )
 
 
 def jvm_of(pid: int) -> int:

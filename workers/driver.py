@@ -281,12 +281,11 @@ class JobDriver:
         """Spark's JVM ended under the query. A driver of its own says why and fails the run (its restart strategy
         decides what next); in a shared driver the main loop ends the process, and the supervisor finds each of its
         runs lost with the shared driver's cause."""
-        death = jvm_death(code, self.run.log_path)
+        death = jvm_death(code, self.run.log_path, "STATEKEEPER_DRIVER_MEMORY")
         if self.shared:
             log.error("run %s: %s", self.run.id, death)
             return RunStatus.LOST
-        remedy = " Give it a larger STATEKEEPER_DRIVER_MEMORY." if "out of memory" in death else ""
-        run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"The driver failed: {death}.{remedy}")
+        run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=f"The driver failed: {death}")
         return RunStatus.FAILED
 
     def _watch(self, query: Any, keeper: JobLease) -> str:

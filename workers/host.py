@@ -240,10 +240,9 @@ class SharedDriver:
         group at once, as a kill -9 of it would. The supervisor finds each run lost, with this cause, and restarts it
         under its strategy (in the spare, if there is one); a process left with no JVM would take restarts it cannot
         run."""
-        death = jvm_death(code, self.host.log_path)
-        remedy = " Give it a larger STATEKEEPER_SHARED_DRIVER_MEMORY." if "out of memory" in death else ""
+        death = jvm_death(code, self.host.log_path, "STATEKEEPER_SHARED_DRIVER_MEMORY")
         log.error("ending: %s", death)
-        host_gone(self.host, f"Ended: {death}.{remedy}")
+        host_gone(self.host, f"Ended: {death}")
         if os.getpgrp() == os.getpid():  # its own group (spawned so): its fork server and workers go with it
             os.killpg(os.getpgrp(), signal.SIGKILL)
         os._exit(1)

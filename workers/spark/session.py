@@ -123,8 +123,9 @@ def jvm_exit_code(spark: SparkSession | None) -> int | None:
     return None if process is None else process.poll()
 
 
-def jvm_death(code: int, log_path: str) -> str:
-    """Why the JVM ended, from its exit code and the last lines it wrote to the process's log."""
+def jvm_death(code: int, log_path: str, memory_setting: str) -> str:
+    """Why the JVM ended, from its exit code and the last lines it wrote to the process's log, as a sentence; out of
+    memory, it names the setting that sizes the heap (``memory_setting``)."""
     tail = ""
     try:
         with open(log_path, "rb") as log:
@@ -136,12 +137,10 @@ def jvm_death(code: int, log_path: str) -> str:
     if code == OOM_EXIT_CODE or "java.lang.OutOfMemoryError" in tail:
         found = [line for line in tail.splitlines() if "java.lang.OutOfMemoryError" in line]
         what = found[-1].split("java.lang.", 1)[-1].strip() if found else "OutOfMemoryError"
-        return f"its JVM ran out of memory ({what}) and exited"
+        return f"its JVM ran out of memory ({what}) and exited. Give it a larger {memory_setting}."
     if code < 0:
-        return (
-            f"its JVM was killed (signal {-code}{': the kernel out-of-memory killer, or a kill' if code == -9 else ''})"
-        )
-    return f"its JVM exited with code {code}"
+        return f"its JVM was killed (signal {-code}{': the kernel out-of-memory killer, or a kill' if code == -9 else ''})."
+    return f"its JVM exited with code {code}."
 
 
 def quiet(spark: SparkSession, loggers: tuple[str, ...]) -> None:
