@@ -252,7 +252,8 @@ class SharedDriver:
         after this process started) ends, as a job's own standby does: the supervisor starts a new spare that imports
         the code now on disk, where a takeover would otherwise hand every such job to a driver of its own."""
         try:
-            stale = next((why for job in spare_jobs() if (why := self.refusal(job.pipeline))), "")
+            pipelines_behind = sorted({job.pipeline for job in spare_jobs()})  # each hashed once, however many jobs
+            stale = next((why for pipeline in pipelines_behind if (why := self.refusal(pipeline))), "")
             if not stale or not spare_retire(self.host.id, f"Ended: {stale}; a new spare imports it."):
                 return False
         except DatabaseError as exc:
