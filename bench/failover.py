@@ -2,11 +2,11 @@
 cold restart path, paired round by round on the real stack.
 
     .venv/bin/python -m bench.failover [--rounds 5] [--part both|failover|throughput] [--ready-for 75] [--busy] [--shared]
-        [--arms both|standby|cold]
+        [--arms both|standby|cold] [--backend rocksdb|rocksdb-incremental|memory]
 
-Starts its own Celery worker with beat (Redis database 13), one url-counts job (rocksdb, local[1], trigger 1 s,
-restart delay 0), a producer at 300 events/s. Each round kills the running driver once with the standby on and once
-with it off, and splits the time: detection (kill → the successor's run recorded), query start (→ the query running),
+Starts its own Celery worker with beat (Redis database 13), one url-counts job (``--backend``: rocksdb unless given;
+local[1], trigger 1 s, restart delay 0), a producer at 300 events/s. Each round kills the running driver once with
+the standby on and once with it off, and splits the time: detection (kill → the successor's run recorded), query start (→ the query running),
 first batch (→ its first batch committed), and → the batch's point on the live stream the browser reads; beside it,
 the successor's next five batches (a first batch should be no slower than a steady one). ``--arms standby`` measures
 only the kills with the standby (a quicker look at a change to the takeover path). Prints a
@@ -202,6 +202,11 @@ def main() -> None:
         "--shared", action="store_true",
         help="the job in the shared driver: its standby is the spare shared driver, and the kill is the shared driver's",
     )  # fmt: skip
+    parser.add_argument(
+        "--backend", choices=("rocksdb", "rocksdb-incremental", "memory"), default="rocksdb",
+        help="the job's state backend: an incremental or memory job's successor replays the change files written "
+        "since the checkpoint's newest snapshot",
+    )  # fmt: skip
     args = parser.parse_args()
     standalone = cluster.start(ROOT / "spark", workers=1, cores=2) if args.cluster else None
     if standalone:  # read by the worker this benchmark starts, and by the drivers and standbys it spawns
@@ -209,7 +214,7 @@ def main() -> None:
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
     job = bench_job(
-        "bench-failover", state_backend="rocksdb", failure_rate_max=1000, standby=True,
+        "bench-failover", state_backend=args.backend, failure_rate_max=1000, standby=True,
         driver="shared" if args.shared else "own",
     )  # fmt: skip
     worker = start_worker(ROOT)
@@ -276,7 +281,7 @@ def main() -> None:
         return statistics.median(r[key] for r in rows[standby]) if rows[standby] else float("nan")
 
     print(
-        f"rounds: {args.rounds} (each: {ARMS[args.arms][1]}); job: url-counts, rocksdb, "
+        f"rounds: {args.rounds} (each: {ARMS[args.arms][1]}); job: url-counts, {args.backend}, "
         f"{standalone.master_url + ' (1 worker, 1-core executor)' if standalone else 'local[1]'}"
         f"{' in the shared driver (the standby: the spare shared driver)' if args.shared else ''},"
         f" trigger 1 s, restart delay 0, producer 300 ev/s, the standby ready for {args.ready_for:.0f} s at the kill;"

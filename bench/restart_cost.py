@@ -81,6 +81,15 @@ def consume(frame: Any, batch_id: int) -> None:
     rehearse(pipelines.get("url-counts"), frame)
 
 
+def to_replay(checkpoint: Path) -> int:
+    """The changelog files a run starting now replays on partition 0's state: those newer than its newest snapshot
+    on the checkpoint (rocksdb-incremental; 0 for a backend that writes a snapshot at every commit)."""
+    state = checkpoint / "state" / "0" / "0"
+    versions = lambda suffix: [int(f.name.split(".")[0].split("_")[0]) for f in state.glob(f"*.{suffix}")]  # noqa: E731
+    snapshot = max(versions("zip"), default=0)
+    return sum(1 for version in versions("changelog") if version > snapshot)
+
+
 def figures(progress: Any) -> tuple[int, int, int]:
     operator = progress.stateOperators[0]
     return progress.durationMs["triggerExecution"], operator.allUpdatesTimeMs, operator.commitTimeMs
@@ -95,6 +104,13 @@ def main() -> None:
         "--hadoop-files", action="store_true",
         help="Hadoop's own local file system (a forked chmod for each file) rather than the quiet one",
     )  # fmt: skip
+    parser.add_argument(
+        "--maintenance-seconds", type=float, default=None,
+        help="spark.sql.streaming.stateStore.maintenanceInterval (default: the console's setting)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--first-run-seconds", type=float, default=30, help="how long the query runs before its first stop"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sk-bench-restart-"))
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
@@ -108,18 +124,23 @@ def main() -> None:
     halt = threading.Event()
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy_loops)]
     extra = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"} if args.hadoop_files else {}
+    if args.maintenance_seconds is not None:
+        extra["spark.sql.streaming.stateStore.maintenanceInterval"] = f"{int(args.maintenance_seconds * 1000)}ms"
     spark = build_session("bench-restart-cost", "local[1]", backend=args.backend, partitions=PARTITIONS, extra=extra)
-    rows: list[tuple[int, tuple[int, int, int], tuple[float, ...]]] = []
+    rows: list[tuple[int, int, tuple[int, int, int], tuple[float, ...]]] = []
     try:
         threading.Thread(target=produce, args=(client, halt), daemon=True).start()
         query = start_query(spark, spec, pipeline, consume)
-        time.sleep(30)
+        time.sleep(args.first_run_seconds)
         for run in range(1, args.restarts + 1):
             stop_between_batches(query)
+            replays = to_replay(Path(spec.checkpoint))
             query = start_query(spark, spec, pipeline, consume)
             batches = wait_for(functools.partial(data_batches, query, 6), 120, 0.2, "six batches of the run")
             later = [figures(p) for p in batches[1:]]
-            rows.append((run, figures(batches[0]), tuple(statistics.median(s[i] for s in later) for i in range(3))))
+            rows.append(
+                (run, replays, figures(batches[0]), tuple(statistics.median(s[i] for s in later) for i in range(3)))
+            )
         stop_between_batches(query)
     finally:
         halt.set()
@@ -135,15 +156,15 @@ def main() -> None:
         f"{args.busy_loops} busy loops beside, {'Hadoop' if args.hadoop_files else 'the quiet'} local file system; "
         f"{time.strftime('%Y-%m-%d')}\n"
     )
-    print("| run (restarts in this JVM) | first batch ms | next five, median ms | ratio | first: state updates / commit ms "
-          "| next five: state updates / commit ms |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|")
-    for run, first, steady in rows:
+    print("| run (restarts in this JVM) | changelogs to replay | first batch ms | next five, median ms | ratio "
+          "| first: state updates / commit ms | next five: state updates / commit ms |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for run, replays, first, steady in rows:
         print(
-            f"| {run} | {first[0]:,} | {steady[0]:,.0f} | {first[0] / steady[0]:.2f} | {first[1]} / {first[2]} "
+            f"| {run} | {replays} | {first[0]:,} | {steady[0]:,.0f} | {first[0] / steady[0]:.2f} | {first[1]} / {first[2]} "
             f"| {steady[1]:.0f} / {steady[2]:.0f} |"
         )
-    ratios = [first[0] / steady[0] for _, first, steady in rows[len(rows) // 2 :]]
+    ratios = [first[0] / steady[0] for _, _, first, steady in rows[len(rows) // 2 :]]
     print(f"\nmedian ratio of the later half of the runs: {statistics.median(ratios):.2f}")
 
 

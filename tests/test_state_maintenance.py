@@ -1,0 +1,39 @@
+"""Spark's state maintenance puts each partition's snapshot on the checkpoint within seconds, so a successor's first
+batch replays about ten batches of change files, not up to a minute of them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import functions as F
+
+from workers.spark.session import backend_conf
+
+
+def snapshots(partition: Path) -> list[int]:
+    return sorted(int(f.name.split(".")[0].split("_")[0]) for f in partition.glob("*.zip"))
+
+
+def test_snapshots_reach_the_checkpoint_every_few_seconds(spark: Any, tmp_path: Path) -> None:
+    session = spark.newSession()  # its own SQL settings: the backend here is not the other tests'
+    for key, value in backend_conf("rocksdb-incremental").items():
+        session.conf.set(key, value)
+    counts = (
+        session.readStream.format("rate").option("rowsPerSecond", 20).load()
+        .select((F.col("value") % 7).alias("k")).groupBy("k").count()
+    )  # fmt: skip
+    query = (
+        counts.writeStream.format("noop").outputMode("update")
+        .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="0.25 seconds").start()
+    )  # fmt: skip
+    partition = tmp_path / "checkpoint" / "state" / "0" / "0"
+    try:
+        ends = time.monotonic() + 40
+        while len(snapshots(partition)) < 2 and time.monotonic() < ends:
+            time.sleep(0.5)
+        # Spark's own interval (60 s) puts at most the newest snapshot of each minute there: one in 40 s, or none
+        assert len(snapshots(partition)) >= 2, f"snapshots on the checkpoint after 40 s: {snapshots(partition)}"
+    finally:
+        query.stop()
