@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from dashboard.models import Alert, AlertKind, Checkpoint, Job, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.source_lag import committed
 from tests.conftest import send_events, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -60,6 +61,9 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     send_events(redis, stream_name, "url-counts", 10, seed=2)
     wait_for(lambda: shown(page) > before, 30, 0.5, "a new point without a reload")
     assert status(page) == "OK"
+    # the overview's facts follow the batches too: its last checkpoint is the newest batch, not the one at the load
+    newest = job.checkpoints.order_by("-batch_id").first().batch_id
+    wait_for(lambda: fact(page, "Last checkpoint").startswith(f"#{newest},"), 30, 0.5, "the overview's last checkpoint")
 
     # the producer outruns the job (150 events/s against 40 per 1 s batch): lag grows batch after batch
     halt = threading.Event()
@@ -90,6 +94,11 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     # and so do the buttons and the overview: Start in place of Stop, no driver
     wait_for(lambda: buttons(page) == ["Savepoint", "Start"], 30, 0.5, "Start in place of Stop")
     assert "(not running)" in fact(page, "Runs on")
+    # while it is down, the overview's lag follows the source's samples (every 5 s), as the header's does
+    send_events(redis, stream_name, "url-counts", 25, seed=50)
+    job.refresh_from_db()
+    waiting = int(redis.xinfo_stream(stream_name)["entries-added"]) - int(committed(job)["n"])
+    wait_for(lambda: fact(page, "Lag").startswith(f"{waiting} records"), 30, 0.5, f"the overview's lag at {waiting}")
     job_request_start(job=job)
     wait_for(lambda: run_shown(page) == "running", 120, 0.5, "the header to show the new run running")
     wait_for(lambda: "Stop" in buttons(page), 30, 0.5, "the Stop button back")

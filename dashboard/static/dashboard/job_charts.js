@@ -155,10 +155,11 @@
 
   // The parts of the page that a run's start or end, an action or an alert changes (the buttons, the notices, the
   // overview's facts) are taken from the page rendered afresh: the server renders them one way only. Answers that
-  // arrive out of order are dropped; a failed fetch (the console restarting) waits for the next incident.
-  let shownRun, refreshes = 0, refreshTimer = null;
+  // arrive out of order are dropped; a failed fetch (the console restarting) waits for the next event.
+  let shownRun, refreshes = 0, refreshTimer = null, refreshedAt = Date.now();
   function refreshFacts() {
     window.clearTimeout(refreshTimer);
+    refreshedAt = Date.now();
     refreshTimer = window.setTimeout(async () => {
       const mine = ++refreshes;
       try {
@@ -175,6 +176,14 @@
         // the console restarting: the next incident or status tries again
       }
     }, 250);
+  }
+
+  // The facts age too (the last checkpoint, the lag read from the source while the job is down, the heap): a batch, a
+  // source sample or a keep-alive takes them afresh when they are FACTS_EVERY_MS old, so the overview never tells
+  // another lag than the header for longer than that.
+  const FACTS_EVERY_MS = 5000;
+  function refreshIfOld() {
+    if (Date.now() - refreshedAt >= FACTS_EVERY_MS) refreshFacts();
   }
 
   // The lag status is judged on the server (dashboard/selectors/lag.py): it comes with the series, with every point
@@ -207,10 +216,11 @@
       // commit to browser: the batch committed at its trigger time plus its duration
       if (add(p)) latencies.push(Date.now() - (Date.parse(p.t) + p.dur));
       showStatus(p.status);
+      refreshIfOld();
     });
     source.addEventListener("incident", (e) => { lastId = e.lastEventId; addIncident(JSON.parse(e.data)); });
-    source.addEventListener("status", (e) => showStatus(JSON.parse(e.data)));
-    source.addEventListener("source", (e) => { lastId = e.lastEventId; addSource(JSON.parse(e.data)); });
+    source.addEventListener("status", (e) => { showStatus(JSON.parse(e.data)); refreshIfOld(); });
+    source.addEventListener("source", (e) => { lastId = e.lastEventId; addSource(JSON.parse(e.data)); refreshIfOld(); });
     source.onopen = () => { document.getElementById("live-state").textContent = "live"; };
     source.onerror = () => { document.getElementById("live-state").textContent = "reconnecting…"; };
   }
