@@ -24,6 +24,7 @@ from dashboard.selectors.incidents import alert_incidents
 from dashboard.selectors.lag import lag_status, latest_source_lag, source_lag_growing
 from dashboard.services.enqueue import DELIVER_ALERT, enqueue
 from dashboard.services.incidents import incidents_publish
+from statekeeper.units import bytes_h
 
 log = logging.getLogger(__name__)
 LAG_ALERTS = {"WARN": AlertKind.LAG_WARN, "STALL": AlertKind.LAG_STALL, "STOP": AlertKind.LAG_STOP}
@@ -50,10 +51,6 @@ def watermark_jump(recent: list[dict[str, Any]]) -> str | None:
     )
 
 
-def mb(value: int | None) -> str:
-    return f"{(value or 0) / 2**20:,.0f} MB"
-
-
 def heap_pressure(run: Run, now: datetime) -> str | None:
     """The run's driver heap held nearly its maximum after a garbage collection, at a recent heartbeat."""
     share = run.heap_share
@@ -71,7 +68,7 @@ def heap_pressure(run: Run, now: datetime) -> str | None:
         remedy = "a larger STATEKEEPER_DRIVER_MEMORY"
         victims = "the run"
     return (
-        f"{where} held {mb(run.heap_after_gc_bytes)} of {mb(run.heap_max_bytes)} ({share:.0%}) after its "
+        f"{where} held {bytes_h(run.heap_after_gc_bytes)} of {bytes_h(run.heap_max_bytes)} ({share:.0%}) after its "
         f"latest garbage collection (the limit is {settings.ALERT_DRIVER_HEAP_PERCENT}%): an OutOfMemoryError "
         f"would fail {victims}. Give it {remedy}."
     )

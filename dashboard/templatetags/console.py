@@ -9,19 +9,14 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
+from statekeeper import units
+
 register = template.Library()
 
 
 @register.filter
 def bytes_h(value: float | int | None) -> str:
-    if value is None:
-        return "–"
-    size = float(value)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(size) < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TB"
+    return units.bytes_h(value)
 
 
 @register.filter
