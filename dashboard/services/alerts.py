@@ -24,7 +24,7 @@ from dashboard.selectors.incidents import alert_incidents
 from dashboard.selectors.lag import lag_status, latest_source_lag, source_lag_growing
 from dashboard.services.enqueue import DELIVER_ALERT, enqueue
 from dashboard.services.incidents import incidents_publish
-from statekeeper.units import bytes_h
+from dashboard.units import bytes_h
 
 log = logging.getLogger(__name__)
 LAG_ALERTS = {"WARN": AlertKind.LAG_WARN, "STALL": AlertKind.LAG_STALL, "STOP": AlertKind.LAG_STOP}

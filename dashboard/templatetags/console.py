@@ -9,7 +9,7 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-from statekeeper import units
+from dashboard import units
 
 register = template.Library()
 
