@@ -173,8 +173,7 @@ def test_a_driver_heap_nearly_full_after_a_collection_is_an_alert_that_names_the
     alert = Alert.objects.get(kind=AlertKind.DRIVER_HEAP)
     assert alert.job == shared
     assert (  # its sizes written as the overview writes them
-        f"the shared driver #{host.id}'s heap, which all its jobs share, held 1.8 GB of 2.0 GB (90%)"
-        in alert.message
+        f"the shared driver #{host.id}'s heap, which all its jobs share, held 1.8 GB of 2.0 GB (90%)" in alert.message
     )
     assert "STATEKEEPER_SHARED_DRIVER_MEMORY" in alert.message
     # its own driver's heap fills too: the remedy is that driver's memory
