@@ -495,7 +495,8 @@ LIVE_STREAM_SECONDS = 300  # a stream ends after this; the browser reconnects wi
 
 async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
     """Checkpoints and incidents from the live stream, for one job or (None) for all. A job's checkpoints carry the
-    lag status judged on the server; a keep-alive re-judges it (STOP is the absence of commits)."""
+    lag status judged on the server; its source samples and a keep-alive re-judge it (STOP is the absence of
+    commits)."""
     client = aredis.Redis.from_url(settings.REDIS_URL)
     window = None
     if job is not None:
@@ -538,6 +539,9 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
                 elif "source" in data:
                     body = data["source"] | {"job": data["job"]}
                     yield f"id: {cursor}\nevent: source\ndata: {json.dumps(body)}\n\n"
+                    if job is not None:  # a job that is down is judged from its source: with each sample, not only
+                        # when the stream falls quiet (other jobs' samples keep it busy)
+                        yield f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job))}\n\n"
     finally:
         await client.aclose()  # type: ignore[attr-defined]  # redis 5+ has aclose; the stubs predate it
 

@@ -99,6 +99,8 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     job.refresh_from_db()
     waiting = int(redis.xinfo_stream(stream_name)["entries-added"]) - int(committed(job)["n"])
     wait_for(lambda: fact(page, "Lag").startswith(f"{waiting} records"), 30, 0.5, f"the overview's lag at {waiting}")
+    reason = page.locator("#lag-reason")
+    wait_for(lambda: f"{waiting} records waiting" in reason.inner_text(), 30, 0.5, f"the header's lag at {waiting}")
     job_request_start(job=job)
     wait_for(lambda: run_shown(page) == "running", 120, 0.5, "the header to show the new run running")
     wait_for(lambda: "Stop" in buttons(page), 30, 0.5, "the Stop button back")

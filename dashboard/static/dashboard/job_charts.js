@@ -181,7 +181,7 @@
   // The facts age too (the last checkpoint, the lag read from the source while the job is down, the heap): a batch, a
   // source sample or a keep-alive takes them afresh when they are FACTS_EVERY_MS old, so the overview never tells
   // another lag than the header for longer than that.
-  const FACTS_EVERY_MS = 5000;
+  const FACTS_EVERY_MS = 4000;  // under the source samples' 5 s: each of them is shown
   function refreshIfOld() {
     if (Date.now() - refreshedAt >= FACTS_EVERY_MS) refreshFacts();
   }
