@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import functions as F
 
-from workers.spark.session import backend_conf
+from workers.spark.session import backend_conf, state_maintenance_conf
 
 
 def snapshots(partition: Path) -> list[int]:
@@ -37,3 +38,19 @@ def test_snapshots_reach_the_checkpoint_every_few_seconds(spark: Any, tmp_path: 
         assert len(snapshots(partition)) >= 2, f"snapshots on the checkpoint after 40 s: {snapshots(partition)}"
     finally:
         query.stop()
+
+
+@pytest.mark.parametrize("given", ["ten", "0", "-5", "0.2", "nan", "86400"])
+def test_a_maintenance_interval_out_of_range_is_refused_by_name(monkeypatch: Any, given: str) -> None:
+    monkeypatch.setenv("STATEKEEPER_STATE_MAINTENANCE_SECONDS", given)
+    with pytest.raises(
+        ValueError, match=f"STATEKEEPER_STATE_MAINTENANCE_SECONDS must be seconds from 1 to 3600, not '{given}'"
+    ):
+        state_maintenance_conf()
+
+
+def test_the_maintenance_interval_is_given_to_spark_in_milliseconds(monkeypatch: Any) -> None:
+    monkeypatch.setenv("STATEKEEPER_STATE_MAINTENANCE_SECONDS", "2.5")
+    assert state_maintenance_conf() == {"spark.sql.streaming.stateStore.maintenanceInterval": "2500ms"}
+    monkeypatch.delenv("STATEKEEPER_STATE_MAINTENANCE_SECONDS")
+    assert state_maintenance_conf() == {"spark.sql.streaming.stateStore.maintenanceInterval": "10000ms"}

@@ -38,8 +38,14 @@ def state_maintenance_conf() -> dict[str, str]:
     ten batches and ten seconds' worth. The price: maintenance (snapshot uploads, the removal of old files, which
     lists each partition's checkpoint directory) runs six times as often, and writes every snapshot rather than the
     newest of each minute."""
-    seconds = float(os.environ.get("STATEKEEPER_STATE_MAINTENANCE_SECONDS", "10"))
-    return {"spark.sql.streaming.stateStore.maintenanceInterval": f"{max(1, round(seconds * 1000))}ms"}
+    raw = os.environ.get("STATEKEEPER_STATE_MAINTENANCE_SECONDS", "10")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 1 <= seconds <= 3600:  # NaN included; under a second, maintenance would run without a pause
+        raise ValueError(f"STATEKEEPER_STATE_MAINTENANCE_SECONDS must be seconds from 1 to 3600, not {raw!r}")
+    return {"spark.sql.streaming.stateStore.maintenanceInterval": f"{round(seconds * 1000)}ms"}
 
 
 def backend_conf(backend: str) -> dict[str, str]:
