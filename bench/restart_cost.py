@@ -106,7 +106,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--maintenance-seconds", type=float, default=None,
-        help="spark.sql.streaming.stateStore.maintenanceInterval (default: the console's setting)",
+        help="STATEKEEPER_STATE_MAINTENANCE_SECONDS for this run (default: the console's setting)",
     )  # fmt: skip
     parser.add_argument(
         "--first-run-seconds", type=float, default=30, help="how long the query runs before its first stop"
@@ -124,8 +124,8 @@ def main() -> None:
     halt = threading.Event()
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy_loops)]
     extra = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"} if args.hadoop_files else {}
-    if args.maintenance_seconds is not None:
-        extra["spark.sql.streaming.stateStore.maintenanceInterval"] = f"{int(args.maintenance_seconds * 1000)}ms"
+    if args.maintenance_seconds is not None:  # read by build_session, as a driver's session reads it
+        os.environ["STATEKEEPER_STATE_MAINTENANCE_SECONDS"] = str(args.maintenance_seconds)
     spark = build_session("bench-restart-cost", "local[1]", backend=args.backend, partitions=PARTITIONS, extra=extra)
     rows: list[tuple[int, int, tuple[int, int, int], tuple[float, ...]]] = []
     try:
