@@ -493,6 +493,13 @@ def job_series(request: HttpRequest, name: str) -> JsonResponse:
 LIVE_STREAM_SECONDS = 300  # a stream ends after this; the browser reconnects with Last-Event-ID and misses nothing
 
 
+async def _status_event(job: Job, window: lag.LagWindow | None) -> str:
+    """The job's status judged afresh, as an event: on the stream's own window of its checkpoints (seeded from the
+    database and extended by every point pushed), not a re-read of them."""
+    recent = window.points if window is not None else None
+    return f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job, recent=recent))}\n\n"
+
+
 async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
     """Checkpoints and incidents from the live stream, for one job or (None) for all. A job's checkpoints carry the
     lag status judged on the server; its source samples and a keep-alive re-judge it (STOP is the absence of
@@ -513,7 +520,7 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
                 continue
             if not reply:
                 if job is not None:  # judged afresh: a job that went down says so from its source
-                    yield f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job))}\n\n"
+                    yield await _status_event(job, window)
                 else:
                     yield ": keep-alive\n\n"
                 continue
@@ -535,13 +542,13 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
                     body = data["incident"] | {"job": data["job"]}
                     yield f"id: {cursor}\nevent: incident\ndata: {json.dumps(body)}\n\n"
                     if job is not None:  # a run started or ended, an action or an alert: the header's run with it
-                        yield f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job))}\n\n"
+                        yield await _status_event(job, window)
                 elif "source" in data:
                     body = data["source"] | {"job": data["job"]}
                     yield f"id: {cursor}\nevent: source\ndata: {json.dumps(body)}\n\n"
                     if job is not None:  # a job that is down is judged from its source: with each sample, not only
                         # when the stream falls quiet (other jobs' samples keep it busy)
-                        yield f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job))}\n\n"
+                        yield await _status_event(job, window)
     finally:
         await client.aclose()  # type: ignore[attr-defined]  # redis 5+ has aclose; the stubs predate it
 
