@@ -215,6 +215,10 @@ class Job(models.Model):
         """What the job's lag counts: stream entries, or files not yet read."""
         return "files" if self.reads_files else "records"
 
+    def lag_count(self, count: int) -> str:
+        """``count`` of what the job's lag counts, in words: "1 file", "250 records"."""
+        return f"{count} {self.lag_unit[:-1] if count == 1 else self.lag_unit}"
+
     def has_state(self) -> bool:
         """True once a batch has been committed to the checkpoint: from then on Spark has frozen its settings."""
         commits = self.checkpoint_location / "commits"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dashboard.models import Job, ResultRow, SourceLag
+from dashboard.selectors import jobs
 from dashboard.services.checkpoints import progress_stream_ingest
 from dashboard.services.source_lag import source_lag_sample
 from tests.conftest import wait_for
@@ -77,6 +78,7 @@ def test_a_job_reads_new_files_dead_letters_bad_rows_and_counts_its_backlog_in_f
     sample = SourceLag.objects.filter(job=job).latest("sampled_at")
     assert (sample.source_n, sample.committed_n, sample.lag_records) == (2, 1, 1)
     assert sample.lag_bytes == second.stat().st_size
+    assert jobs.job_lag_status(job)["reason"] == "not running: 1 file waiting", "counted in files, not records"
 
     driver = start_driver(Job.objects.get(id=job.id))
     wait_for(lambda: ResultRow.objects.filter(job=job).count() == 50, 180, 1, "the new file's events")

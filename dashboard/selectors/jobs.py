@@ -126,7 +126,7 @@ def job_lag_status(job: Job, now: datetime | None = None, recent: list[dict[str,
         sample = lag.latest_source_lag([job], now).get(job.id)
         if sample is not None and sample.lag_records > 0:
             oldest = f", the oldest waiting {sample.lag_seconds:.0f} s" if sample.lag_seconds else ""
-            down = lag.LagStatus("STOP", f"not running: {sample.lag_records} records waiting{oldest}", None)
+            down = lag.LagStatus("STOP", f"not running: {job.lag_count(sample.lag_records)} waiting{oldest}", None)
             return asdict(down) | {"run": run}
     points = charts.recent_points(job) if recent is None else recent
     return lag.status_json(points, job.trigger_interval_seconds, now) | {"run": run}

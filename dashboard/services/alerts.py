@@ -91,7 +91,7 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
         idle = sample is not None and sample.lag_records == 0
         if quiet > allowed and not idle:
             since = "since the run started" if not recent else f"since batch {recent[-1]['batch']}"
-            waiting = f", with {sample.lag_records} {job.lag_unit} waiting" if sample is not None else ""
+            waiting = f", with {job.lag_count(sample.lag_records)} waiting" if sample is not None else ""
             message = (
                 f"no checkpoint for {quiet:.0f} s {since}{waiting} (trigger {trigger:g} s; the limit is "
                 f"{settings.ALERT_CHECKPOINT_STALL_TRIGGERS} triggers, at least 30 s)"
@@ -116,7 +116,7 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
             newest = samples[-1]
             oldest = f", the oldest waiting {newest.lag_seconds:.0f} s" if newest.lag_seconds else ""
             found[AlertKind.LAG_STOP] = (
-                f"lag STOP: {job.name} is not running and its source moves on: {newest.lag_records} records "
+                f"lag STOP: {job.name} is not running and its source moves on: {job.lag_count(newest.lag_records)} "
                 f"waiting{oldest} (from {samples[0].lag_records} {int((now - samples[0].sampled_at).total_seconds())} "
                 "s ago)",
                 None,
