@@ -5,7 +5,7 @@ may).
 The warm-up is what a cold restart pays on the critical path: the JVM and SparkSession, the Python workers, the data
 source's planning, Spark's code generation for this pipeline's plan, the sink's handling of a batch (cached, counted
 and read back: ``rehearse``), and the code that restarts a query on an existing checkpoint (the warm query is started
-twice). Two things would go cold while it waits, and
+twice, three times for a rocksdb-incremental job). Two things would go cold while it waits, and
 are kept warm. Spark ends a Python worker that has been idle for 60 s, and its successor pays a second or two in the
 first batch to fork new ones and import into them again (a transformWithState pipeline has workers of its own kind),
 so the warm-up's query keeps running and gets a few events every KEEP_WARM_SECONDS. And Spark starts a new Python

@@ -1,0 +1,34 @@
+"""A standby's warm query rehearses a takeover on a scratch checkpoint. A takeover of a rocksdb-incremental job loads
+each partition's newest snapshot and replays the change files after it: the rehearsal's restart must do the same, or
+the successor's first batch runs that code cold."""
+
+from __future__ import annotations
+
+import pytest
+
+from dashboard.models import Job
+from workers.warm_query import WarmQuery
+
+
+def state_files(scratch, suffix: str) -> list[str]:
+    return sorted(p.name for p in (scratch / "state").rglob(f"*{suffix}"))
+
+
+@pytest.mark.spark
+@pytest.mark.django_db
+def test_an_incremental_jobs_warm_up_restarts_on_a_snapshot_and_a_change_file(spark, make_job, redis):
+    job: Job = make_job(state_backend="rocksdb-incremental", parallelism=1)
+    warm = WarmQuery(spark, job, "test-incremental")
+    try:
+        warm.start()
+        # the first run, change files off, put a snapshot on the checkpoint; the second wrote a change file on it
+        assert any(name.startswith("1_") for name in state_files(warm.scratch, ".zip")), state_files(warm.scratch, "")
+        assert any(name.startswith("2_") for name in state_files(warm.scratch, ".changelog")), state_files(
+            warm.scratch, ""
+        )
+        progress = warm.query.lastProgress
+        assert warm.query.isActive and progress["batchId"] == 2, "the third run ran its batch on that state"
+        assert progress["stateOperators"][0]["numRowsTotal"] > 0, "with the rows it loaded"
+    finally:
+        warm.stop()
+    assert not warm.scratch.exists(), "its scratch checkpoint removed"
