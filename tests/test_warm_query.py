@@ -4,6 +4,9 @@ the successor's first batch runs that code cold."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from dashboard.models import Job
@@ -32,3 +35,37 @@ def test_an_incremental_jobs_warm_up_restarts_on_a_snapshot_and_a_change_file(sp
     finally:
         warm.stop()
     assert not warm.scratch.exists(), "its scratch checkpoint removed"
+
+
+def planner_processes() -> set[int]:
+    """The Python processes Spark keeps to create a Python data source and plan its reads: children of the daemons
+    that fork them."""
+    daemons, parents = set(), {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline, open(f"/proc/{entry}/stat") as stat:
+                argv = cmdline.read().split(b"\0")
+                parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"pyspark.daemon" in argv and any(b"data_source" in arg for arg in argv):
+            daemons.add(int(entry))
+    return {pid for pid, parent in parents.items() if parent in daemons}
+
+
+@pytest.mark.soak  # waits out Spark's 60 s idle timeout for a Python process: about 80 s, with -m soak
+@pytest.mark.spark
+@pytest.mark.django_db
+def test_the_warm_query_keeps_sparks_planner_processes_past_their_idle_timeout(spark, make_job, redis):
+    job: Job = make_job(parallelism=1)
+    warm = WarmQuery(spark, job, "test-planner")
+    try:
+        warm.start()
+        kept = planner_processes()
+        assert kept, "the warm query's start left a planner process for the next call"
+        for _ in range(2):
+            time.sleep(36)
+            warm.keep_warm()
+        assert planner_processes() & kept, "72 s later the same processes serve a takeover's start and first batch"
+    finally:
+        warm.stop()

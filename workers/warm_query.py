@@ -19,6 +19,7 @@ from dashboard import pipelines
 from dashboard.models import Job
 from workers.sink import rehearse
 from workers.spark.query import JobSpec, start_query
+from workers.spark.sources.redis_streams import PlannerPing
 
 log = logging.getLogger(__name__)
 KEEP_WARM_SECONDS = 40.0  # + the warm query's trigger (5 s): inside Spark's 60 s idle timeout for a Python worker
@@ -81,10 +82,22 @@ class WarmQuery:
             self.feed()
             self.query = start_query(self.spark, replace(self.spec, backend=backend), self.pipeline, consume)
             self.query.processAllAvailable()
+        self.ping_planner()
+
+    def ping_planner(self) -> None:
+        """Read PlannerPing: Spark's Python processes that create a stream source and plan its reads stay alive. It
+        only saves time: when it fails, the takeover starts them anew."""
+        try:
+            self.spark.dataSource.register(PlannerPing)
+            self.spark.read.format(PlannerPing.name()).load().collect()
+        except Exception as exc:  # py4j's errors among them
+            log.warning("%s: the planner ping failed (%s); a takeover will start Spark's planner processes", self.tag,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
 
     def keep_warm(self) -> None:
         if self.query is not None and self.query.isActive:
             self.feed(5)
+            self.ping_planner()
         elif self.query is not None:
             log.warning("%s: its warm query ended (%s); it is no longer kept warm", self.tag, self.query.exception())
             self.query = None
