@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from dashboard.models import Alert, AlertKind, Checkpoint, Job, RunStatus
+from dashboard.models import Alert, AlertKind, Checkpoint, Job, Run, RunStatus
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.source_lag import committed
 from tests.conftest import send_events, wait_for
@@ -170,3 +170,19 @@ def test_a_range_without_batches_is_drawn_as_the_range_and_says_so(page, asgi_se
     redis.xadd(settings.LIVE_STREAM, {"data": json.dumps({"job": job.id, "record": point})})
     wait_for(lambda: shown(page) == 1, 30, 0.5, "the first point")
     assert "no batch committed in this range" not in page.locator("#chart-duration").inner_text()
+
+
+def test_a_run_that_ends_while_the_page_loads_leaves_no_stale_buttons(page, asgi_server, make_job):
+    job = make_job(name="ending")
+    now = timezone.now()
+    run = Run.objects.create(job=job, status=RunStatus.STOPPING, started_at=now, stop_requested_at=now)
+
+    def end_the_run_then_answer(route: Any) -> None:  # the run ends between the page's render and its series
+        Run.objects.filter(id=run.id).update(status=RunStatus.STOPPED, ended_at=timezone.now())
+        route.continue_()
+
+    page.route("**/series.json*", end_the_run_then_answer)
+    page.goto(f"{asgi_server}/jobs/ending/")
+    # a quiet live stream re-judges the job after 15 s and would mend the buttons then: they must be right before it
+    wait_for(lambda: "Start" in buttons(page), 10, 0.25, "the stopped run's Start button")
+    assert "Stop" not in buttons(page) and run_shown(page) == "stopped"

@@ -197,9 +197,14 @@
     document.getElementById("lag-reason").textContent = status.reason + drain;
     if (status.run === undefined) return;  // a checkpoint's status: the run is as it was
     const runKey = JSON.stringify(status.run);
-    if (shownRun !== undefined && runKey !== shownRun) refreshFacts();
-    shownRun = runKey;
     const run = document.getElementById("run-status");
+    // the first status (with the series, fetched after the page) is compared with the run the page was rendered
+    // with: a run that ended in between would otherwise leave its buttons on the page (Stop, and no Start)
+    const changed = shownRun === undefined
+      ? (status.run ? status.run.status : "") !== run.dataset.rendered
+      : runKey !== shownRun;
+    if (changed) refreshFacts();
+    shownRun = runKey;
     run.className = "badge b-" + (status.run ? status.run.status : "none");
     run.textContent = status.run ? status.run.status : "never run";
     const message = status.run && status.run.message;  // cut on the server as the template cuts it
