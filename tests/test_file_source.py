@@ -13,6 +13,7 @@ from dashboard.models import Job, ResultRow, SourceLag
 from dashboard.selectors import jobs
 from dashboard.services.checkpoints import progress_stream_ingest
 from dashboard.services.source_lag import source_lag_sample
+from dashboard.templatetags import console
 from tests.conftest import wait_for
 from tests.test_job_form import VALID
 
@@ -79,6 +80,7 @@ def test_a_job_reads_new_files_dead_letters_bad_rows_and_counts_its_backlog_in_f
     assert (sample.source_n, sample.committed_n, sample.lag_records) == (2, 1, 1)
     assert sample.lag_bytes == second.stat().st_size
     assert jobs.job_lag_status(job)["reason"] == "not running: 1 file waiting", "counted in files, not records"
+    assert console.lag_count(job, sample.lag_records) == "1 file", "the overview's lag says it as the header does"
 
     driver = start_driver(Job.objects.get(id=job.id))
     wait_for(lambda: ResultRow.objects.filter(job=job).count() == 50, 180, 1, "the new file's events")

@@ -20,6 +20,12 @@ def bytes_h(value: float | int | None) -> str:
 
 
 @register.filter
+def lag_count(job: Any, count: int) -> str:
+    """``{{ job|lag_count:n }}``: what the job's lag counts, in words ("1 file", "60 records"), as its alerts say it."""
+    return str(job.lag_count(count))
+
+
+@register.filter
 def ms_h(value: float | int | None) -> str:
     if value is None:
         return "–"
