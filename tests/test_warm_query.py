@@ -10,6 +10,7 @@ import time
 import pytest
 
 from dashboard.models import Job
+from tests.test_standby import children_of
 from workers.warm_query import WarmQuery
 
 
@@ -39,18 +40,16 @@ def test_an_incremental_jobs_warm_up_restarts_on_a_snapshot_and_a_change_file(sp
 
 def planner_processes() -> set[int]:
     """The Python processes Spark keeps to create a Python data source and plan its reads: children of the daemons
-    that fork them."""
-    daemons, parents = set(), {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline, open(f"/proc/{entry}/stat") as stat:
-                argv = cmdline.read().split(b"\0")
-                parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if b"pyspark.daemon" in argv and any(b"data_source" in arg for arg in argv):
-            daemons.add(int(entry))
-    return {pid for pid, parent in parents.items() if parent in daemons}
+    (under this test's JVM) that fork them."""
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for pid, cmdline in children_of(todo.pop()):
+            argv = cmdline.split(b"\0")
+            if b"pyspark.daemon" in argv and any(b"data_source" in arg for arg in argv):
+                found |= {child for child, _ in children_of(pid)}
+            else:
+                todo.append(pid)
+    return found
 
 
 @pytest.mark.soak  # waits out Spark's 60 s idle timeout for a Python process: about 80 s, with -m soak

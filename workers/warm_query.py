@@ -16,7 +16,7 @@ from django.conf import settings
 from statekeeper_sdk import sample_events
 
 from dashboard import pipelines
-from dashboard.models import Job
+from dashboard.models import Job, StateBackend
 from workers.sink import rehearse
 from workers.spark.query import JobSpec, start_query
 from workers.spark.sources.redis_streams import PlannerPing
@@ -71,11 +71,11 @@ class WarmQuery:
             rehearse(self.pipeline, frame)
 
         backends = [self.spec.backend] * 2
-        if self.spec.backend == "rocksdb-incremental":
+        if self.spec.backend == StateBackend.ROCKSDB_INCREMENTAL:
             # its state reaches the checkpoint as a change file a batch, and a snapshot only after ten batches and a
             # maintenance run: a first run with change files off writes a snapshot at once, so that the restart loads
             # a snapshot and replays a change file on it, as a takeover does
-            backends = ["rocksdb", "rocksdb-incremental", "rocksdb-incremental"]
+            backends = [StateBackend.ROCKSDB, StateBackend.ROCKSDB_INCREMENTAL, StateBackend.ROCKSDB_INCREMENTAL]
         for backend in backends:
             if self.query is not None:
                 self.query.stop()
