@@ -16,6 +16,7 @@ from dashboard.access import login_lockout
 from dashboard.models import Job, SourceKind, StateBackend
 from dashboard.services.audit import audit_record, client_address
 from dashboard.services.rescale import MEMORY_REPARTITION
+from dashboard.services.secrets import value_problems
 
 KAFKA_SERVERS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}(,[A-Za-z0-9.\-\[\]:]+:\d{1,5})*$")
 
@@ -117,7 +118,7 @@ class JobForm(forms.ModelForm):
                     "which previews it on the state, takes a savepoint and rolls back by itself if the new run fails.",
                 )
         if "parameters" not in self.errors:  # its sinks' targets come from the values
-            for problem in pipelines.sink_problems(pipeline.name, resolved):
+            for problem in pipelines.sink_problems(pipeline.name, resolved) + value_problems(pipeline.name, resolved):
                 self.add_error("parameters", problem)
 
     def _clean_source(self, data: dict[str, Any], pipeline: Any) -> None:

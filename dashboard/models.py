@@ -252,6 +252,7 @@ class Deploy(models.Model):
     package = models.CharField(max_length=200, blank=True, help_text="the installed distribution and its version")
     code_hash = models.CharField(max_length=64, help_text="sha256 of every file of the pipeline's distribution")
     parameters = models.JSONField(default=dict, help_text="every parameter's value the run used, defaults included")
+    secret_versions = models.JSONField(default=dict, help_text="the version of each secret its parameters name")
     spark_conf = models.JSONField(default=dict)
     spark_version = models.CharField(max_length=40, blank=True)
     operator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
@@ -788,6 +789,31 @@ class AuditEntry(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise AppendOnly("audit entries are never deleted")
+
+
+SECRET_NAME = RegexValidator(
+    r"^[a-z0-9][a-z0-9_.-]{0,62}\Z", "A secret's name is lower-case letters, digits, '.', '_' and '-' (63 at most)."
+)
+
+
+class Secret(models.Model):
+    """A value a job's sink needs and nobody reads back (a password, a key): kept encrypted with
+    STATEKEEPER_SECRETS_KEY (dashboard/services/secrets.py). A job's parameters name it as ``${secret:NAME}``; only the
+    job's driver decrypts it, when the job starts."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[SECRET_NAME])
+    ciphertext = models.TextField(help_text="the value, encrypted (Fernet)")
+    version = models.PositiveIntegerField(default=1, help_text="1 when set, one more at each rotation")
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.CharField(max_length=150, blank=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
+    rotated_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"secret {self.name} (version {self.version})"
 
 
 class ApiToken(models.Model):

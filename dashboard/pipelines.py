@@ -172,6 +172,26 @@ def whose_code(name: str, version: CodeVersion) -> str:
     return f"the code of {name!r}"
 
 
+def family(name: str) -> str:
+    """The first version of the pipeline ``name``: following ``version_of`` (``customer-spend-v2`` is a version of
+    ``customer-spend``) as far as the registry has it."""
+    seen = [name]
+    while (
+        (found := find(seen[-1])) is not None and (earlier := getattr(found, "version_of", "")) and earlier not in seen
+    ):
+        seen.append(earlier)
+    return seen[-1]
+
+
+def sink_targets(name: str, values: dict[str, Any]) -> dict[str, str]:
+    """Where each sink of a job of pipeline ``name`` writes with these values (its name: where), the ones that are off
+    left out; empty when the pipeline or its targets cannot be bound."""
+    try:
+        return {s.name: f"{s.kind}: {s.where()}" for s in bound_sinks(name, values) if not s.off()}
+    except (UnknownPipeline, ValueError):
+        return {}
+
+
 def parameter_values(name: str, given: dict[str, Any]) -> dict[str, Any]:
     """Every parameter's value for a job of pipeline ``name``: the given ones, checked, and defaults for the rest.
     ValueError with one problem per line."""
@@ -210,7 +230,8 @@ def sink_problems(name: str, values: dict[str, Any]) -> list[str]:
     for sink in sinks:
         if sink.off():
             continue
-        if isinstance(sink, FileSink) and not Path(sink.path).is_absolute():
+        # a directory that a secret names is known at the job's start only, where its driver checks it again
+        if isinstance(sink, FileSink) and "${secret:" not in sink.path and not Path(sink.path).is_absolute():
             problems.append(f"sink {sink.name}: its directory must be an absolute path, not {sink.path!r}")
         elif isinstance(sink, KafkaSink) and not kafka_connector():
             problems.append(

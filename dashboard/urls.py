@@ -8,6 +8,7 @@ urlpatterns = [
     path("live", views.jobs_live, name="jobs_live"),
     path("alerts/", views.alert_list, name="alert_list"),
     path("audit/", views.audit_list, name="audit_list"),
+    path("secrets/", views.secret_list_view, name="secret_list"),
     path("capacity/", views.capacity, name="capacity"),
     path("jobs/new", views.job_create, name="job_create"),
     path("jobs/<str:name>/", views.job_detail, name="job_detail"),

@@ -29,7 +29,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.views.decorators.http import require_POST
 
 from dashboard import pipelines
-from dashboard.access import ADMIN, OPERATOR, may, requires
+from dashboard.access import ADMIN, OPERATOR, forbidden, may, requires
 from dashboard.api.specs import drift
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.connections import redis_client
@@ -48,6 +48,7 @@ from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_expo
 from dashboard.selectors.deploys import deploy_history, upgrade_view
 from dashboard.selectors.exceptions import exception_history, failing_batch
 from dashboard.selectors.partitions import partition_view
+from dashboard.selectors.secrets import secret_list
 from dashboard.selectors.sinks import fork_consequences, job_sinks
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
@@ -58,10 +59,11 @@ from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import job_request_start, job_request_stop, shares_driver
+from dashboard.services.secrets import SecretError, secret_delete, secret_set
 from dashboard.services.shadow import SHADOW_RECORDS
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
-from dashboard.services.upgrades import target_parameters, upgrade_refusal
+from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
 
 
 @login_required
@@ -224,6 +226,8 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
     if refusal := upgrade_refusal(job, target, given):
         messages.error(request, refusal)
         return redirect("dashboard:job_deploys", name=job.name)
+    if kind == ActionKind.UPGRADE and (denied := upgrade_role_refusal(request.user, job, target, given)):
+        return forbidden(request, denied)
     params["parameters"] = target_parameters(job, target, given)
     return _request_to(request, job, kind, params, "dashboard:job_deploys")
 
@@ -765,3 +769,40 @@ def job_inspect(request: HttpRequest, name: str) -> HttpResponse:
         "batches": committed_batches(job.checkpoint_location),
     }
     return render(request, "dashboard/inspect.html", context, status=400 if form.errors else 200)
+
+
+@requires(ADMIN, methods=("POST",))
+def secret_list_view(request: HttpRequest) -> HttpResponse:
+    """Secrets for the jobs' sinks: names, versions and the jobs that name them, never a value. An admin sets a new
+    one, rotates one (the same name again) or deletes one no job names."""
+    if request.method == "POST":
+        name = request.POST.get("name", "").strip()[:100]
+        if request.POST.get("delete"):
+            try:
+                secret_delete(name=name)
+            except SecretError as exc:
+                audit_record(request, verb="secret-delete", target=name, outcome="refused", message=str(exc))
+                messages.error(request, f"Not deleted: {exc}.")
+            else:
+                audit_record(request, verb="secret-delete", target=name, outcome="succeeded")
+                messages.success(request, f"Deleted the secret {name}.")
+            return redirect("dashboard:secret_list")
+        try:
+            _, created = secret_set(
+                name=name, value=request.POST.get("value", ""), username=request.user.get_username()
+            )
+        except SecretError as exc:
+            audit_record(request, verb="secret-set", target=name, outcome="refused", message=str(exc))
+            messages.error(request, f"Not saved: {exc}.")
+            return redirect("dashboard:secret_list")
+        audit_record(request, verb="secret-set" if created else "secret-rotate", target=name, outcome="succeeded")
+        row = next(r for r in secret_list() if r.secret.name == name)
+        if created:
+            messages.success(request, f"Saved the secret {name}: a parameter names it as ${{secret:{name}}}.")
+        elif row.stale:
+            messages.success(request, f"Rotated {name} (version {row.secret.version}): {', '.join(row.stale)} take "
+                             "the new value at their next start or upgrade.")  # fmt: skip
+        else:
+            messages.success(request, f"Rotated {name} (version {row.secret.version}).")
+        return redirect("dashboard:secret_list")
+    return render(request, "dashboard/secret_list.html", {"rows": secret_list()})

@@ -6,9 +6,14 @@
     statekeeper savepoint JOB         take a savepoint and wait for it to be verified
     statekeeper restore JOB ID        restore a savepoint (the job must be stopped)
     statekeeper logs JOB              the job's recent runs and actions, with their messages
+    statekeeper secrets               the secrets the console keeps: names, versions, the jobs that name them
+    statekeeper secret set NAME       set or rotate a secret (admin), its value read from standard input
+    statekeeper secret delete NAME    delete a secret no job names (admin)
 
 A spec is a YAML or TOML file per job (a directory of them, or one file): the job's settings by name, ``state:
-running | suspended`` and ``upgrade_mode: savepoint | stateless``. ``--prune``: a job made from specs that no file
+running | suspended`` and ``upgrade_mode: savepoint | stateless``. A spec never holds a password: a parameter
+names a secret instead (``postgres://team:${secret:team-db-password}@db/team_orders``), set once with ``statekeeper
+secret set``. ``--prune``: a job made from specs that no file
 names any more is archived. ``--json`` prints machine-readable output. The console's address and token come from
 ``--url``/``--token`` or STATEKEEPER_URL/STATEKEEPER_TOKEN (``manage.py create_token`` makes one).
 """
@@ -16,6 +21,7 @@ names any more is archived. ``--json`` prints machine-readable output. The conso
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -196,11 +202,22 @@ def main(argv: list[str] | None = None) -> int:
     restore.add_argument("job")
     restore.add_argument("savepoint", type=int)
     commands.add_parser("logs").add_argument("job")
+    commands.add_parser("secrets")
+    secret = commands.add_parser("secret")
+    secret.add_argument("verb", choices=("set", "delete"))
+    secret.add_argument("name")
     args = parser.parse_args(argv)
     if not args.token:
         print("statekeeper: no token (--token or STATEKEEPER_TOKEN)", file=sys.stderr)
         return FAILED
-    console = Console(args.url, args.token)
+    if not args.token.isascii() or not args.token.isprintable() or " " in args.token.strip():
+        print(
+            "statekeeper: the token is malformed: it is one word of printable ASCII, as `manage.py create_token` "
+            "prints it (was the whole sentence captured?)",
+            file=sys.stderr,
+        )
+        return FAILED
+    console = Console(args.url, args.token.strip())
     # in --json mode the human lines go to stderr, and stdout holds one JSON document
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     try:
@@ -259,6 +276,8 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
             out(done)
         say(f"{args.command} #{done['id']} {done['status']}: {done['outcome']}")
         return NOTHING if done["status"] == "succeeded" else FAILED
+    if args.command in ("secrets", "secret"):
+        return secrets(console, args, say, out)
     runs = console.call("GET", f"jobs/{args.job}/runs?limit=10")["runs"]
     actions = console.call("GET", f"jobs/{args.job}/actions?limit=10")["actions"]
     if out:
@@ -267,6 +286,36 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
         say(f"run #{r['id']} {r['status']} {r.get('started_at') or ''} {r.get('message') or ''}".rstrip())
     for a in actions:
         say(f"action #{a['id']} {a['kind']} {a['status']}: {a['outcome'] or a['progress'] or ''}".rstrip())
+    return NOTHING
+
+
+def secrets(console: Console, args: argparse.Namespace, say: Any, out: Any) -> int:
+    """List the secrets, or set, rotate or delete one. A value comes from standard input, never from the command line
+    (which any user of the machine can read in the process list)."""
+    if args.command == "secrets":
+        found = console.call("GET", "secrets")["secrets"]
+        if out:
+            out({"secrets": found})
+        for s in found:
+            pending = f"; {', '.join(s['pending_restart'])} on an older version" if s["pending_restart"] else ""
+            say(f"{s['name']}: version {s['version']}, named by {', '.join(s['jobs']) or 'no job'}{pending}")
+        return NOTHING
+    if args.verb == "delete":
+        result = console.call("DELETE", f"secrets/{args.name}")
+        if out:
+            out(result)
+        say(f"deleted {args.name}")
+        return NOTHING
+    prompt = f"value of {args.name}: "
+    value = getpass.getpass(prompt) if sys.stdin.isatty() else sys.stdin.read().removesuffix("\n")
+    if not value:
+        print("statekeeper: no value on standard input", file=sys.stderr)
+        return FAILED
+    result = console.call("PUT", f"secrets/{args.name}", {"value": value})
+    if out:
+        out(result)
+    s = result["secret"]
+    say(f"{s['name']}: version {s['version']}" + (f" ({result['note']})" if result.get("note") else ""))
     return NOTHING
 
 

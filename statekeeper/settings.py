@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from celery.schedules import crontab
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -72,11 +73,27 @@ SECRET_KEY = env_str("STATEKEEPER_SECRET_KEY", DEV_SECRET)
 ALLOWED_HOSTS = [h.strip() for h in env_str("STATEKEEPER_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
 
 
-def deployment_problems(secret: str, debug: bool, hosts: list[str]) -> list[str]:
+# The key that encrypts the secrets the console keeps for jobs' sinks (Fernet: a url-safe base64 32-byte key, as
+# `python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"` prints). Several keys,
+# comma-separated, rotate it: the first encrypts, every one decrypts. In development, without one, a key is derived
+# from the development secret key (not secret: development only).
+SECRETS_KEYS = [k.strip() for k in env_str("STATEKEEPER_SECRETS_KEY", "").split(",") if k.strip()]
+for _key in SECRETS_KEYS:
+    try:
+        Fernet(_key)
+    except ValueError:
+        raise ImproperlyConfigured(
+            "STATEKEEPER_SECRETS_KEY must be Fernet keys (32 url-safe base64-encoded bytes), comma-separated"
+        ) from None
+
+
+def deployment_problems(secret: str, debug: bool, hosts: list[str], secrets_keys: list[str] | None = None) -> list[str]:
     """What makes these settings unsafe outside development."""
     problems = []
     if secret == DEV_SECRET or len(secret) < 32:
         problems.append("STATEKEEPER_SECRET_KEY is unset or shorter than 32 characters")
+    if not secrets_keys:
+        problems.append("STATEKEEPER_SECRETS_KEY is unset (it encrypts the secrets of the jobs' sinks)")
     if debug:
         problems.append("STATEKEEPER_DEBUG is on (it shows settings and code to anyone who hits an error)")
     if not hosts or "*" in hosts:
@@ -84,7 +101,7 @@ def deployment_problems(secret: str, debug: bool, hosts: list[str]) -> list[str]
     return problems
 
 
-if not DEVELOPMENT and (unsafe := deployment_problems(SECRET_KEY, DEBUG, ALLOWED_HOSTS)):
+if not DEVELOPMENT and (unsafe := deployment_problems(SECRET_KEY, DEBUG, ALLOWED_HOSTS, SECRETS_KEYS)):
     raise ImproperlyConfigured(
         "Refusing to start with unsafe settings: " + "; ".join(unsafe) + ". Set them, or STATEKEEPER_ENV=development "
         "for a local run (bin/dev does)."

@@ -15,6 +15,7 @@ from django.conf import settings
 from statekeeper.settings import DEV_SECRET, deployment_problems
 
 SETUP = "import django; django.setup(); print('started')"
+FERNET_KEY = "7Gq3cT1mYx0m0wS9k2b8YbQ2bq3yVQ0d2fQ8l5m3pKE="
 
 
 def start(**env: str) -> subprocess.CompletedProcess:
@@ -27,17 +28,21 @@ def test_a_deployment_with_the_embedded_defaults_refuses_to_start():
     refused = start()
     assert refused.returncode != 0 and "Refusing to start with unsafe settings" in refused.stderr
     assert "STATEKEEPER_SECRET_KEY is unset" in refused.stderr
-    debug = start(STATEKEEPER_SECRET_KEY="k" * 40, STATEKEEPER_DEBUG="1")
+    assert "STATEKEEPER_SECRETS_KEY is unset" in refused.stderr
+    debug = start(STATEKEEPER_SECRET_KEY="k" * 40, STATEKEEPER_SECRETS_KEY=FERNET_KEY, STATEKEEPER_DEBUG="1")
     assert "STATEKEEPER_DEBUG is on" in debug.stderr
-    assert start(STATEKEEPER_SECRET_KEY="k" * 40).stdout.strip() == "started"
+    no_secrets_key = start(STATEKEEPER_SECRET_KEY="k" * 40)
+    assert no_secrets_key.returncode != 0 and "STATEKEEPER_SECRETS_KEY is unset" in no_secrets_key.stderr
+    assert start(STATEKEEPER_SECRET_KEY="k" * 40, STATEKEEPER_SECRETS_KEY=FERNET_KEY).stdout.strip() == "started"
     assert start(STATEKEEPER_ENV="development").stdout.strip() == "started", "bin/dev's local run"
 
 
 def test_what_counts_as_unsafe():
-    assert deployment_problems("k" * 40, False, ["console.example"]) == []
-    assert len(deployment_problems(DEV_SECRET, True, ["*"])) == 3
+    assert deployment_problems("k" * 40, False, ["console.example"], [FERNET_KEY]) == []
+    assert len(deployment_problems(DEV_SECRET, True, ["*"], [FERNET_KEY])) == 3
     assert deployment_problems("short", False, []) == [
         "STATEKEEPER_SECRET_KEY is unset or shorter than 32 characters",
+        "STATEKEEPER_SECRETS_KEY is unset (it encrypts the secrets of the jobs' sinks)",
         "STATEKEEPER_ALLOWED_HOSTS is empty or '*'",
     ]
 

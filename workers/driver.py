@@ -33,6 +33,7 @@ from dashboard.services.checkpoints import journal_path
 from dashboard.services.deploys import deploy_record
 from dashboard.services.lease import lease_renew
 from dashboard.services.runs import run_finish, run_started
+from dashboard.services.secrets import SecretError, redact_logs, reveal
 from workers import job_lock
 from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
@@ -211,7 +212,13 @@ class JobDriver:
         spec = job_spec(self.job, phase_seconds=self.phase_seconds)
         pipeline = pipelines.get(spec.pipeline)
         values = pipelines.parameter_values(spec.pipeline, json.loads(spec.parameters))
-        if problems := pipelines.sink_problems(spec.pipeline, values):
+        try:
+            revealed = reveal(values)  # for the sinks alone; the transform and the lineage digest keep the references
+        except SecretError as exc:
+            problems = [str(exc)]
+        else:
+            problems = pipelines.sink_problems(spec.pipeline, revealed)
+        if problems:
             run_finish(
                 run_id=self.run.id,
                 status=RunStatus.FAILED,
@@ -248,6 +255,7 @@ class JobDriver:
                     job_name=self.job.name,
                     checkpoint=spec.checkpoint,
                     parameters=values,
+                    sink_parameters=revealed,
                     code=code.code_hash,
                     close_connection=self.shared,
                 ),
@@ -373,6 +381,7 @@ def spark_stop(spark: Any) -> None:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    redact_logs()  # a secret revealed for the sinks is masked in whatever the driver logs
     run_id = int(argv[1])
     run = Run.objects.select_related("job").get(id=run_id)
     job = run.job

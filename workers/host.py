@@ -38,6 +38,7 @@ from dashboard.models import DriverHost, HostStatus, Run, RunStatus
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
 from dashboard.services.hosts import host_gone, host_may_end, spare_jobs, spare_retire, spare_warms
 from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
+from dashboard.services.secrets import redact_logs
 from workers import job_lock
 from workers.driver import JobDriver, JobLease, heap_fields, spark_stop
 from workers.spark.fork_server import start_fork_server
@@ -379,6 +380,7 @@ def spread_phase(trigger: float, taken: list[float]) -> float:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    redact_logs()  # a secret revealed for the sinks is masked in whatever the driver logs
     host = SharedDriver(int(argv[1]))
     log.info("shared driver %s (pid %s, local[%s])", host.host.id, os.getpid(), host.host.cores)
     signal.signal(signal.SIGTERM, lambda *_: host.ending.set())

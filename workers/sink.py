@@ -225,13 +225,19 @@ class SinkSet:
 def batch_writer(
     *, job_id: int, token: int, pipeline: Pipeline, dead_letters: str = "", redis_url: str = "", job_name: str = "",
     checkpoint: str = "", parameters: dict[str, Any] | None = None, code: str = "", close_connection: bool = False,
+    sink_parameters: dict[str, Any] | None = None,
 ) -> Callable[[DataFrame, int], None]:  # fmt: skip
     """The query's foreachBatch: the batch computed once (its state files written), then into every sink.
     ``close_connection``: the console's database connection is closed after each batch (a shared driver's jobs would
-    otherwise each hold one in Spark's callback threads)."""
+    otherwise each hold one in Spark's callback threads). ``sink_parameters``: the values the sinks' targets are
+    filled with, the job's secrets revealed (dashboard/services/secrets.py); the lineage digest keeps ``parameters``,
+    which name the secrets, so that no digest is made of a password and a rotation rewinds nothing."""
     client: list[Any] = []
     values = dict(parameters or {})
-    sinks = SinkSet(job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline, parameters=values)
+    sinks = SinkSet(
+        job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline,
+        parameters=dict(sink_parameters if sink_parameters is not None else values),
+    )  # fmt: skip
 
     def write(frame: DataFrame, batch_id: int) -> None:
         try:

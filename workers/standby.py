@@ -29,6 +29,7 @@ from django.utils import timezone
 from dashboard import pipelines
 from dashboard.models import RunStatus, StandbyDriver, StandbyStatus
 from dashboard.services.runs import pid_alive
+from dashboard.services.secrets import redact_logs
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
 from workers import job_lock
 from workers.driver import JobDriver, LeaseKeeper, job_session, spark_stop
@@ -143,6 +144,7 @@ def wait_for_death(
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    redact_logs()  # a secret revealed for the sinks is masked in whatever the driver logs
     standby = StandbyDriver.objects.select_related("job").get(id=int(argv[1]))
     log.info("standby %s for %s (pid %s)", standby.id, standby.job.name, os.getpid())
     began = time.monotonic()

@@ -253,6 +253,49 @@ def _jobs_as_code(paths: dict[str, Any]) -> None:
     }
 
 
+SECRET = {
+    "type": "object",
+    "description": "a secret's name and version, and the jobs that name it: never its value",
+    "properties": {
+        "name": {"type": "string"},
+        "version": {"type": "integer"},
+        "created_at": STAMP,
+        "created_by": {"type": "string"},
+        "rotated_at": STAMP,
+        "rotated_by": {"type": "string"},
+        "jobs": {"type": "array", "items": {"type": "string"}},
+        "pending_restart": {"type": "array", "items": {"type": "string"}, "description": "running jobs on an older "
+                            "version: the rotation reaches them at their next start or upgrade"},
+    },
+}  # fmt: skip
+
+
+def _secrets(paths: dict[str, Any]) -> None:
+    """Secrets for the jobs' sinks: a parameter names one as ${secret:NAME}; only an admin sets one."""
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 63}}
+    one = {"type": "object", "properties": {"secret": _ref("Secret"), "note": {"type": "string"}}}
+    paths["/api/v1/secrets"] = _read(
+        "Every secret's name and version, and the jobs that name it (never a value)",
+        {"type": "object", "properties": {"secrets": {"type": "array", "items": _ref("Secret")}}},
+    )
+    paths["/api/v1/secrets/{name}"] = _read("One secret's name and version (never its value)", one, [name])
+    value = {"type": "object", "required": ["value"], "additionalProperties": False,
+             "properties": {"value": {"type": "string", "minLength": 1, "maxLength": 10000}}}  # fmt: skip
+    paths["/api/v1/secrets/{name}"]["put"] = {
+        "summary": "Set (201) or rotate (200) a secret (admin); a rotation reaches a job at its next start or upgrade",
+        "parameters": [name],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": value}}},
+        "responses": {"200": _json(one, "rotated"), "201": _json(one, "created"), "400": _json(ERROR, "refused"),
+                      **ERRORS},
+    }  # fmt: skip
+    paths["/api/v1/secrets/{name}"]["delete"] = {
+        "summary": "Delete a secret no job names (admin)",
+        "parameters": [name],
+        "responses": {"200": _json({"type": "object"}, "deleted"), "409": _json(ERROR, "jobs still name it"),
+                      **ERRORS},
+    }  # fmt: skip
+
+
 def schema() -> dict[str, Any]:
     def list_of(key: str, item: str) -> dict[str, Any]:
         return {"type": "object", "properties": {key: {"type": "array", "items": _ref(item)}}}
@@ -301,6 +344,7 @@ def schema() -> dict[str, Any]:
         ),
     }
     _jobs_as_code(paths)
+    _secrets(paths)
     return {
         "openapi": "3.0.3",
         "info": {
@@ -312,7 +356,14 @@ def schema() -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {"Checkpoint": CHECKPOINT, "Job": JOB, "Run": RUN, "Savepoint": SAVEPOINT, "Action": ACTION},
+            "schemas": {
+                "Checkpoint": CHECKPOINT,
+                "Job": JOB,
+                "Run": RUN,
+                "Savepoint": SAVEPOINT,
+                "Action": ACTION,
+                "Secret": SECRET,
+            },
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],

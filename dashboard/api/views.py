@@ -35,12 +35,14 @@ from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, Checkpoint
 from dashboard.records import MEASURES
 from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
 from dashboard.selectors.jobs import job_list
+from dashboard.selectors.secrets import secret_list
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import job_request_start, job_request_stop
-from dashboard.services.upgrades import target_parameters, upgrade_refusal
+from dashboard.services.secrets import SecretError, masked, secret_delete, secret_set
+from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 500
@@ -207,10 +209,10 @@ def jobs(request: HttpRequest) -> Any:
     try:
         created = job_create(spec)
     except SpecError as exc:
-        audit_record(request, verb="job-create", job=str(spec.get("name", ""))[:63], params=_plain(spec),
+        audit_record(request, verb="job-create", job=str(spec.get("name", ""))[:63], params=_audited(spec),
                      outcome="refused", message=str(exc)[:500], origin="api")  # fmt: skip
         return JsonResponse({"error": str(exc), "problems": exc.problems}, status=400)
-    audit_record(request, verb="job-create", job=created.name, params=_plain(spec), outcome="succeeded", origin="api")
+    audit_record(request, verb="job-create", job=created.name, params=_audited(spec), outcome="succeeded", origin="api")
     body: dict[str, Any] = {"job": _job_with_spec(created)}
     if spec.get("state", "running") == "running":
         body["run"] = run_json(job_request_start(job=created, requested_by=request.user))
@@ -247,6 +249,11 @@ def _plain(values: Any) -> Any:
     return json.loads(json.dumps(values, default=str))
 
 
+def _audited(spec: dict[str, Any], pipeline: str = "") -> Any:
+    """A request's body as the audit trail keeps it: no password, no value of a parameter declared secret."""
+    return masked(_plain(spec), str(spec.get("pipeline") or pipeline))
+
+
 def _spec_body(request: HttpRequest) -> dict[str, Any]:
     return _json_object(request, "The body must be a JSON object: the job's spec.")
 
@@ -281,10 +288,12 @@ def _patch(request: HttpRequest, job: Job) -> JsonResponse:
                 return _error(412, f"{job.name} changed since that ETag: GET it again (now {etag(locked)}).")
             updated = job_update(locked, spec)
     except SpecError as exc:
-        audit_record(request, verb="job-edit", job=job.name, params=_plain(spec), outcome="refused",
+        audit_record(request, verb="job-edit", job=job.name, params=_audited(spec, job.pipeline), outcome="refused",
                      message=str(exc)[:500], origin="api")  # fmt: skip
         return JsonResponse({"error": str(exc), "problems": exc.problems}, status=400)
-    audit_record(request, verb="job-edit", job=job.name, params=_plain(spec), outcome="succeeded", origin="api")
+    audit_record(
+        request, verb="job-edit", job=job.name, params=_audited(spec, job.pipeline), outcome="succeeded", origin="api"
+    )
     response = JsonResponse({"job": _job_with_spec(updated)})
     response["ETag"] = etag(updated)
     return response
@@ -446,6 +455,12 @@ def _act(request: HttpRequest, name: str, verb: str) -> JsonResponse:
         raise ApiError(400, "Idempotency-Key is at most 200 characters.")
     found = _job(name)
     params = _body(request, verb)
+    if verb == ActionKind.UPGRADE and (
+        denied := upgrade_role_refusal(request.user, found, params["pipeline"], params.get("parameters"))
+    ):
+        audit_record(request, verb="denied", job=found.name, target=request.path, params=_audited(params, found.pipeline), outcome="denied",
+                     message=denied, origin="api")  # fmt: skip
+        return _error(403, denied)
     fingerprint = hashlib.sha256(request.body or b"").hexdigest()
     user_id = int(request.user.pk or 0)
     if key:
@@ -494,9 +509,11 @@ def _perform(request: HttpRequest, job: Job, verb: str, params: dict[str, Any]) 
             done.job = job
             body, target = {"action": action_json(done)}, f"action #{done.id}"
     except ActionRefused as exc:
-        audit_record(request, verb=verb, job=job.name, params=params, outcome="refused", message=str(exc), origin="api")
+        audit_record(request, verb=verb, job=job.name, params=_audited(params, job.pipeline), outcome="refused",
+                     message=str(exc), origin="api")  # fmt: skip
         return 409, {"error": str(exc)}
-    audit_record(request, verb=verb, job=job.name, target=target, params=params, outcome="requested", origin="api")
+    audit_record(request, verb=verb, job=job.name, target=target, params=_audited(params, job.pipeline),
+                 outcome="requested", origin="api")  # fmt: skip
     return 202, body
 
 
@@ -539,3 +556,59 @@ upgrade_preview = _writer(ActionKind.UPGRADE_PREVIEW)
 upgrade = _writer(ActionKind.UPGRADE)
 upgrade_shadow = _writer(ActionKind.UPGRADE_SHADOW)
 upgrade_rollback = _writer(ActionKind.UPGRADE_ROLLBACK)
+
+
+def secret_json(row: Any) -> dict[str, Any]:
+    """A secret as the API shows it: never its value."""
+    s = row.secret
+    return {
+        "name": s.name,
+        "version": s.version,
+        "created_at": _stamp(s.created_at),
+        "created_by": s.created_by,
+        "rotated_at": _stamp(s.rotated_at),
+        "rotated_by": s.rotated_by,
+        "jobs": row.jobs,
+        "pending_restart": row.stale,
+    }
+
+
+@endpoint(("GET",), VIEWER)
+def secrets(request: HttpRequest) -> Any:
+    """Every secret's name, version and the jobs that name it; never a value."""
+    return {"secrets": [secret_json(row) for row in secret_list()]}
+
+
+@endpoint(("GET", "PUT", "DELETE"), VIEWER, writes=ADMIN)
+def secret(request: HttpRequest, name: str) -> Any:
+    """GET: the secret's name and version. PUT {"value": "..."}: set it (201) or rotate it (200), admin only; a
+    rotation reaches a running job at its next start or upgrade. DELETE: remove one no job names."""
+    if request.method == "DELETE":
+        try:
+            secret_delete(name=name)
+        except SecretError as exc:
+            audit_record(request, verb="secret-delete", target=name, outcome="refused", message=str(exc), origin="api")
+            return _error(409 if "still name" in str(exc) else 404, str(exc))
+        audit_record(request, verb="secret-delete", target=name, outcome="succeeded", origin="api")
+        return {"deleted": name}
+    if request.method == "PUT":
+        data = _json_object(request)
+        if set(data) != {"value"}:
+            raise ApiError(400, 'The body is {"value": "..."}: the secret\'s value, and nothing else.')
+        try:
+            _, created = secret_set(name=name, value=data["value"], username=request.user.get_username())
+        except SecretError as exc:
+            audit_record(request, verb="secret-set", target=name[:100], outcome="refused", message=str(exc),
+                         origin="api")  # fmt: skip
+            raise ApiError(400, str(exc)) from None
+        audit_record(request, verb="secret-set" if created else "secret-rotate", target=name, outcome="succeeded",
+                     origin="api")  # fmt: skip
+        row = next(r for r in secret_list() if r.secret.name == name)
+        body: dict[str, Any] = {"secret": secret_json(row)}
+        if not created and row.stale:
+            body["note"] = f"Rotated: {', '.join(row.stale)} take the new value at their next start or upgrade."
+        return JsonResponse(body, status=201 if created else 200)
+    found = next((r for r in secret_list() if r.secret.name == name), None)
+    if found is None:
+        raise ApiError(404, f"No secret named {name!r}.")
+    return {"secret": secret_json(found)}

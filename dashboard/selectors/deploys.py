@@ -23,8 +23,16 @@ def deploy_history(job: Job) -> list[Deploy]:
         if before is None:
             deploy.parameter_changes = pipelines.format_parameters(deploy.parameters, deploy.pipeline).splitlines()  # type: ignore[attr-defined]
         else:
-            deploy.parameter_changes = pipelines.parameter_changes(before.parameters, deploy.parameters)  # type: ignore[attr-defined]
+            deploy.parameter_changes = [  # type: ignore[attr-defined]
+                *pipelines.parameter_changes(before.parameters, deploy.parameters),
+                *secret_changes(before.secret_versions or {}, deploy.secret_versions or {}),
+            ]
     return deploys
+
+
+def secret_changes(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """Each secret rotated between two deploys, as ``secret NAME: changed`` (never a value)."""
+    return [f"secret {name}: changed" for name in sorted(after) if name in before and before[name] != after[name]]
 
 
 @dataclass

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from dashboard.models import AuditEntry
+from dashboard.services.secrets import mask_passwords, masked
 
 
 def client_address(request: HttpRequest | None) -> str:
@@ -70,10 +71,10 @@ def audit_record(
         origin=origin or ("user" if authenticated else "anonymous"),
         verb=verb,
         job=storable(job)[:63],
-        target=storable(target)[:500],
-        params=storable(params or {}),
+        target=storable(mask_passwords(target))[:500],
+        params=storable(masked(params or {})),
         outcome=outcome,
-        message=storable(message)[:2000],
+        message=storable(mask_passwords(message))[:2000],
     )
 
 

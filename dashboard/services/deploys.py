@@ -7,6 +7,7 @@ import pyspark
 
 from dashboard import pipelines
 from dashboard.models import Checkpoint, Deploy, Job, Run
+from dashboard.services.secrets import versions
 
 
 def deploy_record(*, run: Run, spark_conf: dict[str, str], code: pipelines.CodeVersion) -> Deploy:
@@ -19,6 +20,7 @@ def deploy_record(*, run: Run, spark_conf: dict[str, str], code: pipelines.CodeV
         "package": code.package,
         "code_hash": code.code_hash,
         "parameters": pipelines.parameter_values(job.pipeline, job.parameters),
+        "secret_versions": versions(job.parameters),
         "spark_conf": dict(sorted(spark_conf.items())),
         "spark_version": pyspark.__version__,
     }

@@ -30,6 +30,7 @@ from dashboard.services.hosts import host_for_launch, host_silent
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.lease import lease_acquire, lease_release
 from dashboard.services.processes import kill_group, pid_alive, spawn_process
+from dashboard.services.secrets import redact
 
 __all__ = ["kill_group", "pid_alive", "spawn_process"]  # where the drivers' callers have always found them
 
@@ -188,7 +189,7 @@ def run_started(*, run_id: int, executors: list[str] | None = None) -> bool:
 def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") -> None:
     run = Run.objects.select_related("job").get(id=run_id)
     ended = Run.objects.filter(id=run_id, status__in=ACTIVE_RUN_STATUSES).update(
-        status=status, message=message, error=error, ended_at=timezone.now()
+        status=status, message=redact(message), error=redact(error), ended_at=timezone.now()
     )
     if run.fencing_token is not None:
         lease_release(job_id=run.job_id, token=run.fencing_token)

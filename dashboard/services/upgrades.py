@@ -26,6 +26,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from dashboard import pipelines
+from dashboard.access import ADMIN, OPERATOR, refusal
 from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, remove_tree
 from dashboard.connections import redis_client
 from dashboard.models import (
@@ -64,6 +65,7 @@ from dashboard.services.action_steps import (
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import savepoint_fork, switch_to_fork
 from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.secrets import value_problems
 
 COMPATIBLE, EVOLVES, INCOMPATIBLE = "compatible", "evolves", "incompatible"
 WATCH_MIN_SECONDS = 120  # how long an upgrade waits for the first batch when input is waiting (at least 10 triggers)
@@ -199,6 +201,44 @@ def described(pipeline: str, before: dict[str, Any], after: dict[str, Any]) -> s
     return f"{pipeline} ({', '.join(changes)})" if changes else pipeline
 
 
+def upgrade_role(job: Job, target: str, given: dict[str, Any] | None = None) -> tuple[str, str]:
+    """The role an upgrade of the job to ``target`` with the ``given`` values needs, and why when it is the admin's.
+    An operator may upgrade to a version of the job's own pipeline (``Pipeline.version_of``) and change the parameters
+    it marks operational; changing where the output goes (another pipeline, a sink's target, a secret, a version
+    whose sinks write elsewhere) takes an admin."""
+    if pipelines.family(target) != pipelines.family(job.pipeline):
+        return (
+            ADMIN,
+            f"moving {job.name} from {job.pipeline} to {target}, another pipeline, changes where its output goes",
+        )
+    try:
+        before, after = current_parameters(job), target_parameters(job, target, given)
+    except (pipelines.UnknownPipeline, ValueError):
+        return OPERATOR, ""  # upgrade_refusal says what is wrong
+    declared = {p.name: p for p in getattr(pipelines.get(target), "parameters", ()) or ()}
+    changed = [name for name in after if name not in before or before[name] != after[name]]
+    if fixed := [name for name in changed if not getattr(declared.get(name), "operational", False)]:
+        operational = [name for name, p in declared.items() if getattr(p, "operational", False)]
+        return ADMIN, (
+            f"{', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} not among {target}'s operational parameters "
+            f"({', '.join(operational) or 'it has none'}): changing {'it' if len(fixed) == 1 else 'them'} may change "
+            "where the output goes"
+        )
+    was, will = pipelines.sink_targets(job.pipeline, before), pipelines.sink_targets(target, after)
+    if was != will:
+        moved = sorted(name for name in was.keys() | will.keys() if was.get(name) != will.get(name))
+        return ADMIN, f"{target} writes its output elsewhere than {job.pipeline} (sinks {', '.join(moved)})"
+    return OPERATOR, ""
+
+
+def upgrade_role_refusal(user: Any, job: Job, target: str, given: dict[str, Any] | None = None) -> str:
+    """Why this user may not make this upgrade, naming the role and what needs it; empty when they may."""
+    needed, why = upgrade_role(job, target, given)
+    if not (refused := refusal(user, needed)):
+        return ""
+    return f"{why}: {refused[0].lower()}{refused[1:]}" if why else refused  # why may start with a parameter's name
+
+
 def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None) -> str:
     """Why ``target`` (with the ``given`` parameter values) cannot even be previewed for the job; empty when it
     can. The same pipeline with other parameter values is an upgrade like any other."""
@@ -217,7 +257,7 @@ def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None) 
             f"{target} keeps transformWithState state, which needs the RocksDB backend; {job.name} uses "
             f"{job.state_backend}."
         )
-    if problems := pipelines.sink_problems(target, values):
+    if problems := pipelines.sink_problems(target, values) + value_problems(target, values):
         return f"{target}'s output cannot be written: " + "; ".join(problems) + "."
     return ""
 

@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Row
 
 from statekeeper_sdk.payload import PayloadFormat
-from statekeeper_sdk.sinks import ResultsTable, bound
+from statekeeper_sdk.sinks import ResultsTable, bound, targets_named
 
 # A sink result: (kind, key, value). Rows are upserted on (job, kind, key), so a replayed batch changes nothing.
 Result = tuple[str, str, dict[str, Any]]
@@ -41,7 +41,16 @@ class ResultView:
 @dataclass(frozen=True)
 class Parameter:
     """A value the job sets and the pipeline reads (a window's length, a threshold). Changing it on a running job is
-    an upgrade: previewed on the job's state, savepointed, rolled back by itself if the new run fails."""
+    an upgrade: previewed on the job's state, savepointed, rolled back by itself if the new run fails.
+
+    ``operational``: an operator may change it in an upgrade (a threshold, a window); any other parameter takes the
+    console's admin role to change, as a sink's target does. ``secret``: its value is a password or a key, so a job
+    gives it as a reference to a secret the console keeps (``${secret:NAME}``), never inline; the console reveals it
+    to the job's sinks alone. A secret or a sink's target is never operational::
+
+        Parameter("threshold", "float", 100.0, "a window reaching this is big", minimum=0, operational=True)
+        Parameter("api_key", "str", "", "the key of the team's endpoint", secret=True)
+    """
 
     name: str
     type: str  # int | float | str | bool
@@ -50,12 +59,18 @@ class Parameter:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    operational: bool = False
+    secret: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"parameter {self.name!r}: a name is a Python identifier")
         if self.type not in PARAMETER_TYPES:
             raise ValueError(f"parameter {self.name!r}: type is one of {', '.join(PARAMETER_TYPES)}, not {self.type!r}")
+        if self.secret and self.type != "str":
+            raise ValueError(f"parameter {self.name!r}: a secret is text (type 'str'), not {self.type!r}")
+        if self.secret and self.operational:
+            raise ValueError(f"parameter {self.name!r}: a secret cannot be operational (only an admin sets a secret)")
         self.clean(self.default)  # a default outside its own bounds is the package's mistake, found at import
 
     def clean(self, value: Any) -> Any:
@@ -161,6 +176,9 @@ class Pipeline:
     samples: str = ""  # a JSON-lines file of sample payloads (absolute, or beside the module that defines it)
     # where the output goes (statekeeper_sdk.sinks); none: the console's results table
     sinks: tuple[Any, ...] = ()
+    # the pipeline this one is a later version of (``customer-spend-v2`` of ``customer-spend``): an operator may
+    # upgrade a job to a version of its own pipeline; moving it to another pipeline takes an admin
+    version_of: str = ""
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parameters]
@@ -171,6 +189,17 @@ class Pipeline:
             raise ValueError(f"pipeline {self.name!r}: two sinks are named {duplicated[0]!r}")
         for sink in self.sinks:
             bound(sink, {p.name: p.default for p in self.parameters})  # a target naming an undeclared parameter
+        if steering := sorted(self.target_parameters() & {p.name for p in self.parameters if p.operational}):
+            raise ValueError(
+                f"pipeline {self.name!r}: the parameter {steering[0]!r} names where a sink writes, so it cannot be "
+                "operational (changing where the output goes takes an admin)"
+            )
+        if self.version_of == self.name:
+            raise ValueError(f"pipeline {self.name!r}: version_of names another pipeline, not itself")
+
+    def target_parameters(self) -> set[str]:
+        """The parameters that say where the output goes: those a sink's target names."""
+        return {name for sink in self.sinks for name in targets_named(sink)}
 
     def outputs(self, values: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
         """The sinks the output goes to: the declared ones, else the console's results table; with ``values`` (a job's

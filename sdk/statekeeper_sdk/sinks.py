@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import string
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -151,6 +152,19 @@ def redacted(dsn: str) -> str:
     """A connection string without its password."""
     dsn = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
     return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn, flags=re.IGNORECASE)
+
+
+def targets_named(sink: Any) -> set[str]:
+    """The parameters a sink's targets name (``{lake_dir}`` in a path)."""
+    names: set[str] = set()
+    for f in fields(sink):
+        value = getattr(sink, f.name)
+        if f.name in TEMPLATED and isinstance(value, str) and "{" in value:
+            try:
+                names.update(name for _, name, _, _ in string.Formatter().parse(value) if name)
+            except ValueError:
+                continue  # not a template: bound() says so
+    return {name.partition(".")[0].partition("[")[0] for name in names}
 
 
 def bound(sink: Sink, params: Mapping[str, Any]) -> Sink:

@@ -47,9 +47,22 @@ ORDER_SCHEMA = """
     items array<struct<sku: string NOT NULL, qty: int NOT NULL, price: decimal(10,2) NOT NULL>> NOT NULL
 """
 PARAMETERS = (
-    Parameter("window_minutes", "int", 60, "length of each customer's spend window", minimum=1, maximum=1440),
-    Parameter("threshold", "float", 100.0, "a window whose total reaches this is marked big", minimum=0),
-    Parameter("lateness_minutes", "int", 10, "how late an order may arrive for its window", minimum=0, maximum=1440),
+    Parameter(
+        "window_minutes", "int", 60, "length of each customer's spend window", minimum=1, maximum=1440, operational=True
+    ),
+    Parameter(
+        "threshold", "float", 100.0, "a window whose total reaches this is marked big", minimum=0, operational=True
+    ),
+    Parameter(
+        "lateness_minutes",
+        "int",
+        10,
+        "how late an order may arrive for its window",
+        minimum=0,
+        maximum=1440,
+        operational=True,
+    ),
+    # its password is a secret the console keeps: postgres://team:${secret:team-db-password}@host/team_orders
     Parameter("orders_dsn", "str", "", "the team's PostgreSQL database for customer_spend (empty: not written)"),
     Parameter("lake_dir", "str", "", "the directory of the Parquet copy of customer_spend (empty: not written)"),
 )
@@ -143,6 +156,7 @@ CUSTOMER_SPEND = Pipeline(
 CUSTOMER_SPEND_V2 = replace(
     CUSTOMER_SPEND,
     name="customer-spend-v2",
+    version_of="customer-spend",
     title="Spend per customer per window, with the average order",
     description="customer-spend with the average order value in the results (the same state).",
     transform=spend_v2,

@@ -111,6 +111,7 @@ SESSIONS = Pipeline(
 SESSIONS_V2 = replace(
     SESSIONS,
     name="user-sessions-v2",
+    version_of="user-sessions",
     title="User sessions, with the largest amount",
     description=SESSIONS.description + " Version 2: also the largest amount per user.",
     transform=_transform("user", with_largest=True),
@@ -119,6 +120,7 @@ SESSIONS_V2 = replace(
 SESSIONS_BY_REGION = replace(
     SESSIONS,
     name="user-sessions-by-region",
+    version_of="user-sessions",
     title="Sessions per region",
     description="The same totals keyed by region instead of user (an incompatible change of the state's key).",
     transform=_transform("region", with_largest=False),

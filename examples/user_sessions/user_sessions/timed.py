@@ -26,9 +26,10 @@ OPEN = "events bigint, amount double, last_ms bigint"
 CLOSED = "sessions bigint, events bigint, amount double"
 OUTPUT = "key string, events bigint, amount double, sessions bigint, open boolean"
 PARAMETERS = (
-    Parameter("gap_seconds", "int", 30, "a session closes this long after its last event", minimum=1, maximum=86400),
+    Parameter("gap_seconds", "int", 30, "a session closes this long after its last event", minimum=1, maximum=86400,
+              operational=True),
     Parameter("ttl_minutes", "int", 60, "a user's closed sessions are kept this long after their last change",
-              minimum=1, maximum=525600),
+              minimum=1, maximum=525600, operational=True),
 )  # fmt: skip
 
 

@@ -87,6 +87,7 @@ def transform(events: DataFrame) -> DataFrame:
 
 PIPELINE = Pipeline(
     name="order-state-machine-v2",
+    version_of="order-state-machine",
     title="Order state machine (bucketed state)",
     description="Order state machine with orders kept in buckets (MapState): one processor call per bucket, "
     "more than twice the throughput of order-state-machine.",
