@@ -19,7 +19,7 @@ from dashboard.api.tokens import token_create
 from dashboard.models import Action, AuditEntry, Deploy, IdempotentRequest, Job, Run, RunStatus, Secret
 from dashboard.selectors.deploys import deploy_history
 from dashboard.services.runs import run_finish
-from dashboard.services.secrets import RedactingFilter, SecretError, reveal, secret_set
+from dashboard.services.secrets import RedactingFilter, SecretError, into_secret, reveal, secret_set
 from tests.conftest import grant, run_through
 from tests.test_team_job import Orders
 
@@ -165,6 +165,14 @@ def test_a_rotation_shows_in_the_deploys_as_changed_and_never_as_a_value(make_jo
     Deploy.objects.create(job=job, secret_versions={"team-db-password": 2}, **common)
     newest = deploy_history(job)[0]
     assert newest.parameter_changes == ["secret team-db-password: changed"]
+
+
+def test_the_demo_keeps_a_password_of_its_team_database_in_a_secret(db):
+    moved = into_secret(DSN, name="demo-team-db-password", username="seed_demo")
+    assert moved == "postgres://team:${secret:demo-team-db-password}@db.internal:5432/team_orders"
+    assert reveal({"dsn": moved}) == {"dsn": DSN}
+    assert into_secret("postgres://postgres@127.0.0.1/team_orders", name="x", username="s").endswith("/team_orders")
+    assert not Secret.objects.filter(name="x").exists(), "an address without a password needs no secret"
 
 
 def test_what_a_driver_writes_back_is_masked(make_job, caplog):

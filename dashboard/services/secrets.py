@@ -133,6 +133,17 @@ def mask_passwords(text: str) -> str:
     return text
 
 
+def into_secret(text: str, *, name: str, username: str) -> str:
+    """The text with the password written into it moved into the secret ``name`` (set, or rotated) and a reference in
+    its place; the text as it is when it holds none."""
+    for pattern in LITERAL_PASSWORDS:
+        if (found := pattern.search(text)) and _literal(found.group("password")):
+            secret_set(name=name, value=found.group("password"), username=username)
+            reference = "${secret:" + name + "}"
+            return text[: found.start("password")] + reference + text[found.end("password") :]
+    return text
+
+
 def masked(value: Any, pipeline: str = "") -> Any:
     """A JSON value as history may keep it (the audit trail, a refused request): every password written into a text
     masked, and, for ``pipeline``'s parameters declared secret, any value that is not a reference."""

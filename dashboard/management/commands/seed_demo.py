@@ -15,6 +15,7 @@ from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Job, StateBackend
 from dashboard.services.audit import audit_record
 from dashboard.services.runs import job_request_start
+from dashboard.services.secrets import into_secret
 
 DEMO_JOBS = [
     {
@@ -64,7 +65,8 @@ def team_sinks() -> dict[str, str]:
     it and names it in STATEKEEPER_DEMO_TEAM_DSN), and a Parquet directory under var/."""
     values = {"lake_dir": str(settings.BASE_DIR / "var" / "lake" / "customer_spend")}
     if dsn := os.environ.get("STATEKEEPER_DEMO_TEAM_DSN", ""):  # bin/dev: the owner's address (the app role has none)
-        values["orders_dsn"] = dsn
+        # a password in that address goes into a secret: a job's parameters never hold one
+        values["orders_dsn"] = into_secret(dsn, name="demo-team-db-password", username="seed_demo")
     return values
 
 
