@@ -206,6 +206,8 @@ def upgrade_role(job: Job, target: str, given: dict[str, Any] | None = None) -> 
     An operator may upgrade to a version of the job's own pipeline (``Pipeline.version_of``) and change the parameters
     it marks operational; changing where the output goes (another pipeline, a sink's target, a secret, a version
     whose sinks write elsewhere) takes an admin."""
+    if pipelines.find(target) is None:
+        return OPERATOR, ""  # upgrade_refusal says there is no such pipeline
     if pipelines.family(target) != pipelines.family(job.pipeline):
         return (
             ADMIN,
