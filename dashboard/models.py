@@ -791,8 +791,9 @@ class AuditEntry(models.Model):
         raise AppendOnly("audit entries are never deleted")
 
 
+SECRET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}\Z"
 SECRET_NAME = RegexValidator(
-    r"^[a-z0-9][a-z0-9_.-]{0,62}\Z", "A secret's name is lower-case letters, digits, '.', '_' and '-' (63 at most)."
+    SECRET_NAME_PATTERN, "A secret's name is lower-case letters, digits, '.', '_' and '-' (63 at most)."
 )
 
 

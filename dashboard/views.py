@@ -48,7 +48,7 @@ from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_expo
 from dashboard.selectors.deploys import deploy_history, upgrade_view
 from dashboard.selectors.exceptions import exception_history, failing_batch
 from dashboard.selectors.partitions import partition_view
-from dashboard.selectors.secrets import secret_list
+from dashboard.selectors.secrets import SecretRow, secret_list, secret_row
 from dashboard.selectors.sinks import fork_consequences, job_sinks
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
@@ -788,7 +788,7 @@ def secret_list_view(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Deleted the secret {name}.")
             return redirect("dashboard:secret_list")
         try:
-            _, created = secret_set(
+            saved, created = secret_set(
                 name=name, value=request.POST.get("value", ""), username=request.user.get_username()
             )
         except SecretError as exc:
@@ -796,7 +796,7 @@ def secret_list_view(request: HttpRequest) -> HttpResponse:
             messages.error(request, f"Not saved: {exc}.")
             return redirect("dashboard:secret_list")
         audit_record(request, verb="secret-set" if created else "secret-rotate", target=name, outcome="succeeded")
-        row = next(r for r in secret_list() if r.secret.name == name)
+        row = secret_row(name) or SecretRow(saved)  # deleted in between: no job to name
         if created:
             messages.success(request, f"Saved the secret {name}: a parameter names it as ${{secret:{name}}}.")
         elif row.stale:

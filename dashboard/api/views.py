@@ -35,7 +35,7 @@ from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, Checkpoint
 from dashboard.records import MEASURES
 from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
 from dashboard.selectors.jobs import job_list
-from dashboard.selectors.secrets import secret_list
+from dashboard.selectors.secrets import SecretRow, secret_list, secret_row
 from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
@@ -596,19 +596,19 @@ def secret(request: HttpRequest, name: str) -> Any:
         if set(data) != {"value"}:
             raise ApiError(400, 'The body is {"value": "..."}: the secret\'s value, and nothing else.')
         try:
-            _, created = secret_set(name=name, value=data["value"], username=request.user.get_username())
+            saved, created = secret_set(name=name, value=data["value"], username=request.user.get_username())
         except SecretError as exc:
             audit_record(request, verb="secret-set", target=name[:100], outcome="refused", message=str(exc),
                          origin="api")  # fmt: skip
             raise ApiError(400, str(exc)) from None
         audit_record(request, verb="secret-set" if created else "secret-rotate", target=name, outcome="succeeded",
                      origin="api")  # fmt: skip
-        row = next(r for r in secret_list() if r.secret.name == name)
+        row = secret_row(name) or SecretRow(saved)  # deleted in between: no job to name
         body: dict[str, Any] = {"secret": secret_json(row)}
         if not created and row.stale:
             body["note"] = f"Rotated: {', '.join(row.stale)} take the new value at their next start or upgrade."
         return JsonResponse(body, status=201 if created else 200)
-    found = next((r for r in secret_list() if r.secret.name == name), None)
+    found = secret_row(name)
     if found is None:
         raise ApiError(404, f"No secret named {name!r}.")
     return {"secret": secret_json(found)}

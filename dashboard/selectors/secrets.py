@@ -45,10 +45,16 @@ class SecretRow:
     stale: list[str] = field(default_factory=list)
 
 
-def secret_list() -> list[SecretRow]:
-    """Every secret, with the jobs that name it and those still running an older version of it. One query for the
-    secrets, one for the jobs, one for their active runs' deploys."""
-    rows = {s.name: SecretRow(s) for s in Secret.objects.order_by("name")}
+def secret_row(name: str) -> SecretRow | None:
+    """One secret as ``secret_list`` gives it; None when there is none of that name."""
+    return next(iter(secret_list(name=name)), None)
+
+
+def secret_list(name: str = "") -> list[SecretRow]:
+    """Every secret (``name``: that one only), with the jobs that name it and those still running an older version of
+    it. One query for the secrets, one for the jobs, one for their active runs' deploys."""
+    secrets = Secret.objects.order_by("name")
+    rows = {s.name: SecretRow(s) for s in (secrets.filter(name=name) if name else secrets)}
     jobs = list(Job.objects.filter(archived_at__isnull=True).order_by("name").only("id", "name", "parameters"))
     active = {
         r.job_id: (r.deploy.secret_versions if r.deploy else {})

@@ -30,10 +30,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from dashboard import pipelines
-from dashboard.models import SECRET_NAME, Secret
+from dashboard.models import SECRET_NAME, SECRET_NAME_PATTERN, Secret
 from dashboard.selectors.secrets import REFERENCE, referenced, used_by
 
-VALID_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")  # as SECRET_NAME, the model's validator
+VALID_NAME = re.compile(SECRET_NAME_PATTERN)
 # a password written into a value: user:password@ in a URL, or password=... in a key=value connection string
 LITERAL_PASSWORDS = (
     re.compile(r"(?P<lead>://[^/\s:@]*:)(?P<password>[^@\s]+)(?P<tail>@)"),
