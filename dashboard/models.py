@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 JOB_NAME = RegexValidator(
@@ -223,6 +223,13 @@ class Job(models.Model):
         """True once a batch has been committed to the checkpoint: from then on Spark has frozen its settings."""
         commits = self.checkpoint_location / "commits"
         return self.latest_checkpoint_id is not None or (commits.is_dir() and any(commits.iterdir()))
+
+    def spec_applied(self, values: dict[str, Any]) -> None:
+        """An action a spec asked for (``statekeeper apply``) has made these settings the job's: they join the spec last
+        applied, so its drift does not report them as changes made in the console."""
+        with transaction.atomic():
+            locked = Job.objects.select_for_update().only("applied_spec").get(id=self.id)
+            Job.objects.filter(id=self.id).update(applied_spec={**(locked.applied_spec or {}), **values})
 
     def lease_is_held(self) -> bool:
         return self.lease_expires_at is not None and self.lease_expires_at > timezone.now()

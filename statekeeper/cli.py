@@ -161,6 +161,8 @@ def apply_step(console: Console, job: str, step: dict[str, Any], say: Any, timeo
         run = console.call("POST", f"jobs/{job}/start")["run"]
         return wait_running(console, job, run["id"], timeout)
     body = dict(params)
+    if action in ("upgrade", "rescale"):
+        body["from_spec"] = 1  # the settings it makes become the job's applied spec
     if action == "upgrade":
         mode = body.pop("upgrade_mode", "savepoint")
         if mode == "stateless" and (step.get("verdict") or {}).get("verdict") == "empty state":
@@ -266,7 +268,11 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
             out({"jobs": jobs})
         for job in jobs:
             latest = job.get("latest_checkpoint") or {}
-            say(f"{job['name']}: {job['status']}, {job['pipeline']}, batch {latest.get('batch_id', '—')}"
+            driver = job.get("driver") or {}
+            where = f", driver pid {driver['pid']} on {driver['host']}" if driver.get("pid") else ""
+            if driver.get("process_alive") and job["status"] not in ("running", "starting", "stopping", "pending"):
+                where += " (still exiting)"
+            say(f"{job['name']}: {job['status']}, {job['pipeline']}, batch {latest.get('batch_id', '—')}{where}"
                 + (f", drift: {'; '.join(job['drift'])}" if job.get("drift") else ""))  # fmt: skip
         return NOTHING
     if args.command in ("savepoint", "restore"):

@@ -3,6 +3,7 @@ worker died, and keeps each step's duration (invariant 10)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from datetime import timedelta
 
@@ -97,3 +98,39 @@ def test_a_claim_past_its_time_on_another_host_is_let_go(make_job):
         status=ActionStatus.RUNNING, claimed_by="other-host:42", claimed_until=timezone.now() - timedelta(seconds=1)
     )
     assert actions_resume() == [f"action {action.id} resumed at step start (its worker other-host:42 is gone)"]
+
+
+def test_a_rollback_asked_right_after_a_stop_waits_for_the_driver_process_to_exit(make_job, client, django_user_model):
+    """A driver of its own drains, closes its sinks and its JVM for some seconds after its run says stopped: a
+    rollback (or restore) asked then waits for the process instead of failing, and the API shows the process alive."""
+    client.force_login(django_user_model.objects.create_user("viewer", password="x"))
+    job = make_job(driver="own")
+    exiting = subprocess.Popen(["sleep", "60"])
+    try:
+        run = Run.objects.create(job=job, status=RunStatus.STOPPED, started_at=timezone.now(), ended_at=timezone.now(),
+                                 pid=exiting.pid, host=settings.HOST_ID)  # fmt: skip
+        shown = client.get(f"/api/v1/jobs/{job.name}").json()
+        assert shown["status"] == "stopped"
+        assert shown["driver"] == {"run": run.id, "pid": exiting.pid, "host": settings.HOST_ID,
+                                   "shared_driver": None, "process_alive": True}  # fmt: skip
+        action = action_request(job=job, kind=ActionKind.ROLLBACK, params={"batch": 0})
+        visited = action_advance(action_id=action.id)
+        assert visited.status == ActionStatus.RUNNING, visited.outcome
+        assert f"run #{run.id} has stopped: waiting for its driver process to exit" in visited.progress
+    finally:
+        exiting.kill()
+        exiting.wait()
+    shown = client.get(f"/api/v1/jobs/{job.name}").json()
+    assert shown["driver"]["process_alive"] is False
+    # the process gone, the rollback goes on: this job has no batch 0 to roll back to, which is now what it says
+    done = action_advance(action_id=action.id)
+    assert done.status == ActionStatus.FAILED and "still alive" not in done.outcome, done.outcome
+    assert "batch 0" in done.outcome, done.outcome
+
+
+def test_a_rollback_of_a_job_whose_run_is_in_flight_is_refused_not_waited_for(make_job):
+    job = make_job()
+    run = running(job)
+    done = action_advance(action_id=action_request(job=job, kind=ActionKind.ROLLBACK, params={"batch": 0}).id)
+    assert done.status == ActionStatus.FAILED
+    assert f"has run #{run.id} (running): stop it before rolling back" in done.outcome

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 import schemathesis
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
@@ -159,11 +159,35 @@ def test_metrics_for_prometheus(client, token, make_job):
     assert f'statekeeper_driver_heap_max_bytes{{job="orders"}} {2**30}' in text
 
 
-def test_a_token_is_created_from_the_command_line(django_user_model, capsys):
+def test_a_token_is_created_from_the_command_line(django_user_model, capsys, client):
     django_user_model.objects.create_user("prometheus", password="x")
     call_command("create_token", "prometheus", "scraper")
-    printed = capsys.readouterr().out
-    assert "sk_" in printed and "cannot be shown again" in printed
+    printed = capsys.readouterr()
+    assert printed.out.startswith("sk_") and len(printed.out.split()) == 1, "captured: the key alone on stdout"
+    assert "cannot be shown again" in printed.err
+    assert call(client, "GET", "/api/v1/jobs", "Bearer " + printed.out.strip()).status_code == 200
+
+
+def test_a_token_command_makes_the_deploying_user_with_its_role_or_says_how(
+    django_user_model, capsys, client, make_job
+):
+    with pytest.raises(CommandError, match="no user 'deployer': add --role operator"):
+        call_command("create_token", "deployer", "ci")
+    assert not django_user_model.objects.filter(username="deployer").exists()
+
+    call_command("create_token", "deployer", "ci", "--role", "operator", "--quiet")
+    key = capsys.readouterr().out.strip()
+    deployer = django_user_model.objects.get(username="deployer")
+    assert not deployer.has_usable_password(), "a token-only user cannot log in to the pages"
+    make_job(name="orders")
+    assert call(client, "POST", "/api/v1/jobs/orders/start", "Bearer " + key).status_code == 202, "an operator starts"
+    assert call(client, "POST", "/api/v1/jobs", "Bearer " + key, {"name": "x"}).status_code == 403, "not an admin"
+
+    # a second token for the same user; a role other than the user's is refused, not silently granted
+    call_command("create_token", "deployer", "ci-2", "--role", "operator")
+    assert capsys.readouterr().out.startswith("sk_")
+    with pytest.raises(CommandError, match="exists with the operator role, not admin"):
+        call_command("create_token", "deployer", "ci-3", "--role", "admin")
 
 
 @pytest.fixture

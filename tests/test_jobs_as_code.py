@@ -198,6 +198,10 @@ def test_statekeeper_apply_takes_a_directory_of_specs_through_create_upgrade_ref
     applied = cli(asgi_server, token, "apply", str(specs))
     assert applied.returncode == 0, applied.stderr
     assert Job.objects.get(name="sessions").pipeline == "user-sessions-v2"
+    # what apply upgraded is the spec applied: status shows no drift, and a plan has nothing left to do
+    shown = json.loads(cli(asgi_server, token, "status", "sessions").stdout)["jobs"][0]
+    assert shown["drift"] == [], shown["drift"]
+    assert cli(asgi_server, token, "plan", str(specs)).returncode == 0
     sent["sessions"] += send_events(redis, streams["sessions"], "user-sessions", 100, seed=4)
     wait_for(exact, 300, 2, "the upgraded job to count on from its state")
 

@@ -50,6 +50,11 @@ JOB = {
         "checkpoint_dir": {"type": "string"},
         "latest_checkpoint": {"allOf": [{"$ref": "#/components/schemas/Checkpoint"}], "nullable": True},
         "open_alerts": {"type": "integer"},
+        "driver": {
+            "type": "object",
+            "nullable": True,
+            "description": "the latest run's driver: run, pid, host, shared_driver and process_alive (as on a Run)",
+        },
     },
 }
 RUN = {
@@ -67,6 +72,15 @@ RUN = {
             "description": "its driver JVM's heap after the latest garbage collection, at the last heartbeat",
         },
         "heap_max_bytes": {"type": "integer", "nullable": True, "description": "its driver JVM's maximum heap"},
+        "pid": {"type": "integer", "nullable": True, "description": "its driver's process id"},
+        "host": {"type": "string", "description": "the host its driver runs on"},
+        "shared_driver": {"type": "integer", "nullable": True, "description": "the shared driver that runs it, if any"},
+        "process_alive": {
+            "type": "boolean",
+            "nullable": True,
+            "description": "its driver process is still alive (an ended run's driver may take seconds to exit; a "
+            "restore or rollback waits for it); null when it runs on another host",
+        },
     },
 }
 SAVEPOINT = {

@@ -12,6 +12,7 @@ from datetime import timedelta
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
@@ -40,7 +41,7 @@ from dashboard.services.actions import action_request
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
-from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.runs import job_request_start, job_request_stop, run_holds_process
 from dashboard.services.secrets import SecretError, masked, secret_delete, secret_set
 from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
 
@@ -151,7 +152,18 @@ def job_json(job: Job) -> dict[str, Any]:
         "checkpoint_dir": job.checkpoint_dir,
         "latest_checkpoint": checkpoint_json(c) if c else None,
         "open_alerts": getattr(job, "open_alerts", 0),
+        "driver": _driver(job),
     }
+
+
+def _driver(job: Job) -> dict[str, Any] | None:
+    """The latest run's driver: its pid and host, and whether its process is still alive (a stopped job whose driver
+    is still exiting cannot be restored or rolled back until it has)."""
+    last = job.runs.order_by("-id").first()
+    if last is None:
+        return None
+    shown = run_json(last)
+    return {"run": last.id, **{k: shown[k] for k in ("pid", "host", "shared_driver", "process_alive")}}
 
 
 def run_json(r: Run) -> dict[str, Any]:
@@ -164,6 +176,12 @@ def run_json(r: Run) -> dict[str, Any]:
         "message": r.message,
         "heap_after_gc_bytes": r.heap_after_gc_bytes,
         "heap_max_bytes": r.heap_max_bytes,
+        "pid": r.pid,
+        "host": r.host,
+        "shared_driver": r.driver_host_id,
+        # a run that has ended may keep its process for some seconds (a driver of its own drains and closes its JVM):
+        # until it exits, nothing may touch the checkpoint. None: the process is on another host
+        "process_alive": run_holds_process(r) if r.host in ("", settings.HOST_ID) else None,
     }
 
 
@@ -404,7 +422,12 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     ActionKind.STOP_WITH_SAVEPOINT: {},
     ActionKind.RESTORE: {"savepoint": (int, 1, 2**62, True)},
     ActionKind.ROLLBACK: {"batch": (int, 0, 2**62, True)},
-    ActionKind.RESCALE: {"parallelism": (int, 1, 64, False), "state_partitions": (int, 1, 1024, False)},
+    # from_spec: 1 when `statekeeper apply` asks, so that the settings it makes become the job's applied spec
+    ActionKind.RESCALE: {
+        "parallelism": (int, 1, 64, False),
+        "state_partitions": (int, 1, 1024, False),
+        "from_spec": (int, 0, 1, False),
+    },  # fmt: skip
     # a string's bounds are its length
     # an object's bounds are its number of keys: the pipeline's parameter values, checked against what it declares
     ActionKind.UPGRADE_PREVIEW: {"pipeline": (str, 1, 40, True), "parameters": (dict, 0, 100, False)},
@@ -417,6 +440,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
         "pipeline": (str, 1, 40, True),
         "empty_state": (int, 0, 1, False),
         "parameters": (dict, 0, 100, False),
+        "from_spec": (int, 0, 1, False),
     },  # fmt: skip
     ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
 }
@@ -444,7 +468,7 @@ def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
         elif not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ApiError(400, f"{field} must be an integer from {low} to {high}.")
         clean[field] = value
-    if verb == ActionKind.RESCALE and not clean:
+    if verb == ActionKind.RESCALE and not set(clean) - {"from_spec"}:
         raise ApiError(400, "Give parallelism, state_partitions or both.")
     return clean
 

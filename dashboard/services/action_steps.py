@@ -229,6 +229,22 @@ def refuse_while_alive(job: Job, doing: str) -> None:
         raise ActionRefused(f"{job.name} has run #{run.id} ({state}): stop it before {doing}; nothing was changed.")
 
 
+def settled(action: Action, job: Job, doing: str) -> Wait | None:
+    """None once no driver of the job is alive. A run in flight is refused (the operator stops it first); a run that
+    has ended but whose process is still on its way out (a driver of its own drains, closes its sinks and its JVM for
+    some seconds after the API says stopped) is waited for, as a stop with a savepoint waits."""
+    run = alive_run(job)
+    if run is None:
+        return None
+    if run.is_active:
+        refuse_while_alive(job, doing)
+    if step_seconds(action) > settings.STOP_GRACE_SECONDS + 30:
+        raise ActionFailed(
+            f"run #{run.id} of {job.name} ended but its driver process is still alive; nothing was changed"
+        )
+    return Wait(f"run #{run.id} has stopped: waiting for its driver process to exit before {doing}", 0.5)
+
+
 def stopped(action: Action, job: Job) -> Wait | None:
     """None once the job has no run in flight; else ask its driver to drain and stop (asking again is harmless) and
     wait. Fails when it has not stopped within the stop grace (the supervisor kills it past that)."""

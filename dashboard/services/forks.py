@@ -37,6 +37,7 @@ from dashboard.services.action_steps import (
     refuse_while_alive,
     remember,
     run_state_tool,
+    settled,
     start_once,
 )
 from dashboard.services.errors import ActionFailed
@@ -164,9 +165,10 @@ def _restore_savepoint(action: Action) -> Savepoint:
     return savepoint
 
 
-def _restore_fork(action: Action) -> Next:
+def _restore_fork(action: Action) -> Outcome:
     job = action.job
-    refuse_while_alive(job, "restoring a savepoint (or stop it with a savepoint)")
+    if (waiting := settled(action, job, "restoring a savepoint (or stop it with a savepoint)")) is not None:
+        return waiting
     savepoint = _restore_savepoint(action)
     check = savepoint_preview(job, savepoint)
     if check.refusal:
@@ -197,9 +199,10 @@ RESTORE_STEPS: Steps = {
 }
 
 
-def _rollback_copy(action: Action) -> Next:
+def _rollback_copy(action: Action) -> Outcome:
     job = action.job
-    refuse_while_alive(job, "rolling back")
+    if (waiting := settled(action, job, "rolling back")) is not None:
+        return waiting
     batch = int(action.params["batch"])
     check = rollback_preview(job, batch)
     if check.refusal:

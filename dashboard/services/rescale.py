@@ -127,6 +127,8 @@ def _apply(action: Action) -> Done:
     job.refresh_from_db()
     after = {"parallelism": parallelism, "state_partitions": partitions}
     remember(action, after=after)
+    if action.params.get("from_spec"):  # asked by `statekeeper apply`: the applied spec holds the new scale
+        job.spec_applied(after)
     notes = []
     if savepoint_id := action.params.get("savepoint"):
         notes.append(f"savepoint #{Savepoint.objects.get(id=savepoint_id).id} kept for rollback")

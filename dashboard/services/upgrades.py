@@ -469,6 +469,7 @@ def _switch(action: Action) -> Outcome:
     kept = f"savepoint #{savepoint.id} of {source} kept as the way back" if savepoint else "no state to keep"
     remember(action, kept=kept + emptied)
     if not action.params["was_running"] and not action.params.get("start"):
+        _spec_applied(action)
         return Done(
             f"Switched {job.name} from {source} to {target}; {kept}{emptied}. The job stays stopped: its next start "
             f"runs {target}."
@@ -543,12 +544,19 @@ def _first_batch(action: Action) -> Outcome:
     return _upgraded(action, run, {"state": "unproven", "since": timezone.now().isoformat()})
 
 
+def _spec_applied(action: Action) -> None:
+    """An upgrade that `statekeeper apply` asked for has made its pipeline and parameters the job's applied spec."""
+    if action.params.get("from_spec"):
+        action.job.spec_applied({"pipeline": action.job.pipeline, "parameters": action.job.parameters})
+
+
 def _upgraded(action: Action, run: Run, proof: dict[str, Any]) -> Done:
     job = action.job
     run.refresh_from_db()
     if run.deploy_id:
         Deploy.objects.filter(id=run.deploy_id, upgrade=None).update(upgrade=action)
     remember(action, proof=proof)
+    _spec_applied(action)
     source = action.params["from_pipeline"]
     target = _target_shown(action)
     shown = (
