@@ -33,6 +33,10 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.database import migrated  # noqa: E402
+
+migrated()
+
 import redis  # noqa: E402
 
 from bench.busy import BESIDE, RATE, feed, make_job, produce, start_worker  # noqa: E402

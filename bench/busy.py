@@ -4,8 +4,11 @@ producer at 200 events/s between them. Imported by the benchmarks after they hav
 
 from __future__ import annotations
 
+import atexit
 import random
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +18,7 @@ from statekeeper_sdk import sample_events
 
 from dashboard.models import Checkpoint, Job
 from dashboard.pipelines import get as get_pipeline
-from dashboard.services.runs import job_request_start
+from dashboard.services.runs import job_request_start, kill_group
 from statekeeper.polling import wait_for
 from statekeeper.processes import celery_worker_command
 
@@ -64,7 +67,11 @@ def start_beside(client: Any, halt: threading.Event) -> list[Job]:
 def start_worker(root: Path) -> subprocess.Popen[bytes]:
     """The benchmark's own Celery worker with beat (concurrency 2, as bin/dev), logging to ``root``/worker.log."""
     log = open(root / "worker.log", "ab")  # noqa: SIM115 - the worker writes to it until the end
-    return subprocess.Popen(
+    worker = subprocess.Popen(
         celery_worker_command(root / "beat", loglevel="WARNING"), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
+    # ended on any exit: an error, Ctrl-C, or a SIGTERM (turned into an exit, so that finally blocks run too)
+    atexit.register(kill_group, worker.pid)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return worker

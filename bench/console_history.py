@@ -38,6 +38,10 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.database import migrated  # noqa: E402
+
+migrated()
+
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402

@@ -23,6 +23,10 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.database import migrated  # noqa: E402
+
+migrated()
+
 from django.conf import settings  # noqa: E402
 
 from dashboard.models import DriverHost, HostStatus, Run, StandbyDriver  # noqa: E402

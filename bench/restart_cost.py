@@ -39,6 +39,10 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.database import migrated  # noqa: E402
+
+migrated()
+
 import redis  # noqa: E402
 from statekeeper_sdk import sample_events  # noqa: E402
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
+from dashboard.models import Action, ActionKind, ActionStatus
 from dashboard.services.action_steps import (
     _ask,
     _state_tool_process,
     run_state_tool,
+    state_read,
     state_reader_pid,
     state_reader_stop,
     state_reader_warmed,
@@ -68,3 +72,40 @@ def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_dama
     # reader is still starting: it takes the lock within seconds)
     replaced = wait_for(lambda: (new := state_reader_pid()) != pid and new, 60, 0.5, "a new reader to hold the lock")
     assert replaced and pid_alive(replaced), log.read_text()[-3000:] if log.exists() else "no reader log"
+
+
+def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_a_reader_killed_with_its_request(
+    make_job, start_driver, redis, stream_name, tmp_path
+):
+    job = make_job(max_records_per_batch=300)
+    run_through(start_driver(job), redis, send_events(redis, stream_name, "url-counts", 600))
+    batch = committed_batches(job.checkpoint_location)[-1]
+    good = tmp_path / "good"
+    copy_checkpoint(job.checkpoint_location, good, batch)
+    state_reader_stop()
+    wait_for(lambda: state_reader_pid() is None, 30, what="no state reader")
+
+    action = Action.objects.create(job=job, kind=ActionKind.COUNT_PARTITION_ROWS, status=ActionStatus.RUNNING,
+                                   step="run", step_started_at=timezone.now())  # fmt: skip
+    began = time.monotonic()
+    assert state_read(action, "rows", "partition-rows", good, batch) is None, "asked, not waited for"
+    assert time.monotonic() - began < 3, "the visit returns while a reader starts and reads"
+    # the reader is killed with the request in hand: the step's next visit hands it back to a new reader
+    pid = wait_for(state_reader_pid, 60, 0.2, "the reader to start")
+    spool = settings.STATE_READER_SOCKET.parent / "spool"
+    (spool / f"action-{action.id}-rows.request").rename(spool / f"action-{action.id}-rows.taken")
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: state_reader_pid() is None, 30, what="the reader to die")
+    assert state_read(action, "rows", "partition-rows", good, batch) is None
+    assert action.memo["rows"]["restarts"] == 1
+    answer = wait_for(lambda: state_read(action, "rows", "partition-rows", good, batch), 240, 0.5, "the answer")
+    assert sum(answer["operators"][0]["rows"].values()) == 8, "8 URLs in the state, over its partitions"
+    assert state_reader_pid() not in (None, pid), "a new reader answered"
+    assert not list(spool.glob(f"action-{action.id}-*")), "the request and its answer are gone once read"
+
+    # a reader that cannot read it says why, and the step fails with that reason
+    other = Action.objects.create(job=job, kind=ActionKind.COUNT_PARTITION_ROWS, status=ActionStatus.RUNNING,
+                                  step="run", step_started_at=timezone.now())  # fmt: skip
+    assert state_read(other, "rows", "partition-rows", tmp_path / "nothing-here", batch) is None
+    with pytest.raises(ActionFailed, match="Spark could not partition-rows the state"):
+        wait_for(lambda: state_read(other, "rows", "partition-rows", tmp_path / "nothing-here", batch), 120, 0.5)

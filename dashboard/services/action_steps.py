@@ -363,6 +363,101 @@ def tool_process(action: Action, key: str, command: str, path: Path, number: int
     return answer
 
 
+STATE_READ_LIMIT = 900  # seconds a step's read of the state may take, however it is read
+READER_RETRIES = 2  # a warm reader that dies with a step's request is restarted this often, then a process reads
+
+
+def state_read(
+    action: Action,
+    key: str,
+    command: str,
+    path: Path,
+    number: int,
+    spec: dict[str, Any] | None = None,
+    fresh_copy: Callable[[], None] | None = None,
+) -> dict[str, Any] | None:
+    """Spark's reading of a checkpoint copy for an action step, without holding the worker: the request is left in
+    the warm state reader's spool (started if it is not up) or, where it cannot answer, given to a process of its
+    own; None until the answer is there (the step returns a Wait and looks again), then the answer. ActionFailed
+    when Spark could not read it, or not within STATE_READ_LIMIT. A reader that went away with the request is
+    restarted; after READER_RETRIES, or when it runs older code of the pipeline (``stale``), a process of its own
+    reads (``fresh_copy`` first remakes a scratch copy the reader may have written into)."""
+    if step_seconds(action) > STATE_READ_LIMIT:
+        _spool_withdraw(key, action)
+        raise ActionFailed(f"Spark's reading of the state ({command}) did not finish within {STATE_READ_LIMIT} s")
+    asked = action.memo.get(key)
+    if asked is None:
+        if command in READER_COMMANDS and settings.STATE_READER_IDLE_SECONDS > 0:
+            request = {"command": command, "path": str(path), "number": number, "spec": spec or {}}
+            _spool_put(key, action, request)
+            memo_save(action, **{key: {"spool": True, "restarts": 0}})
+            state_reader_warm()
+            return None
+        asked = {"process": True}
+        memo_save(action, **{key: asked})
+    if asked.get("spool"):
+        answer = _spool_take(key, action)
+        if answer is None:
+            if state_reader_pid() is None:  # it idled out, died, or was never up: start it (and count the deaths)
+                taken = _spool_file(key, action, "taken")
+                if not taken.exists() and step_seconds(action) > READER_START_WAIT:  # it does not come up
+                    return _read_apart(action, key, command, path, number, spec, fresh_copy)
+                if taken.exists():
+                    if asked["restarts"] >= READER_RETRIES:
+                        return _read_apart(action, key, command, path, number, spec, fresh_copy)
+                    taken.rename(taken.with_suffix(".request"))
+                    memo_save(action, **{key: {**asked, "restarts": asked["restarts"] + 1}})
+                state_reader_warm()
+            return None
+        if "stale" in answer:  # the reader ran older code of the pipeline (and ends): a new process reads
+            return _read_apart(action, key, command, path, number, spec, fresh_copy)
+        if "error" in answer:
+            raise ActionFailed(f"Spark could not {command} the state: {answer['error']}")
+        return answer
+    return tool_process(action, f"{key}-process", command, path, number, spec)
+
+
+def _read_apart(
+    action: Action, key: str, command: str, path: Path, number: int, spec: dict[str, Any] | None,
+    fresh_copy: Callable[[], None] | None,
+) -> dict[str, Any] | None:  # fmt: skip
+    _spool_withdraw(key, action)
+    if fresh_copy is not None:
+        fresh_copy()
+    memo_save(action, **{key: {"process": True}})
+    return tool_process(action, f"{key}-process", command, path, number, spec)
+
+
+def _spool_file(key: str, action: Action, kind: str) -> Path:
+    return settings.STATE_READER_SOCKET.parent / "spool" / f"action-{action.id}-{key}.{kind}"
+
+
+def _spool_put(key: str, action: Action, request: dict[str, Any]) -> None:
+    target = _spool_file(key, action, "request")
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _spool_file(key, action, "answer").unlink(missing_ok=True)
+    partial = target.with_suffix(".writing")
+    partial.write_text(json.dumps(request))
+    partial.rename(target)
+
+
+def _spool_take(key: str, action: Action) -> dict[str, Any] | None:
+    answer = _spool_file(key, action, "answer")
+    try:
+        found = dict(json.loads(answer.read_text()))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:  # written whole by a rename: only a damaged disk gets here
+        found = {"error": f"the reader's answer could not be read: {exc}"}
+    answer.unlink(missing_ok=True)
+    return found
+
+
+def _spool_withdraw(key: str, action: Action) -> None:
+    for kind in ("request", "taken", "answer"):
+        _spool_file(key, action, kind).unlink(missing_ok=True)
+
+
 def _last_json(log: Path) -> dict[str, Any] | None:
     """The state tool's answer: the last line of its output that is a JSON object (Spark's own log lines are not)."""
     try:

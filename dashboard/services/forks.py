@@ -30,15 +30,15 @@ from dashboard.services.action_steps import (
     Next,
     Outcome,
     Steps,
+    Wait,
     action_progress,
     active_run,
     memo_save,
-    reader_ready,
     refuse_while_alive,
     remember,
-    run_state_tool,
     settled,
     start_once,
+    state_read,
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.savepoints import MANIFEST
@@ -221,13 +221,12 @@ def _rollback_copy(action: Action) -> Outcome:
 
 
 def _rollback_verify(action: Action) -> Outcome:
-    if (waiting := reader_ready(action)) is not None:
-        return waiting
     batch = int(action.params["batch"])
     target = action.job.directory / f"checkpoint-rollback-{action.id}"
     action_progress(action, f"checking that Spark loads the state at batch {batch}")
     try:
-        run_state_tool("verify", target, batch)
+        if state_read(action, "verify", "verify", target, batch) is None:
+            return Wait(f"checking that Spark loads the state at batch {batch}", 0.5)
     except ActionFailed as exc:
         remove_tree(target)
         raise ActionFailed(f"Rollback to batch {batch} is not possible: {exc}") from None

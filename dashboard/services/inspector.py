@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,15 @@ from dashboard.checkpoint_dir.disk import state_version
 from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, state_lineage
 from dashboard.models import Action, Job, SavepointStatus
 from dashboard.services.action_steps import (
+    Done,
     Next,
     Outcome,
     Steps,
+    Wait,
     action_progress,
-    one_step,
+    memo_save,
     reader_ready,
-    run_state_tool,
+    state_read,
 )
 from dashboard.services.errors import ActionFailed
 
@@ -57,35 +58,52 @@ def _source(action: Action, scratch: Path) -> tuple[Path, int, str]:
     return scratch, batch, f"batch {batch} of {job.checkpoint_dir}"
 
 
-def inspect_action(action: Action) -> str:
+def inspect_state(action: Action) -> Outcome:
+    """Read the state the action names: raw statistics at once (no Spark), everything else by Spark's state reader,
+    asked without holding the worker (the step looks again until the answer is there)."""
     mode = action.params.get("mode", "variables")
     if mode not in MODES:
         raise ActionFailed(f"Unknown inspection {mode!r}; choose one of {', '.join(MODES)}.")
-    area = settings.CHECKPOINT_ROOT / ".scratch"
-    area.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"inspect-{action.id}-", dir=area))
+    work = settings.CHECKPOINT_ROOT / ".scratch" / f"inspect-{action.id}"
     try:
-        path, batch, origin = _source(action, work / "checkpoint")
         if mode == "raw":
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            path, batch, origin = _source(action, work / "checkpoint")
             action_progress(action, f"unpacking RocksDB snapshots of {origin} into a scratch directory")
-            result: dict[str, Any] = {"batch": batch, "partitions": rocksdb_stats(path, batch, work / "raw")}
-        else:
+            stats = {"batch": batch, "partitions": rocksdb_stats(path, batch, work / "raw")}
+            shutil.rmtree(work, ignore_errors=True)
+            return _inspected(action, mode, stats, batch, origin)
+        if (source := action.memo.get("source")) is None:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            path, batch, origin = _source(action, work / "checkpoint")
+            source = {"path": str(path), "batch": batch, "origin": origin}
+            memo_save(action, source=source)
             action_progress(action, f"reading {origin} with Spark's state reader ({mode})")
-            spec = {
-                k: action.params[k]
-                for k in ("mode", "operator", "variable", "text", "offset", "limit", "from_batch")
-                if k in action.params
-            }
-            result = run_state_tool("inspect", path, batch, spec=spec)
-    finally:
+        spec = {
+            k: action.params[k]
+            for k in ("mode", "operator", "variable", "text", "offset", "limit", "from_batch")
+            if k in action.params
+        }
+        result = state_read(action, "inspect", "inspect", Path(source["path"]), int(source["batch"]), spec)
+        if result is None:
+            return Wait(f"reading {source['origin']} with Spark's state reader ({mode})", 0.5)
+    except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    return _inspected(action, mode, result, int(source["batch"]), str(source["origin"]))
+
+
+def _inspected(action: Action, mode: str, result: dict[str, Any], batch: int, origin: str) -> Done:
     # the batch read is kept with the request, so the next page reads the same batch, not whatever is newest then
     pinned = {} if action.params.get("savepoint") else {"batch": batch}
     Action.objects.filter(id=action.id).update(
         params={**action.params, **pinned, "result": result, "origin_read": origin}
     )
     shown = result.get("total", len(result.get("rows", result.get("partitions", result.get("operators", [])))))
-    return f"Inspected {origin}: {mode}, {shown} result(s)."
+    return Done(f"Inspected {origin}: {mode}, {shown} result(s).")
 
 
 def _reader(action: Action) -> Outcome:
@@ -95,7 +113,7 @@ def _reader(action: Action) -> Outcome:
     return reader_ready(action) or Next("run")
 
 
-INSPECT_STEPS: Steps = {"reader": ("Spark's state reader", _reader), **one_step("read the state", inspect_action)}
+INSPECT_STEPS: Steps = {"reader": ("Spark's state reader", _reader), "run": ("read the state", inspect_state)}
 
 
 def rocksdb_stats(checkpoint: Path, batch: int, scratch: Path) -> list[dict[str, Any]]:

@@ -6,32 +6,39 @@ from __future__ import annotations
 from dashboard.checkpoint_dir.files import CheckpointError, latest_committed
 from dashboard.models import Action, Job
 from dashboard.services.action_steps import (
+    Done,
+    Outcome,
     Steps,
+    Wait,
     action_progress,
-    one_step,
+    memo_save,
     reader_step,
-    run_state_tool,
+    state_read,
 )
 from dashboard.services.errors import ActionFailed
 
 
-def count_rows_action(action: Action) -> str:
+def count_rows(action: Action) -> Outcome:
     job: Job = action.job
-    if not job.has_state():
-        raise ActionFailed(f"{job.name} has no committed state to count yet.")
-    try:
-        batch = latest_committed(job.checkpoint_location)
-    except CheckpointError as exc:
-        raise ActionFailed(str(exc)) from None
-    action_progress(action, f"reading the state of batch {batch} with Spark's state reader")
+    if (batch := action.memo.get("batch")) is None:
+        if not job.has_state():
+            raise ActionFailed(f"{job.name} has no committed state to count yet.")
+        try:
+            batch = latest_committed(job.checkpoint_location)
+        except CheckpointError as exc:
+            raise ActionFailed(str(exc)) from None
+        memo_save(action, batch=batch)
+        action_progress(action, f"reading the state of batch {batch} with Spark's state reader")
     # the files of a committed batch never change; a running job writes only newer versions beside them
-    result = run_state_tool("partition-rows", job.checkpoint_location, batch)
+    result = state_read(action, "rows", "partition-rows", job.checkpoint_location, batch)
+    if result is None:
+        return Wait(f"reading the state of batch {batch} with Spark's state reader", 0.5)
     rows = {f"{op['id']}:{part}": n for op in result["operators"] for part, n in op["rows"].items()}
     Action.objects.filter(id=action.id).update(
         params={**action.params, "batch": batch, "location": job.checkpoint_dir, "rows": rows}
     )
     total = sum(rows.values())
-    return f"Counted {total} state rows in {len(rows)} partitions at batch {batch}."
+    return Done(f"Counted {total} state rows in {len(rows)} partitions at batch {batch}.")
 
 
-COUNT_ROWS_STEPS: Steps = {**reader_step(then="run"), **one_step("count rows", count_rows_action)}
+COUNT_ROWS_STEPS: Steps = {**reader_step(then="run"), "run": ("count rows", count_rows)}

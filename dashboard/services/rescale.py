@@ -16,10 +16,9 @@ from dashboard.services.action_steps import (
     Steps,
     Wait,
     action_progress,
-    reader_ready,
     remember,
-    run_state_tool,
     start_once,
+    state_read,
     step_seconds,
     stopped,
     tool_process,
@@ -103,12 +102,11 @@ def _repartition(action: Action) -> Outcome:
 
 
 def _check_state(action: Action) -> Outcome:
-    if (waiting := reader_ready(action)) is not None:
-        return waiting
     target = action.job.directory / f"checkpoint-rescale-{action.id}"
     action_progress(action, "checking that Spark loads the repartitioned state")
     try:
-        run_state_tool("verify", target, latest_committed(target))
+        if state_read(action, "check-state", "verify", target, latest_committed(target)) is None:
+            return Wait("checking that Spark loads the repartitioned state", 0.5)
     except (CheckpointError, ActionFailed) as exc:
         remove_tree(target)
         raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None

@@ -31,9 +31,10 @@ from dashboard.services.action_steps import (
     Steps,
     Wait,
     action_progress,
-    reader_ready,
     remember,
     run_state_tool,
+    state_read,
+    step_seconds,
     stop_step,
 )
 from dashboard.services.deploys import deploy_of_batch
@@ -104,12 +105,20 @@ def savepoint_check(action: Action) -> Savepoint | Wait:
     savepoint = Savepoint.objects.get(id=action.params["savepoint"])
     if savepoint.status == SavepointStatus.VERIFIED:
         return savepoint
-    if (waiting := reader_ready(action)) is not None:
-        return waiting
+    key = f"verify-{savepoint.id}"
     started = time.monotonic()
     try:
-        manifest = json.loads((Path(savepoint.path) / MANIFEST).read_text())
-        savepoint_verify(savepoint=savepoint, manifest=manifest, action=action)
+        folder = Path(savepoint.path)
+        manifest = json.loads((folder / MANIFEST).read_text())
+        if key not in action.memo:  # the checksums once, on the first visit
+            action_progress(action, f"verifying {len(manifest['files'])} files against their checksums")
+            if problems := verify_files(folder / "checkpoint", manifest["files"]):
+                raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
+            action_progress(action, "verifying: Spark's state reader loads the state")
+        reading = state_read(action, key, "verify", folder / "checkpoint", int(manifest["batch_id"]))
+        if reading is None:
+            return Wait("verifying: Spark's state reader loads the savepoint's state", 0.5)
+        savepoint_verified(savepoint, folder, manifest, reading, int(step_seconds(action) * 1000))
     except (OSError, ValueError, ActionFailed) as exc:
         _savepoint_failed(savepoint, str(exc))
     savepoint.duration_ms += int((time.monotonic() - started) * 1000)
@@ -179,13 +188,8 @@ def savepoint_read_back(folder: Path, manifest: dict, on_step: Callable[[str], N
     return reading, int((time.monotonic() - started) * 1000)
 
 
-def savepoint_verify(*, savepoint: Savepoint, manifest: dict, action: Action) -> None:
-    """Complete files, matching checksums, and Spark's state reader loads the state at the savepoint's batch."""
-    folder = Path(savepoint.path)
-    try:
-        reading, reader_ms = savepoint_read_back(folder, manifest, lambda text: action_progress(action, text))
-    except SavepointDamaged as exc:
-        raise ActionFailed(f"the copy is not complete: {'; '.join(exc.problems[:5])}") from None
+def savepoint_verified(savepoint: Savepoint, folder: Path, manifest: dict, reading: dict, reader_ms: int) -> None:
+    """What Spark's state reader found in the savepoint's state is kept in its manifest; the savepoint is verified."""
     manifest["verification"] = reading
     manifest["verify_ms"] = reader_ms
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -51,16 +51,14 @@ from dashboard.services.action_steps import (
     alive_run,
     exit_step,
     memo_save,
-    reader_listening,
     reader_step,
     remember,
     run_up,
     start_once,
-    state_reader_ask,
+    state_read,
     step_seconds,
     stop_step,
     stopped,
-    tool_process,
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import savepoint_fork, switch_to_fork
@@ -319,24 +317,18 @@ def _plan(action: Action) -> Outcome:
     }  # fmt: skip
     shown = described(target, action.params["from_parameters"], action.params["parameters"])
     action_progress(action, f"re-running batch {batch} with {shown} on the scratch copy")
-    result = None
-    if "plan" not in action.memo and reader_listening():
-        result = state_reader_ask({"command": "plan", "path": str(scratch), "number": batch, "spec": spec}, 600)
-        if result is not None and "error" in result:
-            scratch_cleanup(action, "preview")
-            raise ActionFailed(f"Spark could not plan the state: {result['error']}")
-        if result is None or "stale" in result:  # the reader went away, or runs older code of the pipeline: a
-            result = None  # process of its own plans on a fresh copy
-            remove_tree(scratch)
-            copy_checkpoint(job.checkpoint_location, scratch, batch)
+
+    def fresh_copy() -> None:  # the reader went away mid-plan, or runs older code: a process plans on a new copy
+        remove_tree(scratch)
+        copy_checkpoint(job.checkpoint_location, scratch, batch)
+
+    try:
+        result = state_read(action, "plan", "plan", scratch, batch, spec, fresh_copy)
+    except ActionFailed:
+        scratch_cleanup(action, "preview")
+        raise
     if result is None:
-        try:
-            result = tool_process(action, "plan", "plan", scratch, batch, spec)
-        except ActionFailed:
-            scratch_cleanup(action, "preview")
-            raise
-        if result is None:
-            return Wait(f"re-running batch {batch} with {shown} in a Spark process of its own", 1.0)
+        return Wait(f"re-running batch {batch} with {shown} on the scratch copy", 1.0)
     scratch_cleanup(action, "preview")
     old, new = pipelines.find(job.pipeline), pipelines.get(target)
     verdicts = compare(result, old, new)

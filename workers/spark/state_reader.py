@@ -4,7 +4,9 @@ ten to fifteen a new JVM costs.
 
     python -m workers.spark.state_reader SOCKET IDLE_SECONDS
 
-One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out. An
+One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out; or the
+same request left as a file in the spool beside the socket, answered into a file there (how an action step asks
+without holding its worker, see ``serve_spool``). An
 upgrade's plan is answered too (one batch re-run on a scratch copy, in a session of its own); when the pipeline's
 module changed on disk since the reader imported it, the answer is {"stale": …} and the reader ends. Each
 request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
@@ -66,6 +68,7 @@ def serve(path: Path, idle_seconds: float) -> int:
     # An upgrade's plan starts a query: Spark starts a Python process for the stream reader and another for a
     # transformWithState query's planning, each importing PySpark and PyArrow first (about a second of a plan's two
     # or three); a fork server that has done those imports hands them out ready (see fork_server.py).
+    reclaim(spool_of(path))
     forks = ForkServer()
     os.environ.update(forks.env)
     spark = session()
@@ -74,28 +77,35 @@ def serve(path: Path, idle_seconds: float) -> int:
     served = 0
     last = time.monotonic()
 
+    def read(request: dict[str, Any]) -> dict[str, Any]:
+        nonlocal served, last
+        try:
+            command = request["command"]
+            if command not in READER_COMMANDS:
+                raise ValueError(f"the state reader only reads; {command!r} runs in a process of its own")
+            # a plan runs the pipeline's query: in a session of its own, so its Spark settings stay with it
+            where = spark.newSession() if command == "plan" else spark
+            result = answer(where, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
+        except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
+            result = {"stale": str(exc)}
+            stale.set()
+        except Exception as exc:
+            result = {"error": describe(exc)}
+        served, last = served + 1, time.monotonic()
+        return dict(result)
+
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
-            nonlocal served, last
             line = self.rfile.readline(LINE_LIMIT)
             try:
                 request = json.loads(line)
-                command = request["command"]
-                if command == "status":  # how a caller knows the warm-up is over
-                    self.wfile.write(json.dumps({"warm": warm.is_set(), "served": served}).encode() + b"\n")
-                    return
-                if command not in READER_COMMANDS:
-                    raise ValueError(f"the state reader only reads; {command!r} runs in a process of its own")
-                # a plan runs the pipeline's query: in a session of its own, so its Spark settings stay with it
-                where = spark.newSession() if command == "plan" else spark
-                result = answer(where, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
-            except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
-                result = {"stale": str(exc)}
-                stale.set()
-            except Exception as exc:
-                result = {"error": describe(exc)}
+            except ValueError as exc:
+                request = {"command": "", "error": describe(exc)}
+            if request.get("command") == "status":  # how a caller knows the warm-up is over
+                self.wfile.write(json.dumps({"warm": warm.is_set(), "served": served}).encode() + b"\n")
+                return
+            result = {"error": request["error"]} if "error" in request else read(request)
             self.wfile.write(json.dumps(result).encode() + b"\n")
-            served, last = served + 1, time.monotonic()
 
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a dead reader's socket: the lock says no reader lives
@@ -111,6 +121,8 @@ def serve(path: Path, idle_seconds: float) -> int:
     try:
         while served < MAX_REQUESTS and time.monotonic() - last < idle_seconds and not stale.is_set():
             server.handle_request()
+            if not stale.is_set():
+                serve_spool(spool_of(path), read)
     finally:
         server.server_close()
         with contextlib.suppress(FileNotFoundError):
@@ -120,6 +132,56 @@ def serve(path: Path, idle_seconds: float) -> int:
         forks.close()
     print(f"state reader on {path} ends after {served} request(s)", flush=True)
     return 0
+
+
+def spool_of(socket_path: Path) -> Path:
+    """Where a console step leaves a request it does not wait for, and finds the answer on a later visit."""
+    return socket_path.parent / "spool"
+
+
+ANSWER_KEPT_SECONDS = 86400  # an answer no step came back for (its action ended otherwise) is removed after this
+
+
+def reclaim(spool: Path) -> None:
+    """At start: a request a dead reader had claimed is waiting again (one reader lives at a time, under the lock), and
+    answers nobody came back for are removed."""
+    if not spool.is_dir():
+        return
+    for taken in spool.glob("*.taken"):
+        with contextlib.suppress(FileNotFoundError):
+            taken.rename(taken.with_suffix(".request"))
+    for left in (*spool.glob("*.answer"), *spool.glob("*.partial"), *spool.glob("*.writing")):
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - left.stat().st_mtime > ANSWER_KEPT_SECONDS:
+                left.unlink()
+
+
+def serve_spool(spool: Path, read: Any) -> bool:
+    """Answer the oldest request waiting in the spool, if any: ``NAME.request`` is claimed by a rename to
+    ``NAME.taken``, and the answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed
+    mid-request leaves ``NAME.taken``, which the console's step hands back or reads in a process of its own."""
+    try:
+        waiting = sorted(spool.glob("*.request"), key=lambda p: p.stat().st_mtime)
+    except FileNotFoundError:
+        return False
+    for request_file in waiting:
+        taken = request_file.with_suffix(".taken")
+        try:
+            request_file.rename(taken)
+        except FileNotFoundError:  # withdrawn by the console between the look and the claim
+            continue
+        try:
+            request = json.loads(taken.read_text())
+        except (OSError, ValueError) as exc:
+            result: dict[str, Any] = {"error": f"the request could not be read: {describe(exc)}"}
+        else:
+            result = read(request)
+        partial = taken.with_suffix(".partial")
+        partial.write_text(json.dumps(result))
+        partial.rename(taken.with_suffix(".answer"))
+        taken.unlink(missing_ok=True)
+        return True
+    return False
 
 
 def warm_up_quietly(spark: Any, where: Path, done: threading.Event) -> None:
