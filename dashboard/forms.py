@@ -139,7 +139,7 @@ class JobForm(forms.ModelForm):
             return
         path = Path(raw).resolve()
         roots = settings.FILE_SOURCE_ROOTS
-        if not any(path == root or root in path.parents for root in roots):
+        if not pipelines.under_roots(path, roots):
             self.add_error(
                 "source_path",
                 f"File sources are read only under {', '.join(map(str, roots))} (STATEKEEPER_FILE_SOURCE_ROOTS).",

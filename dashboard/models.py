@@ -733,6 +733,7 @@ class AlertKind(models.TextChoices):
     SAVEPOINT_FAILED = "savepoint-failed", "Savepoint failed"
     WATERMARK_DROPS = "watermark-drops", "Rows dropped by the watermark"
     DRIVER_HEAP = "driver-heap", "Driver heap nearly full"
+    CLUSTER_WAITING = "cluster-waiting", "Waiting for cluster cores"
 
 
 class Alert(models.Model):

@@ -231,14 +231,26 @@ def sink_problems(name: str, values: dict[str, Any]) -> list[str]:
         if sink.off():
             continue
         # a directory that a secret names is known at the job's start only, where its driver checks it again
-        if isinstance(sink, FileSink) and "${secret:" not in sink.path and not Path(sink.path).is_absolute():
-            problems.append(f"sink {sink.name}: its directory must be an absolute path, not {sink.path!r}")
+        if isinstance(sink, FileSink) and "${secret:" not in sink.path:
+            if not Path(sink.path).is_absolute():
+                problems.append(f"sink {sink.name}: its directory must be an absolute path, not {sink.path!r}")
+            elif not under_roots(Path(sink.path), settings.FILE_SINK_ROOTS):
+                problems.append(
+                    f"sink {sink.name}: files are written only under {', '.join(map(str, settings.FILE_SINK_ROOTS))} "
+                    f"(STATEKEEPER_FILE_SINK_ROOTS), not to {sink.path}"
+                )
         elif isinstance(sink, KafkaSink) and not kafka_connector():
             problems.append(
                 f"sink {sink.name}: Spark's Kafka connector is not on the class path (the pyspark wheel does not ship "
                 "it): put the spark-sql-kafka-0-10 jars in STATEKEEPER_SPARK_JARS, or use another sink"
             )
     return problems
+
+
+def under_roots(path: Path, roots: list[Path]) -> bool:
+    """Whether ``path``, resolved (``..`` and symbolic links followed), is one of ``roots`` or lies under one."""
+    resolved = path.resolve()
+    return any(resolved == root or root in resolved.parents for root in roots)
 
 
 def parameter_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:

@@ -26,6 +26,11 @@ urlpatterns = [
     path("jobs/<str:name>/dead-letters", views.job_dead_letters, name="job_dead_letters"),
     path("jobs/<str:name>/edit", views.job_edit, name="job_edit"),
     path("jobs/<str:name>/start", views.job_start, name="job_start"),
+    path(
+        "jobs/<str:name>/checkpoint/<str:decision>",
+        views.job_checkpoint_decide,
+        name="job_checkpoint_decide",
+    ),
     path("jobs/<str:name>/stop", views.job_stop, name="job_stop"),
     path("jobs/<str:name>/savepoint", views.job_savepoint, name="job_savepoint"),
     path("jobs/<str:name>/stop-with-savepoint", views.job_stop_with_savepoint, name="job_stop_with_savepoint"),

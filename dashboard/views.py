@@ -44,6 +44,7 @@ from dashboard.models import (
     SavepointStatus,
 )
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
+from dashboard.selectors.cluster import free_cores_warning
 from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_export
 from dashboard.selectors.deploys import deploy_history, upgrade_view
 from dashboard.selectors.exceptions import exception_history, failing_batch
@@ -51,6 +52,7 @@ from dashboard.selectors.partitions import partition_view
 from dashboard.selectors.secrets import SecretRow, secret_list, secret_row
 from dashboard.selectors.sinks import fork_consequences, job_sinks
 from dashboard.services.actions import action_request
+from dashboard.services.adoption import checkpoint_adopt, checkpoint_set_aside
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.autoscale import window_advice
 from dashboard.services.capacity import csv_rows, week_review
@@ -58,7 +60,7 @@ from dashboard.services.enqueue import WARM_STATE_READER, enqueue
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
-from dashboard.services.runs import job_request_start, job_request_stop, shares_driver
+from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, shares_driver
 from dashboard.services.secrets import SecretError, secret_delete, secret_set
 from dashboard.services.shadow import SHADOW_RECORDS
 from dashboard.services.storage import job_storage as storage_of
@@ -104,6 +106,7 @@ def _job_tab(request: HttpRequest, job: Job, tab: str, context: dict[str, Any]) 
         "autoscale": window_advice(job) if job.autoscale_mode != AutoscaleMode.OFF else None,
         "tabs": [(key, label, reverse(url, args=[job.name])) for key, label, url in JOB_TABS],
         "drift": drift(job),
+        "unknown_checkpoint": checkpoint_unknown(job),
     }
     if not settings.READ_ONLY and may(request.user, OPERATOR):
         # previews, verifications and inspections read in Spark's state reader, whose start and warm-up take a
@@ -305,12 +308,19 @@ def _plain(values: dict) -> dict:
     return json.loads(json.dumps(values, default=str))
 
 
+def _warn_cores(request: HttpRequest, job: Job) -> None:
+    """On a cluster without enough free cores for the job, say so where the operator acts: it would sit starting."""
+    if warning := free_cores_warning(job):
+        messages.warning(request, f"{job.name}: {warning}.")
+
+
 @requires(ADMIN)
 def job_create(request: HttpRequest) -> HttpResponse:
     form = JobForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         job = form.save()
         messages.success(request, f"Created {job.name}. Its checkpoint will live in {job.checkpoint_location}.")
+        _warn_cores(request, job)
         settings_given = {name: form.cleaned_data[name] for name in form.fields}
         audit_record(request, verb="job-create", job=job.name, params=_plain(settings_given), outcome="succeeded")
         return redirect("dashboard:job_detail", name=job.name)
@@ -332,9 +342,29 @@ def job_edit(request: HttpRequest, name: str) -> HttpResponse:
         changes = {f: [before[f], form.cleaned_data[f]] for f in form.changed_data if before[f] != form.cleaned_data[f]}
         audit_record(request, verb="job-edit", job=job.name, params=_plain(changes), outcome="succeeded")
         messages.success(request, f"Saved {job.name}. Changes take effect at its next start.")
+        _warn_cores(request, job)
         return redirect("dashboard:job_detail", name=job.name)
     context = {"form": form, "job": job, "catalog": pipelines.registry().pipelines.values()}
     return render(request, "dashboard/job_form.html", context, status=400 if form.errors else 200)
+
+
+@require_POST
+@requires(OPERATOR)
+def job_checkpoint_decide(request: HttpRequest, name: str, decision: str) -> HttpResponse:
+    """Adopt a checkpoint this console never recorded, or set it aside (see services/adoption.py)."""
+    job = get_object_or_404(Job, name=name)
+    if decision not in ("adopt", "set-aside"):
+        raise Http404("adopt or set-aside")
+    verb = f"checkpoint-{decision}"
+    try:
+        done = checkpoint_adopt(job) if decision == "adopt" else checkpoint_set_aside(job)
+    except ActionRefused as exc:
+        messages.error(request, str(exc))
+        audit_record(request, verb=verb, job=job.name, outcome="refused", message=str(exc))
+    else:
+        messages.success(request, done)
+        audit_record(request, verb=verb, job=job.name, outcome="succeeded", message=done)
+    return redirect("dashboard:job_detail", name=job.name)
 
 
 @require_POST
@@ -344,6 +374,7 @@ def job_start(request: HttpRequest, name: str) -> HttpResponse:
     try:
         run = job_request_start(job=job, requested_by=request.user, refuse_during_action=True)
         messages.success(request, f"Start of {job.name} requested (run #{run.id}).")
+        _warn_cores(request, job)
         audit_record(request, verb="start", job=job.name, target=f"run #{run.id}", outcome="requested")
     except ActionRefused as exc:
         messages.error(request, str(exc))

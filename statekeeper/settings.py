@@ -265,6 +265,13 @@ FILE_SOURCE_ROOTS = [
     for p in env_str("STATEKEEPER_FILE_SOURCE_ROOTS", str(BASE_DIR / "var" / "inbox")).split(",")
     if p.strip()
 ]
+# Where a pipeline's file sinks may write (comma-separated directories): a sink's directory must be under one of them,
+# so that a job's parameters cannot aim its output at any directory the console's user can write to.
+FILE_SINK_ROOTS = [
+    Path(p.strip()).resolve()
+    for p in env_str("STATEKEEPER_FILE_SINK_ROOTS", str(BASE_DIR / "var" / "lake")).split(",")
+    if p.strip()
+]
 LIVE_STREAMS_PER_USER = env_int("STATEKEEPER_LIVE_STREAMS_PER_USER", 6)
 LIVE_STREAMS_TOTAL = env_int("STATEKEEPER_LIVE_STREAMS_TOTAL", 200)
 # an audit export holds at most this many rows (the newest): narrow the time range for older ones
@@ -300,6 +307,7 @@ ALERT_EMAILS = [a for a in env_str("STATEKEEPER_ALERT_EMAILS", "").split(",") if
 ALERT_CHECKPOINT_STALL_TRIGGERS = env_int("STATEKEEPER_ALERT_STALL_TRIGGERS", 10)  # no commit for N x trigger
 ALERT_RESTART_LOOP_COUNT = env_int("STATEKEEPER_ALERT_RESTARTS", 3)  # restarts within the job's failure window
 ALERT_RESOLVE_AFTER_SECONDS = env_int("STATEKEEPER_ALERT_RESOLVE_AFTER", 20)  # clear this long before all-clear
+ALERT_CLUSTER_WAIT_SECONDS = env_int("STATEKEEPER_ALERT_CLUSTER_WAIT", 120)  # a run waiting for cluster cores this long
 # a running job's driver JVM whose heap, after a garbage collection, holds this share of its maximum: near an
 # OutOfMemoryError, which in a shared driver fails every job in it
 ALERT_DRIVER_HEAP_PERCENT = env_int("STATEKEEPER_ALERT_DRIVER_HEAP_PERCENT", 85)

@@ -5,9 +5,13 @@ the app role.
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("STATEKEEPER_ENV", "development")
+# the suite's file sinks write under the temporary directory (pytest's tmp_path); one test shows a directory elsewhere
+# refused
+os.environ.setdefault("STATEKEEPER_FILE_SINK_ROOTS", tempfile.gettempdir())
 
 from statekeeper.settings import *  # noqa: E402,F403
 from statekeeper.settings import DATABASES, env_str  # noqa: E402

@@ -8,11 +8,14 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from dashboard.models import ActionKind, RunStatus, SavepointStatus
+from dashboard.models import ActionKind, Alert, AlertKind, Run, RunStatus, SavepointStatus
+from dashboard.selectors.cluster import CORES_WAIT, free_cores_warning
+from dashboard.services.alerts import alerts_evaluate
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import CeleryWorkers, end_workers_and_their_processes, send_events, wait_for
 from tests.test_actions import execute
@@ -125,3 +128,39 @@ def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
     assert sink_total(job) == first + second + third
+
+
+def test_a_job_the_cluster_has_no_cores_for_says_so_warns_before_it_starts_and_alerts(
+    make_job, redis, stream_name, spark_cluster, cluster_worker, settings
+):
+    """The cluster's 2 cores held by one job: another is warned of before its start, its run says it waits for cores
+    and who holds them (the driver only logs "Initial job has not accepted any resources"), an alert opens after
+    STATEKEEPER_ALERT_CLUSTER_WAIT, and it starts once the first stops."""
+    settings.SPARK_MASTER, settings.SPARK_MASTER_UI = spark_cluster.master_url, spark_cluster.ui_url
+    holder = make_job(parallelism=2, trigger_interval_seconds=1)
+    waiter = make_job(parallelism=1, trigger_interval_seconds=1, source_stream=f"{stream_name}:waiter")
+    assert free_cores_warning(waiter) == "", "2 free cores: nothing to warn of"
+    job_request_start(job=holder)
+    wait_for(lambda: our_app(spark_cluster, holder)["cores"] == 2, 180, 1, "the first job to hold both cores")
+
+    warning = free_cores_warning(waiter)
+    assert f"0 free core(s) of 2 (held by statekeeper-{holder.name} (2))" in warning and "asks for 1" in warning
+    run = job_request_start(job=waiter)
+    run = wait_for(lambda: (r := Run.objects.get(id=run.id)).message.startswith(CORES_WAIT) and r, 180, 1,
+                   "the waiting run to say why")  # fmt: skip
+    assert run.status == RunStatus.STARTING
+    assert f"held by statekeeper-{holder.name} (2) (0 free)" in run.message, run.message
+    alerts_evaluate(now=run.requested_at + timedelta(seconds=30), deliver=lambda *a: None)
+    assert not Alert.objects.filter(job=waiter, kind=AlertKind.CLUSTER_WAITING).exists(), "not before the set time"
+    alerts_evaluate(now=run.requested_at + timedelta(seconds=settings.ALERT_CLUSTER_WAIT_SECONDS + 5),
+                    deliver=lambda *a: None)  # fmt: skip
+    alert = Alert.objects.get(job=waiter, kind=AlertKind.CLUSTER_WAITING, resolved_at=None)
+    assert f"run #{run.id} starting for" in alert.message and f"statekeeper-{holder.name} (2)" in alert.message
+
+    job_request_stop(job=holder)
+    started = wait_for(lambda: (r := Run.objects.get(id=run.id)).status == RunStatus.RUNNING and r, 180, 1,
+                       "the waiting job to get the freed cores")  # fmt: skip
+    assert not started.message.startswith(CORES_WAIT), "the run no longer says it waits"
+    job_request_stop(job=waiter)
+    wait_for(lambda: not Run.objects.filter(job__in=[holder, waiter], status__in=["running", "stopping", "starting"])
+             .exists(), 120, 1, "both to stop")  # fmt: skip

@@ -171,6 +171,16 @@ def test_a_pipeline_whose_sink_cannot_be_written_here_is_refused_with_the_reason
         assert "sink spend-topic: Spark&#x27;s Kafka connector is not on the class path" in refused.text
         relative = client.post("/jobs/new", {**spend, "pipeline": "customer-spend", "parameters": "lake_dir = lake"})
         assert relative.status_code == 400 and "sink lake: its directory must be an absolute path" in relative.text
+        # outside STATEKEEPER_FILE_SINK_ROOTS (the suite's is the temporary directory), also by way of ..
+        for elsewhere in ("/srv/lake", f"{tmp_path}/{'../' * 12}etc/lake"):
+            outside = client.post(
+                "/jobs/new", {**spend, "pipeline": "customer-spend", "parameters": f"lake_dir = {elsewhere}"}
+            )
+            assert outside.status_code == 400, elsewhere
+            assert (
+                "sink lake: files are written only under" in outside.text
+                and "STATEKEEPER_FILE_SINK_ROOTS" in outside.text
+            )
         assert not Job.objects.filter(name="spend").exists()
         lake = f"lake_dir = {tmp_path / 'lake'}"
         assert client.post("/jobs/new", {**spend, "pipeline": "customer-spend", "parameters": lake}).status_code == 302

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -9,7 +10,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from dashboard.models import Action, ActionKind, Job, Run, RunStatus
+from dashboard.models import Action, ActionKind, AuditEntry, Job, Run, RunStatus
 from dashboard.services import runs as run_services
 from dashboard.services.actions import actions_resume
 from dashboard.services.errors import ActionRefused
@@ -238,3 +239,85 @@ def test_a_fenced_driver_does_not_even_compute_its_batch(make_job, spark, tmp_pa
     with pytest.raises(Fenced, match="not running batch 5"):
         write(frame, 5)
     assert not marker.exists() and not job.results.exists()
+
+
+def _left_by_an_earlier_console(job: Job) -> None:
+    """Batches 0–3 committed in the job's directory, and the journals of the earlier console's runs #1 and #2 (the
+    second cut short by a kill), as an earlier console on another database leaves them."""
+    commits = job.checkpoint_location / "commits"
+    commits.mkdir(parents=True)
+    for batch in range(4):
+        (commits / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    journal = job.directory / "journal"
+    journal.mkdir()
+
+    def line(run: int, batch: int) -> str:
+        at = (timezone.now() - timedelta(days=3) + timedelta(seconds=batch)).isoformat()
+        record = {
+            "batch_id": batch,
+            "committed_at": at,
+            "location": "checkpoint",
+            "input_rows": 10 * (batch + 1),
+            "duration_ms": 100,
+        }
+        return json.dumps({"job": 999, "run": run, "record": record}) + "\n"
+
+    (journal / "run-1.jsonl").write_text(line(1, 0) + line(1, 1))
+    (journal / "run-2.jsonl").write_text(line(2, 2) + line(2, 3) + '{"job": 999, "run": 2, "rec')
+
+
+def test_a_checkpoint_this_console_never_recorded_is_not_resumed_without_a_word(make_job, as_role, spawned):
+    job = make_job()
+    _left_by_an_earlier_console(job)
+    with pytest.raises(ActionRefused, match=r"holds batches 0–3 that this console never recorded.*2 journal\(s\)"):
+        job_request_start(job=job)
+    assert not job.runs.exists(), "refused: nothing started"
+
+    # the job's page says so and offers the two choices
+    page = as_role("operator").get(f"/jobs/{job.name}/")
+    assert b"A checkpoint this console never recorded" in page.content
+    assert b"Adopt the checkpoint" in page.content and b"Set it aside, start empty" in page.content
+
+    # adopted: the earlier runs' history comes in run by run, as it happened; the journals move out of the way of
+    # this console's own runs (whose ids would otherwise find them), and the job starts on the checkpoint
+    as_role("operator", "op-2").post(f"/jobs/{job.name}/checkpoint/adopt")
+    adopted = list(job.runs.order_by("id"))
+    assert [(r.status, r.host) for r in adopted] == [(RunStatus.STOPPED, "adopted")] * 2
+    assert "run #1 of an earlier console" in adopted[0].message and "batches 2–3" in adopted[1].message
+    assert [list(r.checkpoints.order_by("batch_id").values_list("batch_id", flat=True)) for r in adopted] == [
+        [0, 1], [2, 3],
+    ]  # fmt: skip
+    assert Job.objects.get(id=job.id).latest_checkpoint.batch_id == 3
+    assert not (job.directory / "journal").exists() and list(job.directory.glob("journal-adopted-*/run-2.jsonl"))
+    run = job_request_start(job=job)
+    assert run.status == RunStatus.PENDING and AuditEntry.objects.filter(verb="checkpoint-adopt", job=job.name).exists()
+
+
+def test_an_unknown_checkpoint_set_aside_through_the_api_lets_the_job_start_from_nothing(make_job, client, spawned):
+    from django.contrib.auth.models import User
+
+    from dashboard.api.tokens import token_create
+
+    operator = grant(User.objects.create_user("deployer"), "operator")
+    auth = {"HTTP_AUTHORIZATION": "Bearer " + token_create(user=operator, name="ci")[1]}
+    job = make_job()
+    _left_by_an_earlier_console(job)
+    shown = client.get(f"/api/v1/jobs/{job.name}", **auth).json()
+    assert "holds batches 0–3" in shown["unknown_checkpoint"]
+    refused = client.post(f"/api/v1/jobs/{job.name}/start", {}, content_type="application/json", **auth)
+    assert refused.status_code == 409 and "never recorded" in refused.json()["error"]
+    bad = client.post(f"/api/v1/jobs/{job.name}/checkpoint-decision", {"decision": "keep"}, content_type="application/json",
+                      **auth)  # fmt: skip
+    assert bad.status_code == 400
+
+    done = client.post(f"/api/v1/jobs/{job.name}/checkpoint-decision", {"decision": "set-aside"},
+                       content_type="application/json", **auth)  # fmt: skip
+    assert done.status_code == 200 and "starts from nothing" in done.json()["outcome"]
+    assert not job.checkpoint_location.exists(), "the job's directory is empty for it"
+    kept = list(job.directory.glob("checkpoint-set-aside-*/commits/3"))
+    assert kept, "the earlier checkpoint is kept beside it"
+    assert client.get(f"/api/v1/jobs/{job.name}", **auth).json()["unknown_checkpoint"] == ""
+    again = client.post(f"/api/v1/jobs/{job.name}/checkpoint-decision", {"decision": "adopt"},
+                        content_type="application/json", **auth)  # fmt: skip
+    assert again.status_code == 409 and "nothing to adopt" in again.json()["error"], again.json()
+    assert client.post(f"/api/v1/jobs/{job.name}/start", {}, content_type="application/json", **auth).status_code == 202

@@ -114,7 +114,7 @@ def test_an_operator_changes_operational_parameters_and_versions_but_not_where_t
     client, token, make_job, as_role
 ):
     secret_set(name="team-db-password", value=PASSWORD, username="admin")
-    job = spend_job(make_job, orders_dsn=REFERENCED, lake_dir="/srv/lake")
+    job = spend_job(make_job, orders_dsn=REFERENCED, lake_dir="/tmp/sk-lake")
     operator, admin = token("operator"), token("admin")
     url = f"/api/v1/jobs/{job.name}/upgrade"
     for body, needs in [
@@ -134,7 +134,7 @@ def test_an_operator_changes_operational_parameters_and_versions_but_not_where_t
     version = api(client, "POST", url, operator, {"pipeline": "customer-spend-v2"})
     assert version.status_code == 202, "customer-spend-v2 declares version_of customer-spend"
     Action.objects.all().delete()
-    moved = api(client, "POST", url, admin, {"pipeline": "customer-spend", "parameters": {"lake_dir": "/srv/lake2"}})
+    moved = api(client, "POST", url, admin, {"pipeline": "customer-spend", "parameters": {"lake_dir": "/tmp/sk-lake2"}})
     assert moved.status_code == 202, moved.json()
     Action.objects.all().delete()
 

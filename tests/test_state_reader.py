@@ -86,7 +86,7 @@ def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_
     wait_for(lambda: state_reader_pid() is None, 30, what="no state reader")
 
     action = Action.objects.create(job=job, kind=ActionKind.COUNT_PARTITION_ROWS, status=ActionStatus.RUNNING,
-                                   step="run", step_started_at=timezone.now())  # fmt: skip
+                                   step="run", phases=[{"step": "run", "started": timezone.now().isoformat()}])  # fmt: skip
     began = time.monotonic()
     assert state_read(action, "rows", "partition-rows", good, batch) is None, "asked, not waited for"
     assert time.monotonic() - began < 3, "the visit returns while a reader starts and reads"
@@ -104,8 +104,9 @@ def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_
     assert not list(spool.glob(f"action-{action.id}-*")), "the request and its answer are gone once read"
 
     # a reader that cannot read it says why, and the step fails with that reason
+    Action.objects.filter(id=action.id).update(status=ActionStatus.SUCCEEDED)
     other = Action.objects.create(job=job, kind=ActionKind.COUNT_PARTITION_ROWS, status=ActionStatus.RUNNING,
-                                  step="run", step_started_at=timezone.now())  # fmt: skip
+                                  step="run", phases=[{"step": "run", "started": timezone.now().isoformat()}])  # fmt: skip
     assert state_read(other, "rows", "partition-rows", tmp_path / "nothing-here", batch) is None
     with pytest.raises(ActionFailed, match="Spark could not partition-rows the state"):
         wait_for(lambda: state_read(other, "rows", "partition-rows", tmp_path / "nothing-here", batch), 120, 0.5)

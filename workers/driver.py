@@ -29,6 +29,7 @@ from dashboard import pipelines
 from dashboard.checkpoint_dir.files import planned_batch
 from dashboard.failures import describe, root_cause
 from dashboard.models import Job, Run, RunStatus
+from dashboard.selectors.cluster import cluster_cores, master_ui, waiting_for_cores
 from dashboard.services.checkpoints import journal_path
 from dashboard.services.deploys import deploy_record
 from dashboard.services.lease import lease_renew
@@ -139,6 +140,49 @@ def cluster_probe(spark: Any, master: str, parallelism: int) -> tuple[list[str],
         return probe_executors(spark, settings.CHECKPOINT_ROOT, parallelism)
     except Exception as exc:
         return [], f"the cluster at {master} could not run a task: {root_cause(str(exc))}"
+
+
+class CoresWatch(threading.Thread):
+    """While a job on a cluster waits for its executors (the master has no free cores: Spark's driver only logs
+    "Initial job has not accepted any resources"), its starting run says so, with the cluster's cores and who holds
+    them, where on-call looks: the job's status and page, the API, and an alert after a while."""
+
+    EVERY = 5.0
+
+    def __init__(self, run_id: int, master: str, app_id: str, wanted: int) -> None:
+        super().__init__(name="cores-watch", daemon=True)
+        self.run_id, self.ui, self.app_id, self.wanted = (
+            run_id,
+            master_ui(master, settings.SPARK_MASTER_UI),
+            app_id,
+            wanted,
+        )
+        self.cluster = is_cluster(master)
+        self.done = threading.Event()
+        self.said = ""
+
+    def run(self) -> None:
+        try:
+            while self.cluster and not self.done.wait(self.EVERY):
+                cores = cluster_cores(self.ui)
+                reason = waiting_for_cores(cores, self.app_id, self.wanted) if cores else ""
+                if reason != self.said:
+                    self._say(reason)
+        finally:
+            if self.said:
+                self._say("")
+            connection.close()
+
+    def _say(self, reason: str) -> None:
+        Run.objects.filter(id=self.run_id, status__in=(RunStatus.PENDING, RunStatus.STARTING)).update(message=reason)
+        self.said = reason
+        if reason:
+            log.warning("%s", reason)
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.is_alive():
+            self.join(10)
 
 
 def job_spec(job: Job, **overrides: Any) -> JobSpec:
@@ -401,7 +445,12 @@ def main(argv: list[str]) -> int:
             run_id=run_id, status=RunStatus.FAILED, message=f"Spark did not start: {exc}", error=traceback.format_exc()
         )
         return 1
-    hosts, refusal = cluster_probe(spark, master, job.parallelism)
+    watch = CoresWatch(run_id, master, spark.sparkContext.applicationId, job.parallelism)
+    watch.start()
+    try:
+        hosts, refusal = cluster_probe(spark, master, job.parallelism)
+    finally:
+        watch.stop()
     if refusal:
         run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Refused: {refusal}")
         spark_stop(spark)

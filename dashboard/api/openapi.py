@@ -310,6 +310,26 @@ def _secrets(paths: dict[str, Any]) -> None:
     }  # fmt: skip
 
 
+def _checkpoint_decision(paths: dict[str, Any]) -> None:
+    """A checkpoint the console never recorded: adopted, or set aside (its start is refused until then)."""
+    body = {"type": "object", "required": ["decision"], "additionalProperties": False,
+            "properties": {"decision": {"type": "string", "enum": ["adopt", "set-aside"]}}}  # fmt: skip
+    paths["/api/v1/jobs/{name}/checkpoint-decision"] = {
+        "post": {
+            "summary": "Adopt a checkpoint this console never recorded (its history imported from its journals), or "
+            "set it aside and start from nothing (operator)",
+            "parameters": [NAME],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": {
+                "200": _json({"type": "object", "properties": {"outcome": {"type": "string"}}}, "done"),
+                "400": _json(ERROR, "not a decision"),
+                "409": _json(ERROR, "the checkpoint is the console's own, or a driver of the job is alive"),
+                **ERRORS,
+            },
+        }
+    }
+
+
 def schema() -> dict[str, Any]:
     def list_of(key: str, item: str) -> dict[str, Any]:
         return {"type": "object", "properties": {key: {"type": "array", "items": _ref(item)}}}
@@ -359,6 +379,7 @@ def schema() -> dict[str, Any]:
     }
     _jobs_as_code(paths)
     _secrets(paths)
+    _checkpoint_decision(paths)
     return {
         "openapi": "3.0.3",
         "info": {

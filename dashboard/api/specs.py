@@ -22,6 +22,7 @@ from dashboard import pipelines
 from dashboard.connections import redis_client
 from dashboard.forms import JobForm
 from dashboard.models import ACTIVE_RUN_STATUSES, Job
+from dashboard.selectors.cluster import free_cores_warning
 
 # settings of the job form, and the policies set elsewhere in the console
 POLICY_FIELDS = (
@@ -246,7 +247,9 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
             return JobPlan(name, "refused", refusal=str(exc))
         steps.append(Step("create", {"spec": spec}))
         if want_running:
-            steps.append(Step("start"))
+            steps.append(
+                Step("start", why=free_cores_warning(Job(name=name, parallelism=_int_or(spec, "parallelism"))))
+            )
         return JobPlan(name, "create", steps)
     current = spec_of(job)
     running = current["state"] == "running"
@@ -281,10 +284,18 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
     if scale:
         steps.append(Step("rescale", scale, "from a savepoint, the state repartitioned" if has_state else ""))
     if want_running and not running:
-        steps.append(Step("start", why="resumes from its checkpoint" if has_state else ""))
+        scaled = Job(name=job.name, parallelism=int(scale.get("parallelism", job.parallelism)))
+        why = "; ".join(filter(None, ("resumes from its checkpoint" if has_state else "", free_cores_warning(scaled))))
+        steps.append(Step("start", why=why))
     if not want_running and running:
         steps.append(Step("stop-with-savepoint", why="suspended"))
     return JobPlan(name, "change" if steps else "none", steps)
+
+
+def _int_or(spec: dict[str, Any], name: str) -> int:
+    """A whole-number setting of a spec, or the job form's default for it."""
+    value: Any = spec.get(name) if _whole(spec.get(name)) else getattr(Job(), name)
+    return int(value)
 
 
 def _whole(value: Any) -> bool:

@@ -15,6 +15,7 @@ urlpatterns = [
     path("v1/actions/<int:action_id>", views.action, name="action"),
     path("v1/secrets", views.secrets, name="secrets"),
     path("v1/secrets/<str:name>", views.secret, name="secret"),
+    path("v1/jobs/<str:name>/checkpoint-decision", views.checkpoint_decision, name="checkpoint_decision"),
     path("v1/jobs/<str:name>/start", views.start, name="start"),
     path("v1/jobs/<str:name>/stop", views.stop, name="stop"),
     path("v1/jobs/<str:name>/savepoint", views.savepoint, name="savepoint"),

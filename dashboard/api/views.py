@@ -35,13 +35,15 @@ from dashboard.api.tokens import token_user
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
 from dashboard.records import MEASURES
 from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
+from dashboard.selectors.cluster import free_cores_warning
 from dashboard.selectors.jobs import job_list
 from dashboard.selectors.secrets import SecretRow, secret_list, secret_row
 from dashboard.services.actions import action_request
+from dashboard.services.adoption import checkpoint_adopt, checkpoint_set_aside
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
-from dashboard.services.runs import job_request_start, job_request_stop, run_holds_process
+from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, run_holds_process
 from dashboard.services.secrets import SecretError, masked, secret_delete, secret_set
 from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
 
@@ -260,7 +262,9 @@ def job(request: HttpRequest, name: str) -> Any:
 
 
 def _job_with_spec(job: Job) -> dict[str, Any]:
-    return job_json(job) | {"spec": _plain(spec_of(job)), "etag": etag(job), "drift": drift(job)}
+    return job_json(job) | {
+        "spec": _plain(spec_of(job)), "etag": etag(job), "drift": drift(job), "unknown_checkpoint": checkpoint_unknown(job),
+    }  # fmt: skip
 
 
 def _plain(values: Any) -> Any:
@@ -523,7 +527,10 @@ def _perform(request: HttpRequest, job: Job, verb: str, params: dict[str, Any]) 
     try:
         if verb == "start":
             run = job_request_start(job=job, requested_by=request.user, refuse_during_action=True)
-            body, target = {"run": run_json(run)}, f"run #{run.id}"
+            body: dict[str, Any] = {"run": run_json(run)}
+            target = f"run #{run.id}"
+            if warning := free_cores_warning(job):  # on a cluster short of cores it would sit starting
+                body["warning"] = warning
         elif verb == "stop":
             run = job_request_stop(job=job)
             body, target = {"run": run_json(run)}, f"run #{run.id}"
@@ -636,3 +643,25 @@ def secret(request: HttpRequest, name: str) -> Any:
     if found is None:
         raise ApiError(404, f"No secret named {name!r}.")
     return {"secret": secret_json(found)}
+
+
+@endpoint(("POST",), OPERATOR)
+def checkpoint_decision(request: HttpRequest, name: str) -> Any:
+    """POST {"decision": "adopt" | "set-aside"}: for a job whose directory holds a checkpoint this console never
+    recorded (its start is refused with that reason, and the job's ``unknown_checkpoint`` says it): adopt it, its
+    history imported run by run from its journals, or set it aside and start from nothing."""
+    found = _job(name)
+    data = _json_object(request)
+    decision = data.get("decision")
+    if set(data) != {"decision"} or decision not in ("adopt", "set-aside"):
+        raise ApiError(400, 'The body is {"decision": "adopt"} or {"decision": "set-aside"}.')
+    try:
+        done = checkpoint_adopt(found) if decision == "adopt" else checkpoint_set_aside(found)
+    except ActionRefused as exc:
+        audit_record(request, verb=f"checkpoint-{decision}", job=found.name, outcome="refused", message=str(exc),
+                     origin="api")  # fmt: skip
+        return _error(409, str(exc))
+    audit_record(
+        request, verb=f"checkpoint-{decision}", job=found.name, outcome="succeeded", message=done, origin="api"
+    )
+    return {"outcome": done}

@@ -20,6 +20,7 @@ from django.utils import timezone
 from dashboard.models import ACTIVE_RUN_STATUSES, Alert, AlertKind, Job, Recovery, Run, RunStatus, SavepointStatus
 from dashboard.records import parse_time
 from dashboard.selectors.charts import recent_points
+from dashboard.selectors.cluster import CORES_WAIT
 from dashboard.selectors.incidents import alert_incidents
 from dashboard.selectors.lag import lag_status, latest_source_lag, source_lag_growing
 from dashboard.services.enqueue import DELIVER_ALERT, enqueue
@@ -108,6 +109,14 @@ def job_conditions(job: Job, now: datetime) -> dict[str, tuple[str | None, int |
                 found[AlertKind.LAG_WARN] = (f"lag still behind: {status.reason}", None)
             found[AlertKind.WATERMARK_DROPS] = (watermark_jump(recent), None)
         found[AlertKind.DRIVER_HEAP] = (heap_pressure(run, now), None)
+    elif (starting := job.runs.filter(status=RunStatus.STARTING).order_by("-id").first()) is not None:
+        # on a cluster without free cores its driver says so in the run's message (workers/driver.py CoresWatch)
+        waited = (now - starting.requested_at).total_seconds()
+        if starting.message.startswith(CORES_WAIT) and waited > settings.ALERT_CLUSTER_WAIT_SECONDS:
+            found[AlertKind.CLUSTER_WAITING] = (
+                f"run #{starting.id} starting for {waited:.0f} s. {starting.message}",
+                None,
+            )
     elif job.runs.exists() and not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
         # down (not starting or stopping either): progress events say nothing, the source does; lag that keeps
         # growing is the on-call's business. A job never started has stopped nothing: its page shows the backlog

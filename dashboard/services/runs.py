@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
     IN_FLIGHT_ACTIONS,
@@ -63,6 +64,8 @@ def job_request_start(
                     f"{job.name} already has run #{active.id} ({active.get_status_display().lower()}, "
                     f"requested {active.requested_at:%Y-%m-%d %H:%M:%S} UTC): one driver per checkpoint."
                 )
+            if unknown := checkpoint_unknown(job):
+                raise ActionRefused(unknown)
             run = Run.objects.create(job=job, requested_by=user)
             Job.objects.filter(id=job.id).exclude(failed_reason="").update(failed_reason="")
             enqueue(START_RUN, run.id)
@@ -134,6 +137,24 @@ def run_holds_process(run: Run) -> bool:
     if run.host != settings.HOST_ID or not pid_alive(run.pid):
         return False
     return run.driver_host_id is None or run.released_at is None
+
+
+def checkpoint_unknown(job: Job) -> str:
+    """Why the job must not start on the checkpoint in its directory: batches are committed there, but this console
+    never recorded the job running (no run of it started, no batch recorded). An earlier console, or one on another
+    database, left it. Spark would resume it silently, with results, sinks and history carried on from a past this
+    console does not know; the operator adopts it (its history imported run by run) or sets it aside instead."""
+    batches = committed_batches(job.checkpoint_location)
+    if not batches or job.checkpoints.exists() or job.runs.exclude(started_at=None).exists():
+        return ""
+    journals = len(list((job.directory / "journal").glob("run-*.jsonl")))
+    return (
+        f"Not started: {job.checkpoint_location} holds batches {batches[0]}–{batches[-1]} that this console never "
+        f"recorded: an earlier console, or one on another database, ran {job.name} there. Starting would resume it "
+        f"without a word. Choose on the job's page (or the API): adopt the checkpoint (the job resumes after batch "
+        f"{batches[-1]}, and its history is imported run by run from {journals} journal(s)), or set it aside (moved "
+        f"beside it, kept; the job starts from nothing)."
+    )
 
 
 def checkpoint_missing(job: Job) -> str:

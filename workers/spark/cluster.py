@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyspark
+
+from dashboard.selectors.cluster import master_status
 
 SPARK_HOME = Path(pyspark.__file__).parent
 MASTER = "org.apache.spark.deploy.master.Master"
@@ -61,12 +61,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def master_status(ui_url: str, timeout: float = 5) -> dict[str, Any]:
-    """The master's own JSON: its workers (state, cores, memory) and applications."""
-    with urllib.request.urlopen(f"{ui_url}/json/", timeout=timeout) as response:  # noqa: S310 - our own master
-        return dict(json.load(response))
 
 
 def alive_workers(ui_url: str) -> list[dict[str, Any]]:
