@@ -42,8 +42,9 @@ def cluster_worker(spark_cluster: cluster.Standalone, checkpoint_root: Path, tmp
 
 
 def our_app(spark_cluster: cluster.Standalone, job) -> dict:
+    """The job's application on the master ({} until it has registered)."""
     apps = cluster.master_status(spark_cluster.ui_url)["activeapps"]
-    return next(app for app in apps if app["name"] == f"statekeeper-{job.name}")
+    return next((app for app in apps if app["name"] == f"statekeeper-{job.name}"), {})
 
 
 def test_a_job_on_the_cluster_survives_an_executor_and_a_driver_kill_exactly_once(
@@ -141,7 +142,7 @@ def test_a_job_the_cluster_has_no_cores_for_says_so_warns_before_it_starts_and_a
     waiter = make_job(parallelism=1, trigger_interval_seconds=1, source_stream=f"{stream_name}:waiter")
     assert free_cores_warning(waiter) == "", "2 free cores: nothing to warn of"
     job_request_start(job=holder)
-    wait_for(lambda: our_app(spark_cluster, holder)["cores"] == 2, 180, 1, "the first job to hold both cores")
+    wait_for(lambda: our_app(spark_cluster, holder).get("cores") == 2, 180, 1, "the first job to hold both cores")
 
     warning = free_cores_warning(waiter)
     assert f"0 free core(s) of 2 (held by statekeeper-{holder.name} (2))" in warning and "asks for 1" in warning

@@ -33,7 +33,7 @@ from dashboard.pipelines import get as get_pipeline
 from dashboard.services.forks import switch_to_fork
 from tests.conftest import run_through
 from tests.test_team_job import Orders, sink
-from workers.sink import SinkSet, rehearse
+from workers.sink import SinkSet, rehearse, trim_commits, trim_file_log
 
 SPEND = ("customer", "start", "end", "orders", "items", "total")
 COUNTS = TableSink(
@@ -280,3 +280,31 @@ def test_the_team_job_writes_its_own_table_and_parquet_once_through_a_replay_and
     for name in ("team-db", "lake"):
         row = re.search(rf'data-sink="{name}">.*?</tr>', page, re.S)
         assert row and row.group(0).count(f'<td class="num">{newest}</td>') == 2, (name, "sink and checkpoint agree")
+
+
+@pytest.mark.spark
+def test_a_sinks_bookkeeping_is_trimmed_to_what_a_restore_or_rollback_can_still_reach(spark, tmp_path):
+    """One commit row a batch, one log entry a batch: trimmed below the oldest batch a restore or rollback can go back
+    to, and the sink stays exactly-once from there (a replay skipped, a fork rewound) and read whole by Spark."""
+    sink = TableSink(**{**COUNTS.__dict__, "dsn": str(tmp_path / "team.db"), "driver": "sqlite3"})
+    writer = TableWriter(sink, "orders-job", token=1)
+    for b in range(30):
+        write(writer, b, f"b{b}", [(f"k{b}", "x", b)])
+    assert trim_commits(writer, 25) == 25
+    with sqlite3.connect(tmp_path / "team.db") as db:
+        assert [b for (b,) in db.execute(f"SELECT batch_id FROM {COMMITS} ORDER BY batch_id")] == [25, 26, 27, 28, 29]
+    assert write(writer, 29, "b29", [("k29", "x", 29)]).skipped, "a replay from the floor on is still skipped"
+    assert write(writer, 27, "b27-fork", [("k27", "x", 270)]).rewound == 3, "a fork after the floor still rewinds"
+    writer.close()
+
+    out = tmp_path / "lake"
+    lake = FileSink("lake", path=str(out))
+    for b in range(33):
+        write_files(spark.createDataFrame([(f"k{b}", b)], "k string, n long"), lake, b, f"d{b}")
+    log = FileLog(out)
+    assert trim_file_log(log, 25) > 0
+    assert log.batches()[0] == 19 and (out / "_spark_metadata" / "19.compact").is_file(), "kept from the compaction"
+    assert not (out / "_statekeeper" / "batches" / "3.json").exists()
+    assert spark.read.parquet(str(out)).count() == 33, "Spark still reads every batch's file"
+    assert write_files(spark.createDataFrame([("k26b", 26)], "k string, n long"), lake, 26, "d26-fork").rewound == 7
+    assert sorted(r.n for r in spark.read.parquet(str(out)).collect()) == list(range(27))

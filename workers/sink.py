@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,10 @@ from django.db import connection, transaction
 from pyspark.sql import DataFrame, Row
 from statekeeper_sdk import Pipeline, Rejected, Result
 from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
+    COMMITS,
+    COMPACT_INTERVAL,
     Fenced,
+    FileLog,
     FileSink,
     ResultsTable,
     SinkError,
@@ -36,7 +39,8 @@ from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the l
     write_kafka,
 )
 
-from dashboard.models import ResultRow
+from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.models import ResultRow, Savepoint, SavepointStatus
 from workers.spark.sources.redis_streams import dead_letter
 
 CHUNK = 5000
@@ -217,6 +221,24 @@ class SinkSet:
             cause = (str(exc).strip() or "no message").splitlines()[0][:500]
             raise SinkError(f"sink {sink.name} ({sink.where()}): {type(exc).__name__}: {cause}") from exc
 
+    def trim(self, floor: int) -> None:
+        """The sinks' bookkeeping before ``floor`` removed (see ``reachable_floor``); a failure is logged, and the next
+        trim tries again: it never fails a batch."""
+        for sink in self.sinks:
+            try:
+                if isinstance(sink, TableSink):
+                    trimmed = trim_commits(self.tables[sink.name], floor)
+                elif isinstance(sink, FileSink):
+                    trimmed = trim_file_log(FileLog(sink.path), floor)
+                else:
+                    continue
+            except Exception as exc:
+                log.warning("job %s: sink %s's bookkeeping was not trimmed: %s", self.job_name, sink.name, exc)
+                continue
+            if trimmed:
+                log.info("job %s: sink %s: bookkeeping before batch %s trimmed (%s)", self.job_name, sink.name, floor,
+                         trimmed)  # fmt: skip
+
     def close(self) -> None:
         for writer in self.tables.values():
             writer.close()
@@ -263,5 +285,54 @@ def batch_writer(
                 client.append(redis.Redis.from_url(redis_url, socket_timeout=10))
             dead_letter(client[0], dead_letters, rejected)  # each once: a replayed batch rejects the same results
 
+        if batch_id and batch_id % TRIM_EVERY == 0 and (floor := reachable_floor(job_id, checkpoint)) is not None:
+            sinks.trim(floor)
+
     write.sinks = sinks  # type: ignore[attr-defined]
     return write
+
+
+TRIM_EVERY = 100  # batches between two trims of the sinks' bookkeeping
+
+
+def reachable_floor(job_id: int, checkpoint: str) -> int | None:
+    """The oldest batch a restore or rollback of the job can still go back to: its oldest retained committed batch,
+    or the batch of its oldest savepoint that is kept. A sink's bookkeeping of batches before it is never read again
+    (a replay starts after a savepoint's or a retained batch's number)."""
+    retained = committed_batches(Path(checkpoint)) if checkpoint else []
+    kept = Savepoint.objects.filter(job_id=job_id, batch_id__isnull=False).exclude(
+        status__in=(SavepointStatus.DISPOSED, SavepointStatus.FAILED)
+    )
+    oldest = kept.order_by("batch_id").values_list("batch_id", flat=True).first()
+    floors = [b for b in (retained[0] if retained else None, oldest) if b is not None]
+    return min(floors) if floors else None
+
+
+def trim_commits(writer: TableWriter, floor: int) -> int:
+    """Delete a table sink's commit rows of the batches before ``floor`` (one a batch, for good otherwise)."""
+    writer.connect()
+    with closing(writer.connection.cursor()) as cursor:
+        cursor.execute(
+            writer.sql(f"DELETE FROM {COMMITS} WHERE job = %s AND sink = %s AND batch_id < %s"),
+            (writer.job, writer.sink.name, floor),
+        )
+        deleted = max(0, cursor.rowcount)
+    writer.connection.commit()
+    return deleted
+
+
+def trim_file_log(log: FileLog, floor: int) -> int:
+    """Delete a file sink's log entries and batch records that no reader or rewind needs: Spark's reader and a rewind to
+    ``floor`` or later start at the compaction at or before ``floor - 1``; everything before that compaction goes."""
+    start = max(0, floor // COMPACT_INTERVAL * COMPACT_INTERVAL - 1)  # the compaction a rewind to ``floor`` reads from
+    removed = 0
+    for batch in [b for b in log.batches() if b < start]:
+        for name in (str(batch), f"{batch}.compact", f".{batch}.crc", f".{batch}.compact.crc"):
+            path = log.log / name
+            if path.exists():
+                path.unlink()
+                removed += 1
+        record = log.own / "batches" / f"{batch}.json"
+        if record.exists():
+            record.unlink()
+    return removed
