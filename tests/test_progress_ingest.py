@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from dashboard.checkpoint_dir.disk import CheckpointDisk, Measurement, file_batch
+from dashboard.checkpoint_dir.journal import journal_parts, journals_expire, unread_lines
 from dashboard.models import Checkpoint, Run
 from dashboard.records import checkpoint_record, is_commit
 from dashboard.services.checkpoints import journal_path, journal_reconcile, progress_stream_ingest
@@ -167,3 +170,46 @@ def test_files_are_attributed_to_the_batch_that_wrote_them(tmp_path):
     assert (first.added_bytes, first.full_bytes) == (13, 13)
     second = disk.measure(1)
     assert (second.added_bytes, second.full_bytes) == (5, 18)
+
+
+def test_a_journal_is_read_once_so_an_aged_out_record_is_not_recorded_again_and_rotated_parts_expire(
+    make_job, redis, tmp_path
+):
+    """A run of weeks: each reconcile reads only what was appended since the last; a record the raw retention removed
+    is not brought back from the journal (it would be counted twice in the roll-ups); the journal is rotated once read
+    past its size and the rotated parts, and ended runs' journals, expire with the raw retention."""
+    job = make_job()
+    run = Run.objects.create(job=job, status="running")
+    recorder = recorder_for(job, run, tmp_path / "checkpoint")
+    journal = journal_path(job=job, run_id=run.id)
+    for batch in range(3):
+        recorder.on_progress(progress(batch))
+    assert journal_reconcile(job=job, run_id=run.id) == 3
+    Checkpoint.objects.filter(job=job, batch_id__lt=2).delete()  # aged out of the raw retention
+    assert journal_reconcile(job=job, run_id=run.id) == 0, "nothing appended since: nothing read, nothing brought back"
+    recorder.on_progress(progress(3))
+    with open(journal, "a") as out:
+        out.write('{"job": 1, "run": 1, "rec')  # the driver is mid-line
+    assert journal_reconcile(job=job, run_id=run.id) == 1
+    assert sorted(Checkpoint.objects.filter(job=job).values_list("batch_id", flat=True)) == [2, 3]
+
+    # read past its size, the journal is rotated; the driver's next line starts a new part; both are the run's
+    with unread_lines(journal, rotate_bytes=10) as lines:
+        assert lines == [], "the cut line is not yet whole"
+    journal.write_text(journal.read_text().rsplit("\n", 1)[0] + "\n")  # (the cut line gone, as if never written)
+    with unread_lines(journal, rotate_bytes=10) as lines:
+        assert lines == []
+    assert not journal.exists() and len(list(journal.parent.glob("*.jsonl.done"))) == 1
+    recorder.on_progress(progress(4))
+    parts = journal_parts(journal.parent)[run.id]
+    assert [p.name.endswith(".done") for p in parts] == [True, False]
+    assert journal_reconcile(job=job, run_id=run.id) == 1
+
+    # the rotated part and an ended run's journal expire after the retention; the running run's current part stays
+    ended = journal.with_name("run-999999.jsonl")
+    ended.write_text(journal.read_text())
+    old = time.time() - 4 * 86400
+    for path in (parts[0], ended, journal):
+        os.utime(path, (old, old))
+    assert journals_expire(journal.parent, 72 * 3600, active_runs={run.id}) == 2
+    assert journal.exists() and not parts[0].exists() and not ended.exists()

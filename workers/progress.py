@@ -25,6 +25,7 @@ from pyspark import SparkContext
 from pyspark.sql.streaming import StreamingQueryListener
 
 from dashboard.checkpoint_dir.disk import CheckpointDisk
+from dashboard.checkpoint_dir.journal import journal_append
 from dashboard.records import checkpoint_record, is_commit, parse_time
 from dashboard.services.checkpoints import checkpoint_record_ingest
 
@@ -56,8 +57,7 @@ class ProgressRecorder:
             "location": self.location
         }
         line = json.dumps({"job": self.job_id, "run": self.run_id, "record": record}, separators=(",", ":"))
-        with open(self.journal, "a") as out:
-            out.write(line + "\n")
+        journal_append(self.journal, line)
         try:
             if self._redis is None:
                 self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)

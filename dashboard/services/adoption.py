@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.checkpoint_dir.journal import journal_parts
 from dashboard.models import Job, Run, RunStatus
 from dashboard.records import parse_time
 from dashboard.services.action_steps import alive_run
@@ -39,19 +40,19 @@ def checkpoint_adopt(job: Job) -> str:
     ``journal-adopted-<stamp>`` so that this console's own runs never read them as theirs. Returns what was done."""
     _refuse_unless_unknown(job)
     batches = committed_batches(job.checkpoint_location)
-    journals = sorted((job.directory / "journal").glob("run-*.jsonl"), key=_run_number)
+    journals = journal_parts(job.directory / "journal")
     imported = runs = 0
     with transaction.atomic():
-        for journal in journals:
-            records = _records(journal)
+        for number, parts in sorted(journals.items()):
+            records = [r for part in parts for r in _records(part)]
             if not records:
                 continue
             times = [parse_time(r["committed_at"]) for r in records]
             run = Run.objects.create(
                 job=job, status=RunStatus.STOPPED, requested_at=min(times), started_at=min(times),
                 ended_at=max(times), host="adopted",
-                message=f"run #{_run_number(journal)} of an earlier console, adopted with its checkpoint: batches "
-                f"{records[0]['batch_id']}–{records[-1]['batch_id']} from {journal.name}",
+                message=f"run #{number} of an earlier console, adopted with its checkpoint: batches "
+                f"{records[0]['batch_id']}–{records[-1]['batch_id']} from {', '.join(p.name for p in parts)}",
             )  # fmt: skip
             runs += 1
             imported += sum(checkpoint_record_ingest(job_id=job.id, run_id=run.id, record=r) for r in records)
@@ -79,11 +80,6 @@ def checkpoint_set_aside(job: Job) -> str:
     if journal.is_dir():
         journal.rename(job.directory / f"journal-set-aside-{stamp}")
     return f"Set {job.checkpoint_location} aside as {aside}; {job.name} starts from nothing at its next start."
-
-
-def _run_number(journal: Path) -> int:
-    number = journal.stem.removeprefix("run-")
-    return int(number) if number.isdigit() else 0
 
 
 def _records(journal: Path) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from dashboard.checkpoint_dir.journal import unread_lines
 from dashboard.models import Checkpoint, Job, Run
 from dashboard.records import parse_time
 
@@ -93,21 +94,23 @@ def journal_path(*, job: Job, run_id: int) -> Path:
 
 
 def journal_reconcile(*, job: Job, run_id: int) -> int:
-    """Ingest the batches a run journaled that the console has not recorded (lost with Redis, say)."""
-    path = journal_path(job=job, run_id=run_id)
-    if not path.exists():
-        return 0
-    known = set(Checkpoint.objects.filter(job=job, run_id=run_id).values_list("location", "batch_id"))
-    created = 0
-    with open(path) as journal:
-        for number, line in enumerate(journal):
+    """Ingest the batches a run journaled that the console has not recorded (lost with Redis, say): the lines written
+    since the last reconcile, never the whole journal again (see checkpoint_dir/journal.py)."""
+    with unread_lines(journal_path(job=job, run_id=run_id)) as lines:
+        records = []
+        for number, line in enumerate(lines):
             try:
-                data = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a kill: its batch is in the next line or was never committed
-            record = data.get("record", {})
-            if (record.get("location", "checkpoint"), record.get("batch_id")) in known:
-                continue
-            made, _ = _ingest_lines([(number, line)])
-            created += made
+                record = json.loads(line).get("record", {})
+                records.append((number, line, record.get("location", "checkpoint"), int(record.get("batch_id"))))
+            except (ValueError, TypeError, AttributeError):
+                continue  # a damaged line: its batch is in the next line or was never committed
+        batches = {batch for _, _, _, batch in records}
+        known = set(
+            Checkpoint.objects.filter(job=job, batch_id__in=batches).values_list("location", "batch_id")
+        ) if batches else set()  # fmt: skip
+        created = 0
+        for number, line, location, batch in records:
+            if (location, batch) not in known:
+                made, _ = _ingest_lines([(number, line)])
+                created += made
     return created

@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.models import Checkpoint, CheckpointRollup, Job
+from dashboard.checkpoint_dir.journal import journals_expire
+from dashboard.models import ACTIVE_RUN_STATUSES, Checkpoint, CheckpointRollup, Job
 from dashboard.records import CHART_COLUMNS, MEASURES
 
 SETTLE_SECONDS = 5
@@ -159,9 +160,12 @@ def raw_expire(job: Job, now: datetime | None = None) -> int:
 
 
 def rollups_run(now: datetime | None = None) -> dict[str, int]:
-    """The periodic pass: roll up every job, then expire raw records beyond retention."""
-    read = expired = 0
+    """The periodic pass: roll up every job, then expire raw records beyond retention, and the journals (rotated
+    parts, and ended runs') as old."""
+    read = expired = journals = 0
     for job in Job.objects.all():
         read += job_rollup(job, now)
         expired += raw_expire(job, now)
-    return {"read": read, "expired": expired}
+        active = set(job.runs.filter(status__in=ACTIVE_RUN_STATUSES).values_list("id", flat=True))
+        journals += journals_expire(job.directory / "journal", settings.CHECKPOINT_RAW_RETENTION_HOURS * 3600, active)
+    return {"read": read, "expired": expired, "journals": journals}

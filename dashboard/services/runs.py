@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.checkpoint_dir.journal import journal_parts
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
     IN_FLIGHT_ACTIONS,
@@ -147,7 +148,7 @@ def checkpoint_unknown(job: Job) -> str:
     batches = committed_batches(job.checkpoint_location)
     if not batches or job.checkpoints.exists() or job.runs.exclude(started_at=None).exists():
         return ""
-    journals = len(list((job.directory / "journal").glob("run-*.jsonl")))
+    journals = len(journal_parts(job.directory / "journal"))
     return (
         f"Not started: {job.checkpoint_location} holds batches {batches[0]}–{batches[-1]} that this console never "
         f"recorded: an earlier console, or one on another database, ran {job.name} there. Starting would resume it "
