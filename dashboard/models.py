@@ -447,6 +447,26 @@ class ResultRow(models.Model):
         return f"{self.kind} {self.key}"
 
 
+class ResultUndo(models.Model):
+    """What a batch changed in the results table, to be undone when the job goes back before it (a restore, a rollback,
+    an upgrade's rollback): a key's value before the batch, or none when the batch added the key. The results table is
+    a sink held to exactly once like the others; entries older than what a restore or rollback can reach are
+    trimmed."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
+    batch_id = models.BigIntegerField()
+    kind = models.CharField(max_length=40)
+    key = models.CharField(max_length=500)
+    value = models.JSONField(null=True, help_text="the value before the batch; null: the batch added the key")
+    prior_batch = models.BigIntegerField(null=True, help_text="the batch that had last changed it; null: none")
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "batch_id"], name="result_undo_job_batch")]
+
+    def __str__(self) -> str:
+        return f"before batch {self.batch_id}: {self.kind} {self.key}"
+
+
 class ActionKind(models.TextChoices):
     SAVEPOINT = "savepoint", "Savepoint"
     STOP_WITH_SAVEPOINT = "stop-with-savepoint", "Stop with savepoint"

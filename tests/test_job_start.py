@@ -10,14 +10,15 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from dashboard.models import Action, ActionKind, AuditEntry, Job, Run, RunStatus
+from dashboard.models import Action, ActionKind, AuditEntry, Job, ResultUndo, Run, RunStatus
+from dashboard.pipelines import get as get_pipeline
 from dashboard.services import runs as run_services
 from dashboard.services.actions import actions_resume
 from dashboard.services.errors import ActionRefused
 from dashboard.services.lease import lease_acquire, lease_renew
 from dashboard.services.runs import job_request_start, job_request_stop, run_launch, runs_supervise
 from tests.conftest import grant
-from workers.sink import Fenced, batch_writer, write_results
+from workers.sink import Fenced, SinkSet, batch_writer, write_results
 
 pytestmark = pytest.mark.django_db
 
@@ -109,6 +110,36 @@ def test_a_replayed_batch_changes_nothing_in_the_sink(make_job):
     write_results(job_id=job.id, token=token, batch_id=4, results=rows)
     write_results(job_id=job.id, token=token, batch_id=4, results=rows)
     assert sorted((r.key, r.value["requests"]) for r in job.results.all()) == [("/a", 3), ("/b", 1)]
+
+
+def test_going_back_undoes_what_later_batches_did_to_the_results_even_for_keys_the_replay_does_not_emit(make_job):
+    """A rollback to batch 1: batch 2 added /c and changed /a; the replay of batch 2 emits only /b. The results table
+    is then as the state is: /c gone, /a back to its value of batch 1, /b as the replay made it."""
+    job = make_job()
+    token = lease_acquire(job_id=job.id)
+    assert token is not None
+
+    def write(batch: int, rows: dict[str, int]) -> None:
+        write_results(job_id=job.id, token=token, batch_id=batch,
+                      results=[("url", key, {"requests": n}) for key, n in rows.items()])  # fmt: skip
+
+    def table() -> dict[str, tuple[int, int]]:
+        return {r.key: (r.value["requests"], r.batch_id) for r in job.results.all()}
+
+    write(0, {"/a": 1, "/b": 1})
+    write(1, {"/a": 2})
+    write(2, {"/a": 3, "/c": 1})
+    write(3, {"/b": 5})
+    assert table() == {"/a": (3, 2), "/b": (5, 3), "/c": (1, 2)}
+    write(2, {"/b": 2})  # the replay after the rollback to batch 1
+    assert table() == {"/a": (2, 1), "/b": (2, 2)}, "as of batch 1, then the replayed batch 2"
+    write(2, {"/b": 2})  # the same batch again (a retry): the same rows
+    assert table() == {"/a": (2, 1), "/b": (2, 2)}
+
+    # trimmed below what a restore or rollback can reach: going back further is no longer recorded
+    SinkSet(job_id=job.id, job_name=job.name, token=token, pipeline=get_pipeline("url-counts"), parameters={}).trim(2)
+    assert not ResultUndo.objects.filter(job=job, batch_id__lt=2).exists()
+    assert ResultUndo.objects.filter(job=job, batch_id=2).exists()
 
 
 def test_a_key_given_twice_in_a_batch_keeps_its_last_value_and_a_failed_batch_leaves_nothing(make_job):

@@ -40,7 +40,7 @@ from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the l
 )
 
 from dashboard.checkpoint_dir.files import committed_batches
-from dashboard.models import ResultRow, Savepoint, SavepointStatus
+from dashboard.models import ResultRow, ResultUndo, Savepoint, SavepointStatus
 from workers.spark.sources.redis_streams import dead_letter
 
 CHUNK = 5000
@@ -88,9 +88,11 @@ def write_results(
     written = 0
     with transaction.atomic(), connection.cursor() as cursor:
         lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
+        results_rewind(job_id, batch_id)
         for chunk in chunked(iter(results), CHUNK):
             latest = _storable(batch_id, chunk, rejected if rejected is not None else [])
             written += len(latest)
+            _remember_before(job_id, batch_id, latest)
             if connection.vendor == "postgresql":
                 _copy_upsert(cursor, job_id, batch_id, latest)
             else:
@@ -100,6 +102,48 @@ def write_results(
                     [(job_id, kind, key, text, batch_id) for (kind, key), text in latest.items()],
                 )
     return written
+
+
+def _remember_before(job_id: int, batch_id: int, latest: dict[tuple[str, str], str]) -> None:
+    """Each key's value before this batch first changes it (a key changed by an earlier chunk of the same batch, or by
+    the same batch's earlier attempt, has its entry already)."""
+    keys = list(latest)
+    current = {
+        (r.kind, r.key): r
+        for r in ResultRow.objects.filter(job_id=job_id, kind__in={k for k, _ in keys}, key__in={k for _, k in keys})
+        if (r.kind, r.key) in latest
+    }
+    ResultUndo.objects.bulk_create(
+        ResultUndo(job_id=job_id, batch_id=batch_id, kind=kind, key=key,
+                   value=row.value if row is not None else None, prior_batch=row.batch_id if row is not None else None)
+        for kind, key in keys
+        if (row := current.get((kind, key))) is None or row.batch_id != batch_id
+    )  # fmt: skip
+
+
+def results_rewind(job_id: int, batch_id: int) -> int:
+    """Undo what batches from ``batch_id`` on did to the results table, before ``batch_id`` is written (again): the job
+    went back (a restore, a rollback, an upgrade's rollback), so a key those batches added goes and a key they changed
+    gets its value back, whether or not the replay emits it again. A replay of the same batch undoes and redoes it, to
+    the same rows. Returns how many keys went back."""
+    undo = ResultUndo.objects.filter(job_id=job_id, batch_id__gte=batch_id)
+    if not undo.exists():
+        return 0
+    oldest: dict[tuple[str, str], ResultUndo] = {}
+    for entry in undo.order_by("-batch_id", "-id").iterator(chunk_size=2000):  # the oldest entry of a key wins
+        oldest[(entry.kind, entry.key)] = entry
+    added = [(k, key) for (k, key), e in oldest.items() if e.prior_batch is None]
+    for kind in {k for k, _ in added}:
+        for start in range(0, len(added), 1000):
+            keys = [key for k, key in added[start : start + 1000] if k == kind]
+            ResultRow.objects.filter(job_id=job_id, kind=kind, key__in=keys).delete()
+    changed = [e for e in oldest.values() if e.prior_batch is not None]
+    for entry in changed:
+        ResultRow.objects.filter(job_id=job_id, kind=entry.kind, key=entry.key).update(
+            value=entry.value, batch_id=entry.prior_batch
+        )
+    undo.delete()
+    return len(oldest)
 
 
 UPSERT = (
@@ -226,7 +270,9 @@ class SinkSet:
         trim tries again: it never fails a batch."""
         for sink in self.sinks:
             try:
-                if isinstance(sink, TableSink):
+                if isinstance(sink, ResultsTable):
+                    trimmed, _ = ResultUndo.objects.filter(job_id=self.job_id, batch_id__lt=floor).delete()
+                elif isinstance(sink, TableSink):
                     trimmed = trim_commits(self.tables[sink.name], floor)
                 elif isinstance(sink, FileSink):
                     trimmed = trim_file_log(FileLog(sink.path), floor)
