@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models, transaction
 from django.utils import timezone
+from statekeeper_sdk.events import MAX_FUTURE_SECONDS
 
 JOB_NAME = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lower-case letters, digits and hyphens (it names the checkpoint directory)."
@@ -94,7 +95,7 @@ class Job(models.Model):
     )
     # Poison events: what the source refuses, and how much of it the dead-letter stream keeps.
     max_future_seconds = models.PositiveIntegerField(
-        default=300,
+        default=MAX_FUTURE_SECONDS,
         validators=[MaxValueValidator(366 * 86400)],
         help_text="an event time further than this after the entry's arrival is dead-lettered (0: no limit)",
     )

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from statekeeper_sdk import Field, Limits, PayloadFormat, parse_entries
+from statekeeper_sdk.events import MAX_FUTURE_SECONDS
 
 from dashboard.models import ResultRow
 from tests.conftest import run_through
@@ -67,10 +68,12 @@ def test_each_poison_class_is_rejected_with_its_stage_and_reason_and_the_rest_go
 def test_a_future_event_time_is_judged_against_the_entrys_arrival_so_a_replay_judges_the_same():
     ahead = json.dumps({"order_id": "o", "event": "created", "ts": 10_000_000}).encode()
     arrived_long_ago = [(b"1000-0", [b"v", ahead])]
-    assert parse_entries(arrived_long_ago, ORDERS, Limits(max_future_seconds=300))[1][0].stage == "validate"
+    assert (
+        parse_entries(arrived_long_ago, ORDERS, Limits(max_future_seconds=MAX_FUTURE_SECONDS))[1][0].stage == "validate"
+    )
     assert parse_entries(arrived_long_ago, ORDERS, Limits(max_future_seconds=0))[0].num_rows == 1, "0: no limit"
     just_in_time = [(b"9900000-0", [b"v", ahead])]
-    assert parse_entries(just_in_time, ORDERS, Limits(max_future_seconds=300))[0].num_rows == 1
+    assert parse_entries(just_in_time, ORDERS, Limits(max_future_seconds=MAX_FUTURE_SECONDS))[0].num_rows == 1
 
 
 def test_a_regex_source_rejects_undecodable_lines_and_numbers_out_of_range():

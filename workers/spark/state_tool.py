@@ -226,7 +226,7 @@ def _scratch_job(spec: dict[str, Any], name: str, checkpoint: str, pipeline: Any
         job_id=0, name=name, pipeline=pipeline.name, stream=spec["stream"], redis_url=spec["redis_url"],
         backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"], parallelism=1,
         checkpoint=checkpoint, batches_retained=1000, max_records=spec["max_records"], dead_letter=spec["dead_letter"],
-        skip_list=spec.get("skip_list", ""), max_future_seconds=spec.get("max_future_seconds", 300),
+        skip_list=spec.get("skip_list", ""), max_future_seconds=spec["max_future_seconds"],
         source_kind=spec.get("source_kind", "redis-stream"), source_path=spec.get("source_path", ""),
         source_format=spec.get("source_format", "json"), parameters=json.dumps(spec.get("parameters", {})), **extra,
     )  # fmt: skip
