@@ -5,6 +5,7 @@
     statekeeper status [JOB]          jobs, their state and latest checkpoint
     statekeeper savepoint JOB         take a savepoint and wait for it to be verified
     statekeeper restore JOB ID        restore a savepoint (the job must be stopped)
+    statekeeper rollback JOB BATCH    roll back to a retained batch (the job must be stopped)
     statekeeper logs JOB              the job's recent runs and actions, with their messages
     statekeeper secrets               the secrets the console keeps: names, versions, the jobs that name them
     statekeeper secret set NAME       set or rotate a secret (admin), its value read from standard input
@@ -14,7 +15,7 @@ A spec is a YAML or TOML file per job (a directory of them, or one file): the jo
 running | suspended`` and ``upgrade_mode: savepoint | stateless``. A spec never holds a password: a parameter
 names a secret instead (``postgres://team:${secret:team-db-password}@db/team_orders``), set once with ``statekeeper
 secret set``. ``--prune``: a job made from specs that no file
-names any more is archived. ``--json`` prints machine-readable output. The console's address and token come from
+names any more is archived. ``--json`` (before or after the command) prints machine-readable output on stdout. The console's address and token come from
 ``--url``/``--token`` or STATEKEEPER_URL/STATEKEEPER_TOKEN (``manage.py create_token`` makes one).
 """
 
@@ -193,19 +194,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token", default=os.environ.get("STATEKEEPER_TOKEN", ""))
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for each action")
+    # --json and --timeout also after the command (`statekeeper status --json`): SUPPRESS keeps the value given first
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for each action")
     commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common])
+
     for name in ("plan", "apply"):
-        command = commands.add_parser(name)
-        command.add_argument("path", type=Path)
-        command.add_argument("--prune", action="store_true", help="archive spec-made jobs no file names any more")
-    commands.add_parser("status").add_argument("job", nargs="?")
-    commands.add_parser("savepoint").add_argument("job")
-    restore = commands.add_parser("restore")
+        planning = command(name)
+        planning.add_argument("path", type=Path)
+        planning.add_argument("--prune", action="store_true", help="archive spec-made jobs no file names any more")
+    command("status").add_argument("job", nargs="?")
+    command("savepoint").add_argument("job")
+    restore = command("restore")
     restore.add_argument("job")
     restore.add_argument("savepoint", type=int)
-    commands.add_parser("logs").add_argument("job")
-    commands.add_parser("secrets")
-    secret = commands.add_parser("secret")
+    rollback = command("rollback")
+    rollback.add_argument("job")
+    rollback.add_argument("batch", type=int, help="a committed batch the job retains: it resumes after it")
+    command("logs").add_argument("job")
+    command("secrets")
+    secret = command("secret")
     secret.add_argument("verb", choices=("set", "delete"))
     secret.add_argument("name")
     args = parser.parse_args(argv)
@@ -275,8 +287,12 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
             say(f"{job['name']}: {job['status']}, {job['pipeline']}, batch {latest.get('batch_id', '—')}{where}"
                 + (f", drift: {'; '.join(job['drift'])}" if job.get("drift") else ""))  # fmt: skip
         return NOTHING
-    if args.command in ("savepoint", "restore"):
-        body = {"savepoint": args.savepoint} if args.command == "restore" else {}
+    if args.command in ("savepoint", "restore", "rollback"):
+        bodies = {
+            "restore": {"savepoint": getattr(args, "savepoint", 0)},
+            "rollback": {"batch": getattr(args, "batch", 0)},
+        }
+        body = bodies.get(args.command, {})
         done = console.wait(console.call("POST", f"jobs/{args.job}/{args.command}", body)["action"], args.timeout, say)
         if out:
             out(done)
