@@ -13,7 +13,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
 from dashboard.api.tokens import token_create
-from dashboard.models import Action, AuditEntry, Checkpoint, IdempotentRequest, Run, RunStatus
+from dashboard.models import Action, AuditEntry, Checkpoint, IdempotentRequest, ResultRow, Run, RunStatus
 from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db
@@ -293,3 +293,20 @@ def test_an_upgrade_through_the_api_takes_parameter_values_checked_against_the_p
         "orders_dsn": "",
         "lake_dir": "",
     }
+
+
+def test_a_jobs_results_are_read_view_by_view_page_by_page(client, token, make_job):
+    job = make_job(name="orders")
+    ResultRow.objects.bulk_create(
+        [ResultRow(job=job, kind="url", key=f"/p{i:02d}", value={"requests": i}, batch_id=i) for i in range(5)]
+        + [ResultRow(job=job, kind="totals", key="all", value={"events": 10}, batch_id=4)]
+    )
+    viewer = token("viewer")
+    views = call(client, "GET", "/api/v1/jobs/orders/results", viewer).json()
+    assert views == {"views": [{"view": "totals", "rows": 1}, {"view": "url", "rows": 5}]}
+    first = call(client, "GET", "/api/v1/jobs/orders/results?view=url&limit=3", viewer).json()
+    assert [r["key"] for r in first["results"]] == ["/p00", "/p01", "/p02"] and first["next_after"] == "/p02"
+    rest = call(client, "GET", f"/api/v1/jobs/orders/results?view=url&limit=3&after={first['next_after']}", viewer)
+    assert [(r["key"], r["value"]["requests"]) for r in rest.json()["results"]] == [("/p03", 3), ("/p04", 4)]
+    assert rest.json()["next_after"] is None
+    assert call(client, "GET", "/api/v1/jobs/orders/results?view=url&after=%00", viewer).status_code == 400

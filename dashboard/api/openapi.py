@@ -353,6 +353,25 @@ def schema() -> dict[str, Any]:
             [NAME, LIMIT, before],
         ),
         "/api/v1/jobs/{name}/savepoints": _read("The job's savepoints", list_of("savepoints", "Savepoint"), [NAME]),
+        "/api/v1/jobs/{name}/results": _read(
+            "The job's results table: without view, each view and its rows; with view, a page of it in key order "
+            "(next_after as after for the next page)",
+            {
+                "type": "object",
+                "properties": {
+                    "views": {"type": "array", "items": {"type": "object"}},
+                    "view": {"type": "string"},
+                    "results": {"type": "array", "items": {"type": "object"}},
+                    "next_after": {"type": "string", "nullable": True},
+                },
+            },
+            [
+                NAME,
+                LIMIT,
+                {"name": "view", "in": "query", "schema": {"type": "string", "maxLength": 40}},
+                {"name": "after", "in": "query", "schema": {"type": "string", "maxLength": 500}},
+            ],
+        ),  # fmt: skip
         "/api/v1/jobs/{name}/actions": _read("The job's actions", list_of("actions", "Action"), [NAME, LIMIT]),
         "/api/v1/actions/{action_id}": _read(
             "One action: poll it until it succeeds or fails", _ref("Action"), [action_id]

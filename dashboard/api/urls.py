@@ -11,6 +11,7 @@ urlpatterns = [
     path("v1/jobs/<str:name>/runs", views.runs, name="runs"),
     path("v1/jobs/<str:name>/checkpoints", views.checkpoints, name="checkpoints"),
     path("v1/jobs/<str:name>/savepoints", views.savepoints, name="savepoints"),
+    path("v1/jobs/<str:name>/results", views.results, name="results"),
     path("v1/jobs/<str:name>/actions", views.actions, name="actions"),
     path("v1/actions/<int:action_id>", views.action, name="action"),
     path("v1/secrets", views.secrets, name="secrets"),

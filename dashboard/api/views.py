@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Count
 from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -32,7 +33,17 @@ from dashboard.api.specs import (
 )
 from dashboard.api.specs import plan as plan_specs
 from dashboard.api.tokens import token_user
-from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, Checkpoint, IdempotentRequest, Job, Run, Savepoint
+from dashboard.models import (
+    ACTIVE_RUN_STATUSES,
+    Action,
+    ActionKind,
+    Checkpoint,
+    IdempotentRequest,
+    Job,
+    ResultRow,
+    Run,
+    Savepoint,
+)  # fmt: skip
 from dashboard.records import MEASURES
 from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
 from dashboard.selectors.cluster import free_cores_warning
@@ -390,6 +401,29 @@ def checkpoints(request: HttpRequest, name: str) -> Any:
     if before is None:  # the first page carries the summary of the last checkpoints, as the console's page does
         body["summary"] = _summary(found)
     return body
+
+
+@endpoint(("GET",), VIEWER)
+def results(request: HttpRequest, name: str) -> Any:
+    """The job's results table, one view at a time, in key order: ``?view=<kind>`` (without it: the views and how many
+    rows each holds), ``limit``, and ``after=<key>`` for the next page (``next_after`` of the last)."""
+    found = _job(name)
+    view, after = request.GET.get("view", ""), request.GET.get("after", "")
+    if "\x00" in view + after:
+        raise ApiError(400, "view and after are text without NUL characters.")
+    if not view:
+        counts = ResultRow.objects.filter(job=found).values("kind").annotate(rows=Count("id")).order_by("kind")
+        return {"views": [{"view": c["kind"], "rows": c["rows"]} for c in counts]}
+    limit = _int(request, "limit", 100, 1, MAX_LIMIT) or 100
+    rows = ResultRow.objects.filter(job=found, kind=view[:40]).order_by("key")
+    if after:
+        rows = rows.filter(key__gt=after[:500])
+    page = list(rows[: limit + 1])
+    shown = [
+        {"key": r.key, "value": r.value, "batch_id": r.batch_id, "updated_at": _stamp(r.updated_at)}
+        for r in page[:limit]
+    ]
+    return {"view": view, "results": shown, "next_after": page[limit - 1].key if len(page) > limit else None}
 
 
 @endpoint(("GET",), VIEWER)
