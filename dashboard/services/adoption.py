@@ -60,7 +60,7 @@ def checkpoint_adopt(job: Job) -> str:
             now = timezone.now()
             Run.objects.create(
                 job=job, status=RunStatus.STOPPED, requested_at=now, started_at=now, ended_at=now, host="adopted",
-                message=f"checkpoint adopted without history: batches {batches[0]}–{batches[-1]}, no journal found",
+                message=f"checkpoint adopted without history: batches {batches[0]}–{batches[-1]}, no journal with a batch in it",
             )  # fmt: skip
     if journals:
         (job.directory / "journal").rename(job.directory / f"journal-adopted-{_stamp()}")
