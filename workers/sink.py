@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -132,16 +133,23 @@ def results_rewind(job_id: int, batch_id: int) -> int:
     oldest: dict[tuple[str, str], ResultUndo] = {}
     for entry in undo.order_by("-batch_id", "-id").iterator(chunk_size=2000):  # the oldest entry of a key wins
         oldest[(entry.kind, entry.key)] = entry
-    added = [(k, key) for (k, key), e in oldest.items() if e.prior_batch is None]
-    for kind in {k for k, _ in added}:
-        for start in range(0, len(added), 1000):
-            keys = [key for k, key in added[start : start + 1000] if k == kind]
-            ResultRow.objects.filter(job_id=job_id, kind=kind, key__in=keys).delete()
-    changed = [e for e in oldest.values() if e.prior_batch is not None]
-    for entry in changed:
-        ResultRow.objects.filter(job_id=job_id, kind=entry.kind, key=entry.key).update(
-            value=entry.value, batch_id=entry.prior_batch
-        )
+    by_kind: dict[str, list[ResultUndo]] = defaultdict(list)
+    for entry in oldest.values():
+        by_kind[entry.kind].append(entry)
+    for kind, entries in by_kind.items():
+        for start in range(0, len(entries), 1000):  # a query per thousand keys, not one per key
+            chunk = {e.key: e for e in entries[start : start + 1000]}
+            rows = list(ResultRow.objects.filter(job_id=job_id, kind=kind, key__in=list(chunk)))
+            added, changed = [], []
+            for row in rows:
+                before = chunk[row.key]
+                if before.prior_batch is None:  # the batches went back over added it
+                    added.append(row.id)
+                else:
+                    row.value, row.batch_id = before.value, before.prior_batch
+                    changed.append(row)
+            ResultRow.objects.filter(id__in=added).delete()
+            ResultRow.objects.bulk_update(changed, ["value", "batch_id"])
     undo.delete()
     return len(oldest)
 

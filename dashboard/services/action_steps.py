@@ -400,13 +400,13 @@ def state_read(
         if answer is None:
             if state_reader_pid() is None:  # it idled out, died, or was never up: start it (and count the deaths)
                 taken = _spool_file(key, action, "taken")
-                if not taken.exists() and step_seconds(action) > READER_START_WAIT:  # it does not come up
-                    return _read_apart(action, key, command, path, number, spec, fresh_copy)
-                if taken.exists():
+                if taken.exists():  # it died with the request in hand
                     if asked["restarts"] >= READER_RETRIES:
                         return _read_apart(action, key, command, path, number, spec, fresh_copy)
                     taken.rename(taken.with_suffix(".request"))
                     memo_save(action, **{key: {**asked, "restarts": asked["restarts"] + 1}})
+                elif step_seconds(action) > READER_START_WAIT:  # it does not come up
+                    return _read_apart(action, key, command, path, number, spec, fresh_copy)
                 state_reader_warm()
             return None
         if "stale" in answer:  # the reader ran older code of the pipeline (and ends): a new process reads
