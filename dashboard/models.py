@@ -443,6 +443,8 @@ class ResultRow(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "kind", "key"], name="one_result_per_key")]
+        # a view kept to its bound drops the rows whose last write is oldest (workers/sink.py results_trim)
+        indexes = [models.Index(fields=["job", "kind", "batch_id"], name="result_by_last_batch")]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.key}"

@@ -183,6 +183,29 @@ def family(name: str) -> str:
     return seen[-1]
 
 
+@dataclass(frozen=True)
+class ResultBound:
+    """How many rows of one kind the results table keeps: the rows its latest batches wrote, ``rows`` at most, and
+    none that no batch has written for ``hours``. Set by the pipeline's view, else the console's default count."""
+
+    rows: int | None
+    hours: float | None
+
+    def __str__(self) -> str:
+        parts = [f"the newest {self.rows:,} rows" if self.rows else "", f"rows written in the last {self.hours:g} h"
+                 if self.hours else ""]  # fmt: skip
+        return " and ".join(p for p in parts if p)
+
+
+def result_bound(pipeline: Any, kind: str) -> ResultBound:
+    """What the results table keeps of ``kind`` for a job of ``pipeline`` (None: a pipeline no longer registered)."""
+    view = next((v for v in getattr(pipeline, "views", ()) if v.kind == kind), None)
+    rows, hours = getattr(view, "keep_rows", None), getattr(view, "keep_hours", None)
+    if rows is None and hours is None:
+        rows = settings.RESULTS_KEEP_ROWS
+    return ResultBound(rows, hours)
+
+
 def sink_targets(name: str, values: dict[str, Any]) -> dict[str, str]:
     """Where each sink of a job of pipeline ``name`` writes with these values (its name: where), the ones that are off
     left out; empty when the pipeline or its targets cannot be bound."""

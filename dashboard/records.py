@@ -68,6 +68,24 @@ def _sst_bytes(operators: list[dict[str, Any]]) -> int | None:
     return sum(found) if found else None
 
 
+# What a record keeps of each stateful operator's progress: the figures the console reads (charts, the capacity
+# review, the rescale check), not Spark's fifty-odd custom metrics, which made a record about four times its size.
+OPERATOR_FIGURES = (
+    "operatorName", "numRowsTotal", "numRowsUpdated", "numRowsRemoved", "memoryUsedBytes", "commitTimeMs",
+    "numRowsDroppedByWatermark", "numShufflePartitions", "numStateStoreInstances",
+)  # fmt: skip
+OPERATOR_CUSTOM_FIGURES = ("rocksdbSstFileSize",)
+
+
+def operator_summary(operator: dict[str, Any]) -> dict[str, Any]:
+    """One stateful operator's progress as a record keeps it (OPERATOR_FIGURES)."""
+    kept = {name: operator[name] for name in OPERATOR_FIGURES if name in operator}
+    custom = operator.get("customMetrics") or {}
+    if isinstance(custom, dict) and (figures := {k: custom[k] for k in OPERATOR_CUSTOM_FIGURES if k in custom}):
+        kept["customMetrics"] = figures
+    return kept
+
+
 def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, Any]:
     """The checkpoint record of one committed batch, from its progress event and what it added to disk."""
     durations = progress.get("durationMs", {})
@@ -101,7 +119,7 @@ def checkpoint_record(progress: dict[str, Any], disk: Measurement) -> dict[str, 
         "end_offset": end,
         "latest_offset": latest,
         "lag_records": lag,
-        "state_operators": operators,
+        "state_operators": [operator_summary(op) for op in operators if isinstance(op, dict)],
         "partitions": disk.partitions,
     }
 

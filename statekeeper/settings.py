@@ -239,6 +239,15 @@ PIPELINES = BUILTIN_PIPELINES + [p.strip() for p in env_str("STATEKEEPER_PIPELIN
 # Where every job's checkpoint lives: <root>/<job name>/checkpoint. Users name jobs, never paths.
 CHECKPOINT_ROOT = Path(env_str("STATEKEEPER_CHECKPOINT_ROOT", str(BASE_DIR / "var" / "checkpoints"))).resolve()
 LOG_ROOT = Path(env_str("STATEKEEPER_LOG_ROOT", str(BASE_DIR / "var" / "logs"))).resolve()
+# A log past LOG_MAX_MB is copied to <log>.1 (LOG_KEEP parts) and cut in place; a log or part nothing has written for
+# LOG_RETENTION_DAYS is removed (dashboard/services/logs.py, run with the roll-ups).
+LOG_MAX_MB = env_int("STATEKEEPER_LOG_MAX_MB", 50)
+LOG_KEEP = env_int("STATEKEEPER_LOG_KEEP", 3)
+LOG_RETENTION_DAYS = env_int("STATEKEEPER_LOG_RETENTION_DAYS", 14)
+if LOG_MAX_MB < 1 or LOG_KEEP < 0 or LOG_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured(
+        "STATEKEEPER_LOG_MAX_MB and STATEKEEPER_LOG_RETENTION_DAYS must be 1 or more, STATEKEEPER_LOG_KEEP 0 or more"
+    )
 # A driver renews its lease every LEASE_RENEW seconds; a lease not renewed for LEASE_TTL seconds is expired.
 LEASE_TTL_SECONDS = env_int("STATEKEEPER_LEASE_TTL", 20)
 LEASE_RENEW_SECONDS = env_int("STATEKEEPER_LEASE_RENEW", 3)
@@ -300,6 +309,12 @@ LOGIN_LOCKOUT_SECONDS = env_int("STATEKEEPER_LOGIN_LOCKOUT", 900)
 
 # Raw checkpoint records are kept this long; beyond it only the per-minute and per-hour roll-ups remain.
 CHECKPOINT_RAW_RETENTION_HOURS = env_int("STATEKEEPER_RAW_RETENTION_HOURS", 72)
+
+# A results view that sets no bound of its own (ResultView.keep_rows / keep_hours) keeps the rows of its latest
+# batches, this many at most, so that a pipeline whose results are per entity does not grow the table for good.
+RESULTS_KEEP_ROWS = env_int("STATEKEEPER_RESULTS_KEEP_ROWS", 1_000_000)
+if RESULTS_KEEP_ROWS < 1:
+    raise ImproperlyConfigured(f"STATEKEEPER_RESULTS_KEEP_ROWS must be 1 or more, not {RESULTS_KEEP_ROWS}")
 
 # Alerts: notified on open and on resolve. Empty webhook or no addresses: shown in the console only.
 ALERT_WEBHOOK_URL = env_str("STATEKEEPER_ALERT_WEBHOOK", "")

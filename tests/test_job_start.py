@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
+from unittest.mock import patch
 
 import pytest
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from statekeeper_sdk import ResultView
 
-from dashboard.models import Action, ActionKind, AuditEntry, Job, ResultUndo, Run, RunStatus
+from dashboard.models import Action, ActionKind, AuditEntry, Job, ResultRow, ResultUndo, Run, RunStatus
 from dashboard.pipelines import get as get_pipeline
 from dashboard.services import runs as run_services
 from dashboard.services.actions import actions_resume
@@ -140,6 +143,53 @@ def test_going_back_undoes_what_later_batches_did_to_the_results_even_for_keys_t
     SinkSet(job_id=job.id, job_name=job.name, token=token, pipeline=get_pipeline("url-counts"), parameters={}).trim(2)
     assert not ResultUndo.objects.filter(job=job, batch_id__lt=2).exists()
     assert ResultUndo.objects.filter(job=job, batch_id=2).exists()
+
+
+def test_the_results_table_keeps_each_kind_to_its_views_bound_and_the_results_tab_says_so(
+    make_job, settings, admin_client
+):
+    """A view of per-entity results would add a row per entity for good: a view's keep_rows keeps the rows its latest
+    batches wrote, keep_hours drops the ones no batch has written for that long, and a kind without a bound of its own
+    keeps the console's default count."""
+    settings.RESULTS_KEEP_ROWS = 3
+    columns = (("URL", "key"), ("Requests", "requests"))
+    pipeline = replace(
+        get_pipeline("url-counts"),
+        views=(ResultView("url", "Top URLs", columns, "requests", keep_rows=2),
+               ResultView("hour", "Recent", columns, keep_hours=1)),
+    )  # fmt: skip
+    job = make_job()
+    token = lease_acquire(job_id=job.id)
+    assert token is not None
+    sinks = SinkSet(job_id=job.id, job_name=job.name, token=token, pipeline=pipeline, parameters={})
+    for batch, key in enumerate(["/a", "/b", "/c", "/a", "/d"]):
+        write_results(job_id=job.id, token=token, batch_id=batch,
+                      results=sinks._noted([("url", key, {"requests": batch}), ("hour", key, {"requests": batch}),
+                                            ("other", key, {"requests": batch})]))  # fmt: skip
+    ResultRow.objects.filter(job=job, kind="hour", key__in=["/b", "/c"]).update(
+        updated_at=timezone.now() - timedelta(minutes=61)
+    )
+    sinks.trim(None)  # nothing reachable yet: the bounds hold all the same
+
+    def keys(kind: str) -> list[str]:
+        return sorted(ResultRow.objects.filter(job=job, kind=kind).values_list("key", flat=True))
+
+    assert keys("url") == ["/a", "/d"], "the two keys the latest batches wrote"
+    assert keys("hour") == ["/a", "/d"], "the rows no batch wrote in the last hour are gone"
+    assert keys("other") == ["/a", "/c", "/d"], "a kind without a view keeps the default count"
+    assert write_results(job_id=job.id, token=token, batch_id=5, results=[("url", "/b", {"requests": 9})]) == 1
+
+    with patch("dashboard.selectors.jobs.pipelines.find", return_value=pipeline):
+        page = admin_client.get(f"/jobs/{job.name}/results").content.decode()
+    assert "Keeps the newest 2 rows" in page and "Keeps rows written in the last 1 h" in page
+
+
+@pytest.mark.parametrize(
+    "bound", [{"keep_rows": 0}, {"keep_rows": 2.5}, {"keep_hours": -1}, {"keep_hours": float("nan")}]
+)
+def test_a_views_bound_that_is_not_a_positive_number_is_refused_at_import(bound):
+    with pytest.raises(ValueError, match="view 'url': keep_"):
+        ResultView("url", "Top URLs", (("URL", "key"),), **bound)
 
 
 def test_a_key_given_twice_in_a_batch_keeps_its_last_value_and_a_failed_batch_leaves_nothing(make_job):

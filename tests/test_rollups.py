@@ -3,6 +3,10 @@ without leaving a hole in the long charts, and the chart resolution each range r
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,6 +14,7 @@ from django.utils import timezone
 
 from dashboard.models import Checkpoint, CheckpointRollup
 from dashboard.selectors import charts
+from dashboard.services.logs import logs_rotate
 from dashboard.services.rollups import job_rollup, raw_expire, rollups_run
 
 pytestmark = pytest.mark.django_db
@@ -88,7 +93,7 @@ def test_raw_records_age_out_but_the_four_week_chart_keeps_them(make_job, settin
     recent = history(job, now - timedelta(minutes=30), 60, every=30, first_batch=360)
     assert raw_expire(job, now) == 0, "nothing is deleted before it is rolled up"
     outcome = rollups_run(settled())
-    assert outcome == {"read": 420, "expired": 360, "journals": 0}, "no journal to expire here"
+    assert outcome == {"read": 420, "expired": 360, "journals": 0, "rotated": 0, "removed": 0}, "no journal or log here"
     assert not Checkpoint.objects.filter(id__in=[c.id for c in old]).exists()
     assert Checkpoint.objects.filter(job=job).count() == 60
     job.refresh_from_db()
@@ -121,3 +126,35 @@ def test_each_range_reads_the_resolution_that_fits_it(make_job, range_, resoluti
     series = charts.chart_series(job, charts.RANGES[range_])
     assert series.resolution == resolution
     assert series.points[-1]["batch"] == 119, "the right edge is the newest batch whatever the resolution"
+
+
+def test_a_log_past_its_size_is_rotated_under_a_writing_process_and_a_stale_log_goes(settings, tmp_path):
+    """The writer keeps its descriptor: the log is copied to .1 and cut in place, and the process writes on at the new
+    start of the file (not at its old offset, which would leave a hole of zeros as large as what was cut)."""
+    settings.LOG_ROOT, settings.LOG_MAX_MB, settings.LOG_KEEP, settings.LOG_RETENTION_DAYS = tmp_path, 1, 2, 14
+    log = tmp_path / "orders-run-7.log"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "for i in range(100000):\n    print(f'line {i:06d} ' + 'x' * 100, flush=True)\n    if i > 12000: time.sleep(0.002)"],
+        stdout=log.open("ab"),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while log.stat().st_size <= 1024 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stale = tmp_path / "gone-run-1.log"
+        stale.write_text("an ended run's log\n")
+        os.utime(stale, (time.time() - 15 * 86400,) * 2)
+        assert logs_rotate() == {"rotated": 1, "removed": 1}
+        time.sleep(0.3)
+    finally:
+        writer.kill()
+        writer.wait()
+    part = (tmp_path / "orders-run-7.log.1").read_bytes()
+    assert part.startswith(b"line 000000 ") and len(part) > 1024 * 1024
+    live = log.read_bytes()
+    assert live and not live.startswith(b"\0"), "written on at the start of the cut file"
+    last_copied = int(part.rstrip(b"\n").rsplit(b"\n", 1)[-1].split()[1])
+    assert int(live.split()[1]) >= last_copied, "the writer went on after what was copied"
+    assert not stale.exists()
+    assert logs_rotate() == {"rotated": 0, "removed": 0}, "under its size: left alone"

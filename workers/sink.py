@@ -15,11 +15,14 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import redis
 from django.db import connection, transaction
+from django.db.models import Subquery
+from django.utils import timezone
 from pyspark.sql import DataFrame, Row
 from statekeeper_sdk import Pipeline, Rejected, Result
 from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
@@ -42,6 +45,7 @@ from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the l
 
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import ResultRow, ResultUndo, Savepoint, SavepointStatus
+from dashboard.pipelines import result_bound
 from workers.spark.sources.redis_streams import dead_letter
 
 CHUNK = 5000
@@ -240,6 +244,12 @@ class SinkSet:
         self.tables = {s.name: TableWriter(s, job_name, token) for s in self.sinks if isinstance(s, TableSink)}
         # the results table and team tables read the batch on the driver; files and Kafka are written by executors
         self.on_driver = any(isinstance(s, (ResultsTable, TableSink)) for s in self.sinks)
+        self.kinds = {view.kind for view in pipeline.views}  # the results' kinds, to be kept to their bounds
+
+    def _noted(self, results: Iterable[Result]) -> Iterator[Result]:
+        for result in results:
+            self.kinds.add(result[0])
+            yield result
 
     def write(self, frame: DataFrame, batch_id: int, digest: str, rejected: list[Rejected]) -> dict[str, Written]:
         at_once = self.on_driver and frame.count() <= CHUNK  # counted once, on the persisted batch
@@ -249,7 +259,8 @@ class SinkSet:
                 written = Written()
                 written.rows = write_results(
                     job_id=self.job_id, token=self.token, batch_id=batch_id,
-                    results=results_rows(self.pipeline, output_rows(frame, at_once)), rejected=written.rejected,
+                    results=self._noted(results_rows(self.pipeline, output_rows(frame, at_once))),
+                    rejected=written.rejected,
                 )  # fmt: skip
             else:
                 written = self._own(sink, frame, batch_id, digest, at_once)
@@ -273,13 +284,18 @@ class SinkSet:
             cause = (str(exc).strip() or "no message").splitlines()[0][:500]
             raise SinkError(f"sink {sink.name} ({sink.where()}): {type(exc).__name__}: {cause}") from exc
 
-    def trim(self, floor: int) -> None:
-        """The sinks' bookkeeping before ``floor`` removed (see ``reachable_floor``); a failure is logged, and the next
-        trim tries again: it never fails a batch."""
+    def trim(self, floor: int | None) -> None:
+        """The results table kept to each view's bound, and the sinks' bookkeeping before ``floor`` removed (see
+        ``reachable_floor``; None: nothing is reachable yet, so none is). A failure is logged, and the next trim tries
+        again: it never fails a batch."""
         for sink in self.sinks:
             try:
                 if isinstance(sink, ResultsTable):
-                    trimmed, _ = ResultUndo.objects.filter(job_id=self.job_id, batch_id__lt=floor).delete()
+                    trimmed = results_trim(self.job_id, self.pipeline, self.kinds)
+                    if floor is not None:
+                        trimmed += ResultUndo.objects.filter(job_id=self.job_id, batch_id__lt=floor).delete()[0]
+                elif floor is None:
+                    continue
                 elif isinstance(sink, TableSink):
                     trimmed = trim_commits(self.tables[sink.name], floor)
                 elif isinstance(sink, FileSink):
@@ -339,8 +355,8 @@ def batch_writer(
                 client.append(redis.Redis.from_url(redis_url, socket_timeout=10))
             dead_letter(client[0], dead_letters, rejected)  # each once: a replayed batch rejects the same results
 
-        if batch_id and batch_id % TRIM_EVERY == 0 and (floor := reachable_floor(job_id, checkpoint)) is not None:
-            sinks.trim(floor)
+        if batch_id and batch_id % TRIM_EVERY == 0:
+            sinks.trim(reachable_floor(job_id, checkpoint))
 
     write.sinks = sinks  # type: ignore[attr-defined]
     return write
@@ -360,6 +376,21 @@ def reachable_floor(job_id: int, checkpoint: str) -> int | None:
     oldest = kept.order_by("batch_id").values_list("batch_id", flat=True).first()
     floors = [b for b in (retained[0] if retained else None, oldest) if b is not None]
     return min(floors) if floors else None
+
+
+def results_trim(job_id: int, pipeline: Pipeline, kinds: Iterable[str]) -> int:
+    """Each kind's rows beyond its bound (``dashboard.pipelines.result_bound``) removed: past the count, the rows
+    whose last write is oldest; past the age, the rows no batch has written since. Returns how many went."""
+    removed = 0
+    for kind in sorted(kinds):
+        bound = result_bound(pipeline, kind)
+        rows = ResultRow.objects.filter(job_id=job_id, kind=kind)
+        if bound.hours:
+            removed += rows.filter(updated_at__lt=timezone.now() - timedelta(hours=bound.hours)).delete()[0]
+        if bound.rows:
+            beyond = rows.order_by("-batch_id", "-id").values("id")[bound.rows :]
+            removed += ResultRow.objects.filter(id__in=Subquery(beyond)).delete()[0]
+    return removed
 
 
 def trim_commits(writer: TableWriter, floor: int) -> int:

@@ -354,7 +354,8 @@ def schema() -> dict[str, Any]:
         ),
         "/api/v1/jobs/{name}/savepoints": _read("The job's savepoints", list_of("savepoints", "Savepoint"), [NAME]),
         "/api/v1/jobs/{name}/results": _read(
-            "The job's results table: without view, each view and its rows; with view, a page of it in key order "
+            "The job's results table: without view, each view, its rows and what it keeps (kept: the newest rows, "
+            "hours since a row was last written; null where unbounded); with view, a page of it in key order "
             "(next_after as after for the next page)",
             {
                 "type": "object",

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import timedelta
 from functools import wraps
 from typing import Any
@@ -19,6 +20,7 @@ from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, VIEWER, refusal
 from dashboard.api.specs import (
     SpecError,
@@ -413,7 +415,13 @@ def results(request: HttpRequest, name: str) -> Any:
         raise ApiError(400, "view and after are text without NUL characters.")
     if not view:
         counts = ResultRow.objects.filter(job=found).values("kind").annotate(rows=Count("id")).order_by("kind")
-        return {"views": [{"view": c["kind"], "rows": c["rows"]} for c in counts]}
+        pipeline = pipelines.find(found.pipeline)
+        return {
+            "views": [
+                {"view": c["kind"], "rows": c["rows"], "kept": asdict(pipelines.result_bound(pipeline, c["kind"]))}
+                for c in counts
+            ]
+        }
     limit = _int(request, "limit", 100, 1, MAX_LIMIT) or 100
     rows = ResultRow.objects.filter(job=found, kind=view[:40]).order_by("key")
     if after:

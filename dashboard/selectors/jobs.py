@@ -98,6 +98,7 @@ class ResultTable:
     headings: list[str]
     rows: list[list[Any]]
     total: int
+    kept: str  # what the table keeps of the view: its bound
 
 
 def job_results(*, job: Job, limit: int = 15) -> list[ResultTable]:
@@ -110,7 +111,8 @@ def job_results(*, job: Job, limit: int = 15) -> list[ResultTable]:
         rows = [
             [row.key if key == "key" else row.value.get(key) for _, key in view.columns] for row in queryset[:limit]
         ]
-        tables.append(ResultTable(view.title, [h for h, _ in view.columns], rows, queryset.count()))
+        bound = str(pipelines.result_bound(pipeline, view.kind))
+        tables.append(ResultTable(view.title, [h for h, _ in view.columns], rows, queryset.count(), bound))
     return tables
 
 

@@ -193,11 +193,7 @@ def job_review(job: Job, start: datetime, end: datetime) -> JobReview:
         review.utilisation = review.duration_p50 / (job.trigger_interval_seconds * 1000)
     if raw.exists():
         review.rows_removed = raw.aggregate(n=Sum("state_rows_removed"))["n"] or 0
-        review.dropped_by_watermark = sum(
-            int(op.get("numRowsDroppedByWatermark") or 0)
-            for ops in raw.values_list("state_operators", flat=True).iterator(chunk_size=5000)
-            for op in ops or []
-        )
+        review.dropped_by_watermark = raw.aggregate(n=Sum("rows_dropped_by_watermark"))["n"] or 0
     lag_alerts = list(Alert.objects.filter(job=job, opened_at__lt=end).exclude(resolved_at__lt=start))
     review.warn_seconds = _overlap_seconds([a for a in lag_alerts if a.kind == AlertKind.LAG_WARN], start, end)
     review.stop_seconds = _overlap_seconds([a for a in lag_alerts if a.kind == AlertKind.LAG_STOP], start, end)

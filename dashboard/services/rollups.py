@@ -18,6 +18,7 @@ from django.utils import timezone
 from dashboard.checkpoint_dir.journal import journals_expire
 from dashboard.models import ACTIVE_RUN_STATUSES, Checkpoint, CheckpointRollup, Job
 from dashboard.records import CHART_COLUMNS, MEASURES
+from dashboard.services.logs import logs_rotate
 
 SETTLE_SECONDS = 5
 # (measure, roll-up column, how) for every column a bucket keeps of the checkpoints in it
@@ -168,4 +169,5 @@ def rollups_run(now: datetime | None = None) -> dict[str, int]:
         expired += raw_expire(job, now)
         active = set(job.runs.filter(status__in=ACTIVE_RUN_STATUSES).values_list("id", flat=True))
         journals += journals_expire(job.directory / "journal", settings.CHECKPOINT_RAW_RETENTION_HOURS * 3600, active)
-    return {"read": read, "expired": expired, "journals": journals}
+    logs = logs_rotate()
+    return {"read": read, "expired": expired, "journals": journals, **logs}

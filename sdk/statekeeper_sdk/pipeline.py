@@ -30,12 +30,34 @@ PARAMETER_TYPES = ("int", "float", "str", "bool")
 
 @dataclass(frozen=True)
 class ResultView:
-    """How the job page shows one kind of result: a table of value fields, largest first by ``order_by``."""
+    """How the job page shows one kind of result: a table of value fields, largest first by ``order_by``.
+
+    A kind whose keys are entities (an order, a session) adds a row per entity for good; ``keep_rows`` keeps the rows
+    its latest batches wrote, that many at most, and ``keep_hours`` drops a row no batch has written for that long.
+    The console trims a view to its bound as it trims the sinks' bookkeeping; a view that sets neither keeps the
+    console's default count (1.3)::
+
+        ResultView("order", "Orders", (("Order", "key"), ("State", "state")), "ts", keep_rows=50_000)
+    """
 
     kind: str
     title: str
     columns: tuple[tuple[str, str], ...]  # (heading, key in the value; "key" for the row key)
     order_by: str = ""
+    keep_rows: int | None = None
+    keep_hours: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep_rows is not None and (isinstance(self.keep_rows, bool) or not isinstance(self.keep_rows, int)
+                                           or self.keep_rows < 1):  # fmt: skip
+            raise ValueError(
+                f"view {self.kind!r}: keep_rows is a whole number of rows, 1 or more, not {self.keep_rows!r}"
+            )
+        if self.keep_hours is not None and (
+            isinstance(self.keep_hours, bool) or not isinstance(self.keep_hours, (int, float))
+            or not math.isfinite(self.keep_hours) or self.keep_hours <= 0
+        ):  # fmt: skip
+            raise ValueError(f"view {self.kind!r}: keep_hours is a number of hours above 0, not {self.keep_hours!r}")
 
 
 @dataclass(frozen=True)

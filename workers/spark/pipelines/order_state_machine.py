@@ -157,7 +157,10 @@ PIPELINE = Pipeline(
             (("Order", "order_id"), ("State", "state"), ("Event", "event"), ("Alert", "message")),
             "ts",
         ),
-        ResultView("order", "Orders", (("Order", "key"), ("State", "state"), ("Events", "events")), "ts"),
+        # one row per order: the newest 50,000 orders are shown, the rest of the history is the job's own business
+        ResultView(
+            "order", "Orders", (("Order", "key"), ("State", "state"), ("Events", "events")), "ts", keep_rows=50_000
+        ),
     ),
     needs_rocksdb=True,
 )
