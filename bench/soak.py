@@ -36,7 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
 os.environ.setdefault("STATEKEEPER_ENV", "development")
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/statekeeper")  # as bin/dev's set-up
+DEV_DATABASE = "postgres://postgres@127.0.0.1:5432/statekeeper"  # the one bin/dev's set-up makes
+os.environ.setdefault("DATABASE_URL", DEV_DATABASE)
 
 PROCESS_KINDS = {  # a process tree's kind, by what its root runs
     "workers.host_process": "shared driver",
@@ -273,6 +274,8 @@ def soak(args: argparse.Namespace) -> None:
     samples = out / "samples.jsonl"
     samples.write_text("")
     env = dict(os.environ, PORT=str(args.port))
+    if env.get("DATABASE_URL") == DEV_DATABASE:  # bin/dev creates its database only when it is given none
+        del env["DATABASE_URL"]
     dev = subprocess.Popen(["./bin/dev"], cwd=ROOT, env=env, stdout=(out / "dev.log").open("ab"),
                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 

@@ -44,20 +44,21 @@ ensure_venv() {
     "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt
     cp requirements/lock.txt "$VENV/.installed"
   fi
-  # The pipeline SDK first (the console and every pipeline package import it), then the example pipeline packages,
-  # installed like any user's package (editable, so an edit takes effect).
-  # The console itself, for its `statekeeper` command (editable: the code stays where it is).
+  # The console itself (editable: the code stays where it is).
   if ! package_stamp . | cmp -s - "$VENV/.console" 2>/dev/null; then
-    say "installing the statekeeper command"
+    say "installing the console"
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
     package_stamp . > "$VENV/.console"
   fi
-  # A package is installed again when its metadata changes: its pyproject.toml, or a version its code declares.
+  # The pipeline SDK first (the console and every pipeline package import it), the `statekeeper` command (its own
+  # distribution, as a team's CI installs it), then the example pipeline packages, installed like any user's package
+  # (editable, so an edit takes effect). A package is installed again when its metadata changes: its pyproject.toml,
+  # or a version its code declares.
   local example name
-  for example in sdk/ examples/*/; do
+  for example in sdk/ cli/ examples/*/; do
     name=$(basename "$example")
     if ! package_stamp "$example" | cmp -s - "$VENV/.example-$name" 2>/dev/null; then
-      say "installing the pipeline package $example"
+      say "installing the package $example"
       "$VENV/bin/pip" install -q --disable-pip-version-check -e "$example"
       package_stamp "$example" > "$VENV/.example-$name"
     fi

@@ -308,7 +308,7 @@ LOGIN_FAILURES_ALLOWED = env_int("STATEKEEPER_LOGIN_FAILURES", 5)
 LOGIN_LOCKOUT_SECONDS = env_int("STATEKEEPER_LOGIN_LOCKOUT", 900)
 
 # Raw checkpoint records are kept this long; beyond it only the per-minute and per-hour roll-ups remain.
-CHECKPOINT_RAW_RETENTION_HOURS = env_int("STATEKEEPER_RAW_RETENTION_HOURS", 72)
+CHECKPOINT_RAW_RETENTION_HOURS = env_int("STATEKEEPER_RAW_RETENTION_HOURS", 24)
 
 # A results view that sets no bound of its own (ResultView.keep_rows / keep_hours) keeps the rows of its latest
 # batches, this many at most, so that a pipeline whose results are per entity does not grow the table for good.

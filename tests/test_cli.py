@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from statekeeper_cli.main import FAILED, main
 
 from dashboard.api.tokens import token_create
-from statekeeper.cli import FAILED, main
 from tests.conftest import grant
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,3 +42,31 @@ def test_json_after_the_command_and_a_rollback_reach_the_api(capsys, live_server
     refused = json.loads(said.out)
     assert refused["status"] == 409 and "batch 3" in refused["error"], refused
     assert job.actions.count() == 0, "nothing was requested"
+
+
+def test_the_command_installs_alone_in_a_bare_venv_and_plans_against_a_console(live_server, operator_token, tmp_path):
+    """A team's CI installs the command and nothing of the console: its distribution declares what it needs. The
+    distributions are listed outside any checkout, whose egg-info would be found on the path."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    cli = Path(__file__).resolve().parent.parent / "cli"
+    installed = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(cli)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    names = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(sorted(d.metadata['Name'].lower() "
+         "for d in m.distributions()))"], capture_output=True, text=True, check=True, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert "statekeeper-cli" in names and "pyyaml" in names and "django" not in names and "'statekeeper'" not in names
+    specs = tmp_path / "jobs"
+    specs.mkdir()
+    (specs / "counts.yaml").write_text(
+        "name: counts\npipeline: url-counts\nsource_stream: 'events:counts'\nparallelism: 1\nstate: suspended\n"
+    )
+    env = {"PATH": os.environ.get("PATH", ""), "STATEKEEPER_URL": live_server.url, "STATEKEEPER_TOKEN": operator_token}
+    planned = subprocess.run([str(venv / "bin" / "statekeeper"), "plan", str(specs), "--json"], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert planned.returncode == 2, planned.stderr  # changes to make: the job is new
+    assert [j["name"] for j in json.loads(planned.stdout)["jobs"]] == ["counts"], planned.stdout
