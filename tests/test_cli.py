@@ -7,13 +7,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from statekeeper_cli.main import FAILED, main
+from statekeeper_sdk import Rejected
 
 from dashboard.api.tokens import token_create
+from dashboard.models import Action, ActionKind
+from dashboard.services.actions import action_execute
 from tests.conftest import grant
+from workers.spark.sources.redis_streams import dead_letter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,3 +76,39 @@ def test_the_command_installs_alone_in_a_bare_venv_and_plans_against_a_console(l
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert planned.returncode == 2, planned.stderr  # changes to make: the job is new
     assert [j["name"] for j in json.loads(planned.stdout)["jobs"]] == ["counts"], planned.stdout
+
+
+def test_dead_letters_are_listed_with_their_reason_and_re_driven_by_id(
+    capsys, live_server, operator_token, make_job, redis, stream_name
+):
+    job = make_job(name="orders")
+    dead_letter(redis, job.dead_letter_stream,
+                [Rejected(f"{1000 + i}-0", "parse", f"items[{i}].price: not a decimal number", b'{"bad": %d}' % i)
+                 for i in range(3)])  # fmt: skip
+    console = ["--url", live_server.url, "--token", operator_token]
+    assert main([*console, "dead-letters", "orders", "--json", "--limit", "2"]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert page["total"] == 3 and [d["reason"] for d in page["dead_letters"]] == [
+        "items[2].price: not a decimal number", "items[1].price: not a decimal number"
+    ], "newest first, with the path that is wrong"  # fmt: skip
+    assert main([*console, "dead-letters", "orders", "--before", page["next_before"]]) == 0
+    assert "items[0].price" in capsys.readouterr().out
+
+    assert main([*console, "redrive", "orders"]) == FAILED, "neither ids nor --all"
+    assert "give the dead letters' ids, or --all" in capsys.readouterr().err
+
+    def worker() -> None:  # the Celery worker's part: the requested action runs
+        for _ in range(200):
+            if action := Action.objects.filter(job=job, kind=ActionKind.REDRIVE_DEAD_LETTERS).first():
+                action_execute(action_id=action.id)
+                return
+            time.sleep(0.05)
+
+    running = threading.Thread(target=worker)
+    running.start()
+    assert main([*console, "redrive", "orders", page["dead_letters"][0]["id"], "--timeout", "30"]) == 0
+    running.join()
+    assert "1 dead letters re-driven into" in capsys.readouterr().out
+    assert redis.xlen(stream_name) == 1 and redis.xlen(job.dead_letter_stream) == 2
+    assert main([*console, "redrive", "orders", "not-an-id"]) == FAILED
+    assert "a list of 1 to 10000 entry ids" in capsys.readouterr().err

@@ -7,6 +7,9 @@
     statekeeper restore JOB ID        restore a savepoint (the job must be stopped)
     statekeeper rollback JOB BATCH    roll back to a retained batch (the job must be stopped)
     statekeeper logs JOB              the job's recent runs and actions, with their messages
+    statekeeper results JOB [VIEW]    the job's results: each view and its rows, or a view's rows in key order
+    statekeeper dead-letters JOB      the job's dead letters, newest first, with the reason each was refused
+    statekeeper redrive JOB ID...     re-drive dead letters (or --all) into the job's source once the cause is fixed
     statekeeper secrets               the secrets the console keeps: names, versions, the jobs that name them
     statekeeper secret set NAME       set or rotate a secret (admin), its value read from standard input
     statekeeper secret delete NAME    delete a secret no job names (admin)
@@ -29,6 +32,7 @@ import sys
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -216,6 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     rollback.add_argument("job")
     rollback.add_argument("batch", type=int, help="a committed batch the job retains: it resumes after it")
     command("logs").add_argument("job")
+    results = command("results")
+    results.add_argument("job")
+    results.add_argument("view", nargs="?", help="a view's kind; without it, each view and its rows")
+    results.add_argument("--after", default="", help="the key to read on from (next_after of a page)")
+    results.add_argument("--limit", type=int, default=100)
+    letters = command("dead-letters")
+    letters.add_argument("job")
+    letters.add_argument("--before", default="", help="the id to read older letters from (next_before of a page)")
+    letters.add_argument("--limit", type=int, default=50)
+    redrive = command("redrive")
+    redrive.add_argument("job")
+    redrive.add_argument("ids", nargs="*", help="dead letters' ids (from dead-letters)")
+    redrive.add_argument("--all", action="store_true", help="every dead letter of the job")
     command("secrets")
     secret = command("secret")
     secret.add_argument("verb", choices=("set", "delete"))
@@ -287,19 +304,26 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
             say(f"{job['name']}: {job['status']}, {job['pipeline']}, batch {latest.get('batch_id', '—')}{where}"
                 + (f", drift: {'; '.join(job['drift'])}" if job.get("drift") else ""))  # fmt: skip
         return NOTHING
-    if args.command in ("savepoint", "restore", "rollback"):
+    if args.command == "redrive" and bool(args.ids) == args.all:
+        print("statekeeper: give the dead letters' ids, or --all", file=sys.stderr)
+        return FAILED
+    if args.command in ("savepoint", "restore", "rollback", "redrive"):
         bodies = {
             "restore": {"savepoint": getattr(args, "savepoint", 0)},
             "rollback": {"batch": getattr(args, "batch", 0)},
+            "redrive": {"all": 1} if getattr(args, "all", False) else {"ids": getattr(args, "ids", [])},
         }
         body = bodies.get(args.command, {})
-        done = console.wait(console.call("POST", f"jobs/{args.job}/{args.command}", body)["action"], args.timeout, say)
+        path = "redrive-dead-letters" if args.command == "redrive" else args.command
+        done = console.wait(console.call("POST", f"jobs/{args.job}/{path}", body)["action"], args.timeout, say)
         if out:
             out(done)
         say(f"{args.command} #{done['id']} {done['status']}: {done['outcome']}")
         return NOTHING if done["status"] == "succeeded" else FAILED
     if args.command in ("secrets", "secret"):
         return secrets(console, args, say, out)
+    if args.command in ("results", "dead-letters"):
+        return pages(console, args, say, out)
     runs = console.call("GET", f"jobs/{args.job}/runs?limit=10")["runs"]
     actions = console.call("GET", f"jobs/{args.job}/actions?limit=10")["actions"]
     if out:
@@ -308,6 +332,42 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
         say(f"run #{r['id']} {r['status']} {r.get('started_at') or ''} {r.get('message') or ''}".rstrip())
     for a in actions:
         say(f"action #{a['id']} {a['kind']} {a['status']}: {a['outcome'] or a['progress'] or ''}".rstrip())
+    return NOTHING
+
+
+def pages(console: Console, args: argparse.Namespace, say: Any, out: Any) -> int:
+    """A page of a job's results (a view's rows in key order, or the views) or of its dead letters (newest first)."""
+    query = {"limit": args.limit}
+    if args.command == "results":
+        query |= {"view": args.view or "", "after": args.after}
+        path = "results"
+    else:
+        query |= {"before": args.before}
+        path = "dead-letters"
+    found = console.call(
+        "GET", f"jobs/{args.job}/{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v})}"
+    )
+    if out:
+        out(found)
+    elif args.command == "results" and "views" in found:
+        for view in found["views"]:
+            kept = view.get("kept") or {}
+            bound = ", ".join(f"{k} {v}" for k, v in kept.items() if v)
+            say(f"{view['view']}: {view['rows']} rows" + (f" (keeps {bound})" if bound else ""))
+    elif args.command == "results":
+        for row in found["results"]:
+            say(f"{row['key']}\t{json.dumps(row['value'], sort_keys=True)}\tbatch {row['batch_id']}")
+        if found.get("next_after"):
+            say(f"more: --after {found['next_after']}")
+    else:
+        say(f"{found['total']} dead letters")
+        for letter in found["dead_letters"]:
+            payload = letter.get("payload", letter.get("payload_base64", ""))
+            say(f"{letter['id']}  entry {letter['entry']}  {letter['stage']}: {letter['reason']}  {payload[:80]}")
+        if found.get("next_before"):
+            say(f"more: --before {found['next_before']}")
+        if found["dead_letters"]:
+            say(f"once fixed: statekeeper redrive {args.job} ID... (or --all)")
     return NOTHING
 
 

@@ -167,12 +167,19 @@ def _write(verb: str, summary: str, result: str) -> dict[str, Any]:
             if kind is str
             else {"type": "object", "maxProperties": hi, "description": "the pipeline's parameter values (name: value)"}
             if kind is dict
+            else {
+                "type": "array",
+                "minItems": lo,
+                "maxItems": hi,
+                "items": {"type": "string", "pattern": "^[0-9]{1,20}-[0-9]{1,20}$"},
+            }
+            if kind is list
             else {"type": "integer", "minimum": lo, "maximum": hi}
             for name, (kind, lo, hi, _) in fields.items()
         },
         "required": [name for name, (_, _, _, required) in fields.items() if required],
     }
-    if verb == "rescale":
+    if verb in ("rescale", "redrive-dead-letters"):
         body["minProperties"] = 1
     return {
         "post": {
@@ -395,6 +402,24 @@ def schema() -> dict[str, Any]:
         ),
         "/api/v1/jobs/{name}/upgrade-rollback": _write(
             "upgrade-rollback", "Roll the job's latest upgrade back from the savepoint it took", "action"
+        ),
+        "/api/v1/jobs/{name}/dead-letters": _read(
+            "The job's dead letters, newest first (next_before as before for older ones)",
+            {
+                "type": "object",
+                "properties": {
+                    "dead_letters": {"type": "array", "items": {"type": "object"}},
+                    "total": {"type": "integer"},
+                    "next_before": {"type": "string", "nullable": True},
+                    "redrive": {"type": "string"},
+                },
+            },
+            [NAME, LIMIT, {"name": "before", "in": "query", "schema": {"type": "string", "maxLength": 41}}],
+        ),
+        "/api/v1/jobs/{name}/redrive-dead-letters": _write(
+            "redrive-dead-letters",
+            "Re-drive dead letters into the job's source stream once their cause is fixed",
+            "action",
         ),
     }
     _jobs_as_code(paths)

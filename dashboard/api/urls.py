@@ -13,6 +13,7 @@ urlpatterns = [
     path("v1/jobs/<str:name>/savepoints", views.savepoints, name="savepoints"),
     path("v1/jobs/<str:name>/results", views.results, name="results"),
     path("v1/jobs/<str:name>/actions", views.actions, name="actions"),
+    path("v1/jobs/<str:name>/dead-letters", views.dead_letters, name="dead_letters"),
     path("v1/actions/<int:action_id>", views.action, name="action"),
     path("v1/secrets", views.secrets, name="secrets"),
     path("v1/secrets/<str:name>", views.secret, name="secret"),
@@ -28,6 +29,7 @@ urlpatterns = [
     path("v1/jobs/<str:name>/upgrade-shadow", views.upgrade_shadow, name="upgrade_shadow"),
     path("v1/jobs/<str:name>/upgrade", views.upgrade, name="upgrade"),
     path("v1/jobs/<str:name>/upgrade-rollback", views.upgrade_rollback, name="upgrade_rollback"),
+    path("v1/jobs/<str:name>/redrive-dead-letters", views.redrive_dead_letters, name="redrive_dead_letters"),
     # anything else under /api/ is a JSON 404, never the console's HTML page
     re_path(r"^", views.not_found, name="not_found"),
 ]

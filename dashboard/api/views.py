@@ -7,12 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import timedelta
 from functools import wraps
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Count
@@ -49,6 +51,7 @@ from dashboard.models import (
 from dashboard.records import MEASURES
 from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
 from dashboard.selectors.cluster import free_cores_warning
+from dashboard.selectors.dead_letters import dead_letter_page
 from dashboard.selectors.jobs import job_list
 from dashboard.selectors.secrets import SecretRow, secret_list, secret_row
 from dashboard.services.actions import action_request
@@ -62,6 +65,7 @@ from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgr
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 500
+STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")  # a Redis stream entry's id
 
 
 class ApiError(Exception):
@@ -435,6 +439,27 @@ def results(request: HttpRequest, name: str) -> Any:
 
 
 @endpoint(("GET",), VIEWER)
+def dead_letters(request: HttpRequest, name: str) -> Any:
+    """The job's dead letters, newest first: each with the entry it came from, the stage and the reason (the path in
+    the event that is wrong), and its payload as sent; ``before=<id>`` (``next_before`` of the last page) for older."""
+    found = _job(name)
+    before = request.GET.get("before") or None
+    if before is not None and not STREAM_ID.fullmatch(before):
+        raise ApiError(400, "before is a dead letter's id (such as 1700000000000-0).")
+    limit = _int(request, "limit", 50, 1, MAX_LIMIT) or 50
+    try:
+        page = dead_letter_page(found, before=before, per_page=limit)
+    except redis.RedisError as exc:
+        raise ApiError(503, f"Redis cannot be read now ({exc}); try again.") from None
+    return {
+        "dead_letters": [letter.as_json() for letter in page.letters],
+        "total": page.total,
+        "next_before": page.older,
+        "redrive": f"POST /api/v1/jobs/{found.name}/redrive-dead-letters with ids (or all: 1) once the cause is fixed",
+    }
+
+
+@endpoint(("GET",), VIEWER)
 def savepoints(request: HttpRequest, name: str) -> Any:
     return {"savepoints": [savepoint_json(s) for s in _job(name).savepoints.all()[:MAX_LIMIT]]}
 
@@ -489,6 +514,8 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
         "from_spec": (int, 0, 1, False),
     },  # fmt: skip
     ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
+    # a list's bounds are its number of items: dead-letter ids (each a Redis stream id), or all: 1 for every one
+    ActionKind.REDRIVE_DEAD_LETTERS: {"ids": (list, 1, 10_000, False), "all": (int, 0, 1, False)},
 }
 
 
@@ -511,11 +538,21 @@ def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
         elif kind is dict:
             if not isinstance(value, dict) or not low <= len(value) <= high:
                 raise ApiError(400, f"{field} must be an object of at most {high} names.")
+        elif kind is list:
+            if (
+                not isinstance(value, list) or not low <= len(value) <= high
+                or not all(isinstance(v, str) and STREAM_ID.fullmatch(v) for v in value)
+            ):  # fmt: skip
+                raise ApiError(400, f"{field} must be a list of {low} to {high} entry ids (such as 1700000000000-0).")
         elif not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ApiError(400, f"{field} must be an integer from {low} to {high}.")
         clean[field] = value
     if verb == ActionKind.RESCALE and not set(clean) - {"from_spec"}:
         raise ApiError(400, "Give parallelism, state_partitions or both.")
+    if verb == ActionKind.REDRIVE_DEAD_LETTERS:
+        if bool(clean.get("ids")) == bool(clean.get("all")):
+            raise ApiError(400, "Give the dead letters' ids, or all: 1 for every one.")
+        clean = {"all": True} if clean.get("all") else {"ids": clean["ids"]}
     return clean
 
 
@@ -629,6 +666,7 @@ upgrade_preview = _writer(ActionKind.UPGRADE_PREVIEW)
 upgrade = _writer(ActionKind.UPGRADE)
 upgrade_shadow = _writer(ActionKind.UPGRADE_SHADOW)
 upgrade_rollback = _writer(ActionKind.UPGRADE_ROLLBACK)
+redrive_dead_letters = _writer(ActionKind.REDRIVE_DEAD_LETTERS)
 
 
 def secret_json(row: Any) -> dict[str, Any]:
