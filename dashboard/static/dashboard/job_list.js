@@ -53,7 +53,12 @@
     row.querySelector('[data-cell="last"]').textContent = "#" + p.batch + " · just now";
     row.querySelector('[data-cell="rows"]').textContent = String(p.state_rows);
     const size = row.querySelector('[data-cell="size"]');
-    size.replaceChildren(bytes(p.state_mem), document.createElement("br"), Object.assign(document.createElement("span"), { className: "muted", textContent: bytes(p.full) + " on disk" }));
+    // as the page renders it: a RocksDB job's state is its SST files, Spark's memory figure comes and goes
+    const rocksdb = p.state_sst !== null && p.state_sst !== undefined;
+    const figure = Object.assign(document.createElement("span"), rocksdb
+      ? { title: "RocksDB's SST files", textContent: bytes(p.state_sst) + " RocksDB" }
+      : { title: "Spark's memoryUsedBytes", textContent: bytes(p.state_mem) });
+    size.replaceChildren(figure, document.createElement("br"), Object.assign(document.createElement("span"), { className: "muted", textContent: bytes(p.full) + " on disk" }));
   }
 
   let lastId = root.dataset.follow;
