@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.api.specs import plan
+from dashboard.api.specs import SETTINGS, plan, spec_reference
 from dashboard.api.tokens import token_create
 from dashboard.models import ACTIVE_RUN_STATUSES, AuditEntry, Job, ResultRow
 from tests.conftest import grant, send_events, wait_for
@@ -235,3 +235,13 @@ def test_statekeeper_apply_takes_a_directory_of_specs_through_create_upgrade_ref
     assert url_total(counts) == sent["counts"] and exact()
     status = json.loads(cli(asgi_server, token, "status").stdout)
     assert sorted(j["name"] for j in status["jobs"]) == ["sessions", "spend"]
+
+
+def test_the_spec_reference_in_docs_is_the_one_the_form_makes():
+    """docs/specs.md is generated from the form that validates a spec: a setting added, bounded or renamed there
+    without `./manage.py spec_reference > docs/specs.md` fails here."""
+    written = (Path(__file__).resolve().parent.parent / "docs" / "specs.md").read_text()
+    assert written == spec_reference()
+    for key in (*SETTINGS, "state", "upgrade_mode", "package"):
+        assert f"| `{key}` |" in written
+    assert "| `parallelism` | a whole number from 1 to 64 |" in written

@@ -14,6 +14,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from django import forms
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -54,6 +56,72 @@ class SpecForm(JobForm):
     OPTIONAL = (*JobForm.OPTIONAL, *POLICY_FIELDS, "batches_retained", "max_records_per_batch", "memory_budget_mb",
                 "disk_budget_gb", "autoscale_mode", "autoscale_max_per_day", "autoscale_window_minutes",
                 "trigger_interval_seconds", "state_partitions", "parallelism", "state_backend")  # fmt: skip
+
+
+EXTRA_REFERENCE = {
+    "state": ("`running` or `suspended`", "`running`", "what `apply` makes of the job: started (it resumes from its "
+              "checkpoint), or stopped with a savepoint"),
+    "upgrade_mode": (f"one of {', '.join(f'`{m}`' for m in UPGRADE_MODES)}", "`savepoint`",
+                     "how `apply` upgrades a job with state: keeping it (an incompatible change is refused), or "
+                     "`stateless`: an incompatible change starts from empty state"),
+    "package": ("text: `<distribution> <version>`, as the Deploys tab shows it", "—",
+                "the installed package the pipeline must come from (`statekeeper-example-team-orders 1.0.0`); the "
+                "spec is refused when the console has another"),
+}  # fmt: skip
+
+
+def _kind(name: str, field: Any, model: Any) -> str:
+    """A form field's type and bounds in words (the bounds the model's validators and the form's field set)."""
+    if name == "pipeline":
+        return "a registered pipeline's name"
+    if name == "parameters":
+        return "a mapping: the pipeline's parameter names to values (`${secret:NAME}` for a secret)"
+    if choices := getattr(field, "choices", None):
+        return "one of " + ", ".join(f"`{value}`" for value, _ in choices if value != "")
+    if isinstance(field, forms.BooleanField):
+        return "`true` or `false`"
+    if isinstance(field, forms.IntegerField):  # FloatField is one too
+        lows = [v.limit_value for v in model.validators if isinstance(v, MinValueValidator)] + [field.min_value]
+        highs = [v.limit_value for v in model.validators if isinstance(v, MaxValueValidator)] + [field.max_value]
+        low = max((v for v in lows if v is not None), default=None)
+        high = min((v for v in highs if v is not None), default=None)
+        noun = "a number" if isinstance(field, forms.FloatField) else "a whole number"
+
+        def number(value: float) -> str:
+            return f"{value:,}" if float(value).is_integer() else f"{value:g}"
+
+        if low is not None and high is not None:
+            return f"{noun} from {number(low)} to {number(high)}"
+        return f"{noun}, at least {number(low)}" if low is not None else noun
+    if isinstance(field, forms.CharField) and field.max_length:
+        return f"text of at most {field.max_length} characters"
+    return "text"
+
+
+def spec_reference() -> str:
+    """The keys of a spec, from the form that validates it (``manage.py spec_reference`` writes docs/specs.md)."""
+    form = SpecForm(instance=Job())
+    rows = []
+    for name in SETTINGS:
+        field = form.fields[name]
+        model: Any = Job._meta.get_field(name)
+        default = model.default if model.has_default() and not callable(model.default) else None
+        shown = "required" if field.required else "—" if default in (None, "") else f"`{json.dumps(default)}`"
+        what = str(model.help_text or field.help_text or field.label or "").replace("|", "/")
+        rows.append(f"| `{name}` | {_kind(name, field, model)} | {shown} | {what} |")
+    rows += [f"| `{name}` | {kind} | {default} | {what} |" for name, (kind, default, what) in EXTRA_REFERENCE.items()]
+    return "\n".join([
+        "# Job spec reference",
+        "",
+        "Generated from the form that validates a spec (`./manage.py spec_reference > docs/specs.md`); a test fails when",
+        "it differs from the form. A spec is one YAML or TOML file per job (README: Jobs as code). A key left out keeps",
+        "the job's value, or the default for a new job; an unknown key is refused by name.",
+        "",
+        "| key | value | default | what it is |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ])  # fmt: skip
 
 
 def _settings(job: Job) -> dict[str, Any]:
