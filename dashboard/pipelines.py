@@ -26,8 +26,9 @@ from django.conf import settings
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from statekeeper_sdk import FileSink, KafkaSink, resolve
-from statekeeper_sdk.code import code_version as sdk_code_version
-from statekeeper_sdk.code import installed_owners
+
+from dashboard.engine.code import CodeVersion, installed_owners
+from dashboard.engine.code import code_version as module_code_version
 
 ENTRY_POINT_GROUP = "statekeeper.pipelines"
 # What the console and its driver read from a pipeline; a missing one is refused at registration, not at run time.
@@ -51,16 +52,6 @@ class Registry:
     pipelines: dict[str, Any]
     refused: tuple[Refused, ...]
     references: dict[str, str]  # name -> module:attribute
-
-
-@dataclass(frozen=True)
-class CodeVersion:
-    """Which code a pipeline is: where it was found, the installed distribution that holds it, and a hash of every
-    file of that distribution's packages (so an edit without a version bump, even to a helper module, is seen)."""
-
-    reference: str
-    package: str
-    code_hash: str
 
 
 def _load(reference: str) -> Any:
@@ -157,8 +148,7 @@ def reference(name: str) -> str:
 def code_version(name: str) -> CodeVersion:
     """The code the registered pipeline ``name`` runs: the files of its distribution as they are on disk now."""
     ref = reference(name)
-    found = sdk_code_version(sys.modules[ref.partition(":")[0]])
-    return CodeVersion(ref, found.package, found.code_hash)
+    return module_code_version(sys.modules[ref.partition(":")[0]], ref)
 
 
 CONSOLE_DISTRIBUTION = "statekeeper"  # the console's own: the built-in pipelines are in it

@@ -5,13 +5,15 @@ any file of the package, and parameters are checked as the job form and the API 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from statekeeper_sdk import Parameter, SchemaError, parse_ddl, resolve
-from statekeeper_sdk.code import code_version
 
 from dashboard import pipelines
+from dashboard.engine.code import code_version
 
 DDL = [
     "a string, b bigint, c double",
@@ -140,3 +142,27 @@ def test_an_operator_types_parameters_as_lines_or_json():
     for text, reason in [("window 10", "Line 1"), ("a = 1\na = 2", "set twice"), ("[1]", "Line 1"), ("{", "JSON")]:
         with pytest.raises(ValueError, match=reason):
             pipelines.parse_parameters(text)
+
+
+def test_the_sdk_declares_and_the_consoles_engine_writes():
+    """The engine left the SDK in 1.3: a name only the console used still resolves inside a console, with a warning,
+    and the engine imports no Django (the drivers and the pages both use it)."""
+    import statekeeper_sdk.code
+    import statekeeper_sdk.sinks
+
+    from dashboard.engine import code as engine_code
+    from dashboard.engine import sinks as engine_sinks
+
+    assert "TableWriter" not in vars(statekeeper_sdk.sinks) and "code_version" not in vars(statekeeper_sdk.code)
+    with pytest.warns(DeprecationWarning, match="statekeeper_sdk.sinks.TableWriter is deprecated since"):
+        assert statekeeper_sdk.sinks.TableWriter is engine_sinks.TableWriter
+    with pytest.warns(DeprecationWarning, match="leaves in 2.0"):
+        assert statekeeper_sdk.code.code_version is engine_code.code_version
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        _ = statekeeper_sdk.sinks.nothing
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, dashboard.engine.sinks, dashboard.engine.code; "
+         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'statekeeper')))"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert imported.stdout.strip() == "[]", imported.stdout

@@ -14,19 +14,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from statekeeper_sdk.sinks import (
-    COMMITS,
-    Fenced,
-    FileLog,
-    FileSink,
-    SinkError,
-    TableSink,
-    TableWriter,
-    chunked,
-    write_files,
-)
+from statekeeper_sdk import FileSink, TableSink
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
+from dashboard.engine.sinks import COMMITS, Fenced, FileLog, SinkError, TableWriter, chunked, write_files
 from dashboard.failures import root_cause
 from dashboard.models import Job, ResultRow
 from dashboard.pipelines import get as get_pipeline

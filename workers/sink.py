@@ -24,16 +24,15 @@ from django.db import connection, transaction
 from django.db.models import Subquery
 from django.utils import timezone
 from pyspark.sql import DataFrame, Row
-from statekeeper_sdk import Pipeline, Rejected, Result
-from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
+from statekeeper_sdk import FileSink, Pipeline, Rejected, Result, ResultsTable, TableSink
+
+from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
     COMMITS,
     COMPACT_INTERVAL,
     Fenced,
     FileLog,
-    FileSink,
-    ResultsTable,
     SinkError,
-    TableSink,
     TableWriter,
     Written,
     chunked,
@@ -42,8 +41,6 @@ from statekeeper_sdk.sinks import (  # Fenced: this driver no longer holds the l
     write_files,
     write_kafka,
 )
-
-from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import ResultRow, ResultUndo, Savepoint, SavepointStatus
 from dashboard.pipelines import result_bound
 from workers.spark.sources.redis_streams import dead_letter

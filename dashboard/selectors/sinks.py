@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Max
-from statekeeper_sdk.sinks import FileLog, FileSink, Position, ResultsTable, TableSink, TableWriter
+from statekeeper_sdk import FileSink, ResultsTable, TableSink
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import latest_committed
+from dashboard.engine.sinks import FileLog, Position, TableWriter
 from dashboard.models import Job, ResultRow
 
 KINDS = {"results": "Results table", "table": "Team table", "files": "Files", "kafka": "Kafka topic"}

@@ -26,8 +26,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from statekeeper_sdk.code import newest_change
 
+from dashboard.engine.code import newest_change
 from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session
 

@@ -1,0 +1,27 @@
+"""Names the console's engine used from the SDK before 1.3, deprecated here: they now live in the console
+(``dashboard.engine``), since a pipeline declares its sinks and never writes them. Inside a console they still
+resolve, with a DeprecationWarning; they leave the SDK in 2.0."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+
+def moved(module: str, engine: str, names: frozenset[str], name: str) -> Any:
+    """A module ``__getattr__``'s answer for ``name`` of ``module``, which moved to the console's ``engine`` module."""
+    if name not in names:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} is deprecated since statekeeper-sdk 1.3 and leaves in 2.0: it is the console's engine "
+        f"({engine}), not part of what a pipeline declares",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    try:
+        return getattr(importlib.import_module(engine), name)
+    except ImportError:
+        raise AttributeError(
+            f"{module}.{name} moved to the Statekeeper console ({engine}), which is not installed here"
+        ) from None
