@@ -5,12 +5,14 @@ any file of the package, and parameters are checked as the job form and the API 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from statekeeper_sdk import Parameter, SchemaError, parse_ddl, resolve
+from statekeeper_sdk import Parameter, ResultView, SchemaError, parse_ddl, resolve
 
 from dashboard import pipelines
 from dashboard.engine.code import code_version
@@ -166,3 +168,16 @@ def test_the_sdk_declares_and_the_consoles_engine_writes():
         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
     )  # fmt: skip
     assert imported.stdout.strip() == "[]", imported.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"output_mode": "upsert"}, "output_mode is one of append, update, complete, not 'upsert'"),
+        ({"sinks": ("results",)}, "'results' is not a sink: declare ResultsTable"),
+        ({"views": (ResultView("url", "A", ()), ResultView("url", "B", ()))}, "two views show the kind 'url'"),
+    ],
+)
+def test_a_pipeline_the_console_would_refuse_fails_where_it_is_made(change, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        replace(pipelines.get("url-counts"), **change)

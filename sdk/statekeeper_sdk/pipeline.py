@@ -21,11 +21,12 @@ from typing import Any
 from pyspark.sql import DataFrame, Row
 
 from statekeeper_sdk.payload import PayloadFormat
-from statekeeper_sdk.sinks import ResultsTable, bound, targets_named
+from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, Sink, TableSink, bound, targets_named
 
 # A sink result: (kind, key, value). Rows are upserted on (job, kind, key), so a replayed batch changes nothing.
 Result = tuple[str, str, dict[str, Any]]
 PARAMETER_TYPES = ("int", "float", "str", "bool")
+OUTPUT_MODES = ("append", "update", "complete")  # Spark's, for the query's sink
 
 
 @dataclass(frozen=True)
@@ -197,12 +198,24 @@ class Pipeline:
     parameters: tuple[Parameter, ...] = ()
     samples: str = ""  # a JSON-lines file of sample payloads (absolute, or beside the module that defines it)
     # where the output goes (statekeeper_sdk.sinks); none: the console's results table
-    sinks: tuple[Any, ...] = ()
+    sinks: tuple[Sink, ...] = ()
     # the pipeline this one is a later version of (``customer-spend-v2`` of ``customer-spend``): an operator may
     # upgrade a job to a version of its own pipeline; moving it to another pipeline takes an admin
     version_of: str = ""
 
     def __post_init__(self) -> None:
+        if self.output_mode not in OUTPUT_MODES:
+            raise ValueError(
+                f"pipeline {self.name!r}: output_mode is one of {', '.join(OUTPUT_MODES)}, not {self.output_mode!r}"
+            )
+        if odd := [s for s in self.sinks if not isinstance(s, (ResultsTable, TableSink, FileSink, KafkaSink))]:
+            raise ValueError(
+                f"pipeline {self.name!r}: {odd[0]!r} is not a sink: declare ResultsTable, TableSink, FileSink or "
+                "KafkaSink (statekeeper_sdk)"
+            )
+        kinds = [v.kind for v in self.views]
+        if duplicated := sorted({k for k in kinds if kinds.count(k) > 1}):
+            raise ValueError(f"pipeline {self.name!r}: two views show the kind {duplicated[0]!r}")
         names = [p.name for p in self.parameters]
         if duplicated := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"pipeline {self.name!r}: the parameter {duplicated[0]!r} is declared twice")
