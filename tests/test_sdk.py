@@ -9,10 +9,11 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import pytest
-from statekeeper_sdk import Parameter, ResultView, SchemaError, parse_ddl, resolve
+from statekeeper_sdk import Parameter, ResultView, SchemaError, apply, parse_ddl, resolve
 
 from dashboard import pipelines
 from dashboard.engine.code import code_version
@@ -181,3 +182,24 @@ def test_the_sdk_declares_and_the_consoles_engine_writes():
 def test_a_pipeline_the_console_would_refuse_fails_where_it_is_made(change, reason):
     with pytest.raises(ValueError, match=re.escape(reason)):
         replace(pipelines.get("url-counts"), **change)
+
+
+@pytest.mark.spark
+def test_the_sdk_readmes_example_is_a_pipeline_that_runs(spark):
+    """sdk/README.md's example, as written: it makes a Pipeline, and its transformation and results run on events."""
+    text = (Path(__file__).resolve().parent.parent / "sdk" / "README.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(code, "sdk/README.md", "exec"), scope)
+    pipeline = scope["CUSTOMER_SPEND"]
+    assert pipeline.views[0].keep_rows == 100_000 and pipeline.parameters[0].operational
+    events = spark.createDataFrame(
+        [("o1", ("c1", "eu"), datetime(2026, 11, 26, 10, 5)), ("o2", ("c1", "eu"), datetime(2026, 11, 26, 10, 40)),
+         ("o3", ("c2", None), datetime(2026, 11, 26, 10, 7))],
+        "order_id string, customer struct<id: string, region: string>, placed_at timestamp",
+    )  # fmt: skip
+    rows = apply(pipeline, events, {"window_minutes": 30}).collect()
+    results = sorted((key, value["orders"]) for _, key, value in pipeline.results(rows))
+    assert results == [
+        ("c1|2026-11-26 10:00:00", 1), ("c1|2026-11-26 10:30:00", 1), ("c2|2026-11-26 10:00:00", 1)
+    ]  # fmt: skip
