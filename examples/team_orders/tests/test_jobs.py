@@ -1,0 +1,57 @@
+"""The team's own tests of its pipeline, with the SDK's test kit: PySpark and the SDK only, no console."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from statekeeper_sdk.testing import run_batches
+from team_orders.jobs import CUSTOMER_SPEND, CUSTOMER_SPEND_V2
+
+
+def order(order_id: str, customer: str, at: str, *prices: str) -> dict:
+    return {"order_id": order_id, "customer": {"id": customer, "region": "eu"}, "placed_at": at,
+            "items": [{"sku": f"S{i}", "qty": 1, "price": p} for i, p in enumerate(prices)]}  # fmt: skip
+
+
+TARGETS = {"orders_dsn": "postgres://team@db.example/team_orders", "lake_dir": "/lake/customer_spend"}
+
+
+@pytest.fixture(scope="module")
+def batches() -> list:
+    return run_batches(
+        CUSTOMER_SPEND,
+        [
+            [order("o1", "c1", "2026-11-26T10:05:00Z", "10.00"), order("o2", "c1", "2026-11-26T10:20:00Z", "5.50"),
+             order("o3", "c2", "2026-11-26T10:07:00Z", "7.25"), {**order("o4", "c2", "2026-11-26T10:08:00Z"),
+             "items": [{"sku": "S0", "qty": 1, "price": "ten"}]}],
+            [order("o5", "c1", "2026-11-26T10:29:00Z", "100.00"), b"not json at all"],
+        ],
+        parameters={"window_minutes": 30, "threshold": 100.0, **TARGETS},
+    )  # fmt: skip
+
+
+def test_each_batch_updates_the_windows_it_touched_in_every_sink(batches):
+    data = [b for b in batches if b.rows]
+    first, second = data[0], data[1]
+    assert sorted((key, v["orders"], v["total"]) for _, key, v in first.results) == [
+        ("c1|2026-11-26 10:00|2026-11-26 10:30", 2, "15.50"), ("c2|2026-11-26 10:00|2026-11-26 10:30", 1, "7.25"),
+    ]  # fmt: skip
+    assert [(r["customer"], r["orders"], r["total"], r["big"]) for r in second.sinks["team-db"]] == [
+        ("c1", 3, Decimal("115.50"), True)
+    ], "update mode: the window c1 is in again, now past the threshold"
+    assert set(second.sinks) == {"team-db", "lake"}, "both of the team's sinks, their targets set"
+
+
+def test_a_bad_event_goes_to_the_dead_letters_with_the_path_that_is_wrong(batches):
+    refused = [(d.stage, d.reason) for b in batches for d in b.dead_letters]
+    assert ("parse", "items[0].price: not a decimal number") in refused
+    assert any(stage == "parse" and "JSON" in reason for stage, reason in refused), refused
+    assert len(refused) == 2
+
+
+def test_the_lake_is_off_when_its_directory_is_left_empty():
+    [batch] = [b for b in run_batches(CUSTOMER_SPEND_V2, [[order("o1", "c1", "2026-11-26T10:05:00Z", "4.00")]],
+                                      parameters={"orders_dsn": TARGETS["orders_dsn"]}) if b.rows]  # fmt: skip
+    assert set(batch.sinks) == {"team-db"}
+    assert [v["average"] for _, _, v in batch.results] == ["4.00"]

@@ -1,0 +1,151 @@
+"""A pipeline tested in the team's own CI, with PySpark and the SDK only (no console): its events in the micro-batches
+you give, through the same checks a console's source makes, on a local SparkSession, as a streaming query with its
+state, watermark and timers. What comes out is, batch by batch, what each sink would receive and what went to the
+dead letters with its reason::
+
+    from statekeeper_sdk.testing import run_batches
+
+    batches = run_batches(CUSTOMER_SPEND, [[order_1, order_2], [late_order, b"not json"]],
+                          parameters={"window_minutes": 30})
+    assert batches[1].dead_letters[0].reason.startswith("not valid JSON")
+    assert batches[0].results == [("spend", "c1|2026-11-26 10:00:00", {"orders": 2})]
+    assert batches[0].sinks["team-db"] == [{"customer": "c1", ...}]
+
+Events are given as their payloads (bytes, text, or a dict sent as JSON), or as ``(entry_id, payload)`` to set the
+arrival an event time is bounded against (``"1700000000000-0"``, Redis' form: milliseconds, then a sequence). Spark
+may run a batch without new events (a watermark to move, a timer to fire): it is in the list too, with no dead letters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, Row, SparkSession
+
+from statekeeper_sdk.events import Limits, Rejected, parse_entries
+from statekeeper_sdk.pipeline import Pipeline, Result, apply, resolve
+from statekeeper_sdk.sinks import ResultsTable
+
+Event = bytes | str | Mapping[str, Any] | tuple[str, bytes | str | Mapping[str, Any]]
+
+
+@dataclass
+class Batch:
+    """One micro-batch: the pipeline's output rows, what each sink would receive, and the events refused."""
+
+    batch_id: int
+    rows: list[Row] = field(default_factory=list)
+    results: list[Result] = field(default_factory=list)  # what the console's results table would upsert
+    sinks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # a declared sink's rows, by its name
+    dead_letters: list[Rejected] = field(default_factory=list)
+
+
+def _payload(value: bytes | str | Mapping[str, Any]) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")  # a lone surrogate reaches the checks as the bytes it would be
+    return json.dumps(dict(value)).encode()
+
+
+def _entries(events: Iterable[Event], first_ms: int) -> list[tuple[bytes, list[bytes]]]:
+    entries = []
+    for i, event in enumerate(events):
+        entry_id, payload = event if isinstance(event, tuple) else (f"{first_ms}-{i}", event)
+        entries.append((entry_id.encode(), [b"v", _payload(payload)]))
+    return entries
+
+
+def _files_read(checkpoint: Path) -> dict[str, int]:
+    """Which batch read each input file, from the file source's log in the checkpoint."""
+    read: dict[str, int] = {}
+    for log in sorted((checkpoint / "sources" / "0").glob("*")):
+        if log.name.startswith("."):
+            continue
+        for line in log.read_text().splitlines()[1:]:  # the first line is the log's version
+            entry = json.loads(line)
+            read[Path(entry["path"].removeprefix("file:")).name] = int(entry["batchId"])
+    return read
+
+
+def run_batches(
+    pipeline: Pipeline,
+    batches: Sequence[Iterable[Event]],
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    spark: SparkSession | None = None,
+    workdir: str | Path | None = None,
+    limits: Limits | None = None,
+    shuffle_partitions: int = 2,
+) -> list[Batch]:
+    """Run ``pipeline`` over ``batches`` of events, one micro-batch each, and return every batch Spark ran, in order.
+    ``parameters``: the job's values (the pipeline's defaults fill the rest; a bad value raises ValueError, as a job's
+    form refuses it). ``spark``: the session (the active one, else a local one). ``workdir``: where the events and
+    the checkpoint go (a new temporary directory by default). ``limits``: the job's bounds on an event (its text, its
+    event time ahead of its arrival), a console's defaults unless given."""
+    import pyarrow.parquet as pq
+
+    values = dict(resolve(pipeline.parameters, parameters or {}))  # checked, the defaults filling the rest
+    session = spark or SparkSession.getActiveSession() or SparkSession.builder.master("local[2]").getOrCreate()
+    root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="statekeeper-test-"))
+    inbox, checkpoint = root / "events", root / "checkpoint"
+    inbox.mkdir(parents=True, exist_ok=True)
+    refused: dict[str, list[Rejected]] = {}
+    now_ms = int(time.time() * 1000)
+    for number, events in enumerate(batches):
+        good, dead = parse_entries(_entries(events, now_ms + number), pipeline.payload, limits or Limits())
+        name = f"batch-{number:06d}.parquet"
+        pq.write_table(_table(good), inbox / name)
+        os.utime(inbox / name, ns=(time.time_ns(), (now_ms + number) * 1_000_000))  # read in the order given
+        refused[name] = dead
+
+    conf = {"spark.sql.shuffle.partitions": str(shuffle_partitions), **pipeline.conf}
+    if pipeline.needs_rocksdb:
+        conf["spark.sql.streaming.stateStore.providerClass"] = (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        )
+    for key, value in conf.items():
+        session.conf.set(key, value)
+    frame = (
+        session.readStream.schema(pipeline.payload.spark_schema()).option("maxFilesPerTrigger", 1).parquet(str(inbox))
+    )
+    outputs = [sink for sink in pipeline.outputs(values) if not sink.off()]  # a target left empty: off, as in a job
+    seen: dict[int, Batch] = {}
+
+    def collect(output: DataFrame, batch_id: int) -> None:
+        rows = output.collect()
+        batch = Batch(batch_id, rows)
+        for sink in outputs:
+            if isinstance(sink, ResultsTable):
+                batch.results = list(pipeline.results(rows))
+            else:
+                columns = list(getattr(sink, "columns", ()) or output.columns)
+                batch.sinks[sink.name] = [{c: row[c] for c in columns} for row in rows]
+        seen[batch_id] = batch
+
+    query = (
+        apply(pipeline, frame, values)
+        .writeStream.outputMode(pipeline.output_mode)
+        .foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    for name, batch_id in _files_read(checkpoint).items():
+        if batch_id in seen:
+            seen[batch_id].dead_letters = refused.get(name, [])
+    return [seen[b] for b in sorted(seen)]
+
+
+def _table(batch: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.Table.from_batches([batch], schema=batch.schema)
