@@ -105,8 +105,11 @@ def table_sizes(dsn: str) -> dict[str, int]:
     import psycopg
 
     with psycopg.connect(dsn, connect_timeout=5) as conn:
-        rows = conn.execute("SELECT relname, pg_total_relation_size(relid) FROM pg_stat_user_tables").fetchall()
-    return {name: int(size) for name, size in rows}
+        # the public schema's: a session's temporary table (a sink's scratch table) may go while it is read
+        rows = conn.execute(
+            "SELECT relname, pg_total_relation_size(relid) FROM pg_stat_user_tables WHERE schemaname = 'public'"
+        ).fetchall()
+    return {name: int(size) for name, size in rows if size is not None}
 
 
 def tree_bytes(path: Path) -> int:
@@ -316,9 +319,15 @@ def soak(args: argparse.Namespace) -> None:
             if dev.poll() is not None:
                 sys.exit(f"bin/dev ended ({dev.returncode}) during the soak; see {out / 'dev.log'}")
             taken = time.monotonic()
-            with samples.open("a") as writer:
-                writer.write(json.dumps(sample(team)) + "\n")
-            print(f"sample {sum(1 for _ in samples.open())} at {time.strftime('%H:%M:%S')}", flush=True)
+            try:
+                taken_sample = sample(team)
+            except Exception as exc:  # one sample lost, said, and the soak goes on
+                print(f"a sample failed at {time.strftime('%H:%M:%S')}: {type(exc).__name__}: {exc}", flush=True)
+                connection.close()
+            else:
+                with samples.open("a") as writer:
+                    writer.write(json.dumps(taken_sample) + "\n")
+                print(f"sample {sum(1 for _ in samples.open())} at {time.strftime('%H:%M:%S')}", flush=True)
             time.sleep(max(0.0, args.every - (time.monotonic() - taken)))
     finally:
         stop()

@@ -25,6 +25,10 @@ class Command(BaseCommand):
         parser.add_argument("--malformed", type=float, default=0.002, help="share of malformed events")
         parser.add_argument("--count", type=int, default=0, help="stop after this many events per stream (0: never)")
         parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument(
+            "--keep", type=int, default=500_000,
+            help="entries each stream keeps (about 40 minutes at 200/s: what a restore of the last half hour replays)",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **opts: Any) -> None:
         targets = []
@@ -53,7 +57,7 @@ class Command(BaseCommand):
                             pipe.xadd(
                                 stream,
                                 {"v": rng.choice(MALFORMED) if bad else make(now_ms)},
-                                maxlen=2_000_000,
+                                maxlen=opts["keep"],
                                 approximate=True,
                             )
                     pipe.execute()
