@@ -30,7 +30,6 @@ from django.views.decorators.http import require_POST
 
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, forbidden, may, requires
-from dashboard.api.specs import drift
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
@@ -44,6 +43,7 @@ from dashboard.models import (
     SavepointStatus,
 )
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
+from dashboard.selectors.capacity import csv_rows, week_review
 from dashboard.selectors.cluster import free_cores_warning
 from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_export
 from dashboard.selectors.deploys import deploy_history, upgrade_view
@@ -55,7 +55,6 @@ from dashboard.services.actions import action_request
 from dashboard.services.adoption import checkpoint_adopt, checkpoint_set_aside
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.autoscale import window_advice
-from dashboard.services.capacity import csv_rows, week_review
 from dashboard.services.enqueue import WARM_STATE_READER, enqueue
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
@@ -66,6 +65,7 @@ from dashboard.services.shadow import SHADOW_RECORDS
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
 from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
+from dashboard.specs import drift
 
 
 @login_required

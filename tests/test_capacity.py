@@ -20,8 +20,8 @@ from dashboard.models import (
     Run,
     RunStatus,
 )
+from dashboard.selectors.capacity import fit_line, forecast, week_review
 from dashboard.services.autoscale import autoscale_run
-from dashboard.services.capacity import fit_line, forecast, week_review
 from dashboard.services.rollups import job_rollup
 
 pytestmark = pytest.mark.django_db

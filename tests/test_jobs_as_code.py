@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.api.specs import SETTINGS, plan, spec_reference
 from dashboard.api.tokens import token_create
 from dashboard.models import ACTIVE_RUN_STATUSES, AuditEntry, Job, ResultRow
+from dashboard.specs import SETTINGS, plan, spec_reference
 from tests.conftest import grant, send_events, wait_for
 from tests.test_sinks import SPEND
 from tests.test_team_job import Orders, sink

@@ -9,11 +9,11 @@ from django.core.mail import send_mail
 from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
+from dashboard.selectors.capacity import summary_text, week_review
 from dashboard.services.action_steps import state_reader_warm
 from dashboard.services.actions import action_advance, actions_due, actions_resume
 from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate
 from dashboard.services.autoscale import autoscale_run
-from dashboard.services.capacity import summary_text, week_review
 from dashboard.services.checkpoints import journal_reconcile, progress_stream_ingest
 from dashboard.services.dead_letters import dead_letters_trim
 from dashboard.services.drills import drills_run

@@ -24,18 +24,6 @@ from django.views.decorators.csrf import csrf_exempt
 
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, VIEWER, refusal
-from dashboard.api.specs import (
-    SpecError,
-    drift,
-    etag,
-    job_archive,
-    job_create,
-    job_free_name,
-    job_update,
-    plan_json,
-    spec_of,
-)
-from dashboard.api.specs import plan as plan_specs
 from dashboard.api.tokens import token_user
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
@@ -62,6 +50,18 @@ from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, run_holds_process
 from dashboard.services.secrets import SecretError, masked, secret_delete, secret_set
 from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
+from dashboard.specs import (
+    SpecError,
+    drift,
+    etag,
+    job_archive,
+    job_create,
+    job_free_name,
+    job_update,
+    plan_json,
+    spec_of,
+)
+from dashboard.specs import plan as plan_specs
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 500

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, AutoscaleMode, Checkpoint, Job
+from dashboard.selectors.capacity import Recommendation, parallelism_advice
 from dashboard.services.actions import action_request
-from dashboard.services.capacity import Recommendation, parallelism_advice
 from dashboard.services.errors import ActionRefused
 from dashboard.stats import quantile
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from django.utils import timezone
 
 from dashboard.models import Checkpoint, Job, Savepoint
+from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.services.errors import ActionFailed
-from dashboard.services.savepoints import MANIFEST, savepoint_newest_verified, savepoint_read_back
+from dashboard.services.savepoints import MANIFEST, savepoint_read_back
 
 
 def drill(savepoint: Savepoint) -> tuple[bool, str]:

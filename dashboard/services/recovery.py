@@ -12,12 +12,12 @@ from django.utils import timezone
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import IN_FLIGHT_ACTIONS, Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
 from dashboard.selectors.incidents import recovery_incidents
+from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.services.audit import audit_record
 from dashboard.services.errors import ActionRefused
 from dashboard.services.hosts import spare_ready
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.runs import job_request_start
-from dashboard.services.savepoints import savepoint_newest_verified
 
 # What Spark says when a checkpoint's files are missing, cut short or unreadable.
 BROKEN_CHECKPOINT = re.compile(

@@ -23,6 +23,7 @@ from dashboard.checkpoint_dir.files import (
     verify_files,
 )
 from dashboard.models import Action, Job, Savepoint, SavepointStatus
+from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.selectors.sinks import job_sinks
 from dashboard.services.action_steps import (
     Done,
@@ -161,11 +162,6 @@ STOP_WITH_SAVEPOINT_STEPS: Steps = {
     **savepoint_steps("stop", then="done"),
     "done": ("listed", _stopped_and_verified),
 }
-
-
-def savepoint_newest_verified(job: Job) -> Savepoint | None:
-    """The savepoint a restore would use: retention never disposes it, and restore drills check it."""
-    return job.savepoints.filter(status=SavepointStatus.VERIFIED).order_by("-id").first()
 
 
 class SavepointDamaged(ActionFailed):

@@ -2,7 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from dashboard.api.specs import spec_reference
+from dashboard.specs import spec_reference
 
 
 class Command(BaseCommand):

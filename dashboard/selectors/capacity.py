@@ -28,7 +28,7 @@ from dashboard.models import (
     StateBackend,
 )
 from dashboard.selectors.partitions import partition_view
-from dashboard.services.savepoints import savepoint_newest_verified
+from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.stats import quantile
 
 TARGET_UTILISATION = 0.7  # batch time / trigger interval that leaves room for bursts and catch-up
