@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from dashboard.checkpoint_dir.files import checkpoint_format, committed_batches, verify_files
+from dashboard.checkpoint_dir.files import checkpoint_format, committed_batches, directory_bytes, verify_files
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
 from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_execute, action_request
@@ -105,6 +105,33 @@ def test_restore_from_a_savepoint_replays_to_exactly_the_events_sent(make_job, s
     assert sink_total(job) == first + second, "the replayed records overwrite, never add"
     forked = job.checkpoints.filter(location=job.checkpoint_dir)
     assert sum(c.input_rows for c in forked) == second
+
+
+def test_a_rocksdb_savepoint_holds_its_batch_alone_and_restores_exactly(make_job, start_driver, redis, stream_name):
+    """RocksDB without change logs writes a full snapshot each batch: a savepoint copied every one the checkpoint
+    retains (a hundred by default). It takes the snapshot of its batch and the SST files that snapshot lists."""
+    job = make_job(max_records_per_batch=150, state_backend="rocksdb", state_partitions=2)
+    first = send_events(redis, stream_name, "url-counts", 750, seed=3)
+    run_through(start_driver(job), redis, first)
+    execute(job, ActionKind.SAVEPOINT)
+    savepoint = job.savepoints.get()
+    assert savepoint.status == SavepointStatus.VERIFIED, savepoint.message
+    copied = Path(savepoint.path) / "checkpoint"
+    for part in ("0", "1"):
+        snapshots = sorted(p.name.split("_")[0] for p in (copied / "state" / "0" / part).glob("*.zip"))
+        assert snapshots == [str(savepoint.batch_id + 1)], snapshots
+        live = list((job.checkpoint_location / "state" / "0" / part).glob("*.zip"))
+        assert len(live) > 1, "the live checkpoint retains earlier snapshots: they stay out of the savepoint"
+    assert sorted(int(p.name) for p in (copied / "commits").iterdir() if p.name.isdigit()) == [savepoint.batch_id]
+    assert savepoint.size_bytes < directory_bytes(job.checkpoint_location)
+
+    second = send_events(redis, stream_name, "url-counts", 300, seed=4)
+    run_through(start_driver(job), redis, first + second)
+    execute(job, ActionKind.RESTORE, savepoint=savepoint.id)
+    job.refresh_from_db()
+    take_pending_start(job)
+    run_through(start_driver(job), redis, first + second)
+    assert sink_total(job) == first + second, "restored from the batch alone, the replay is exact"
 
 
 def test_rollback_to_a_committed_batch_then_replay(make_job, start_driver, redis, stream_name):

@@ -10,12 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from dashboard.checkpoint_dir.disk import TEMPORARIES, file_batch, scan
+
+_STATE_VERSION = re.compile(r"^\d+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|changelog)$")
 
 
 class CheckpointError(Exception):
@@ -156,18 +160,75 @@ def _copy_hashing(src: Path, dst: Path) -> FileEntry | None:
     return FileEntry(str(dst), dst.stat().st_size, digest.hexdigest())
 
 
-def copy_checkpoint(src: Path, dst: Path, upto: int) -> list[FileEntry]:
-    """Copy the checkpoint at ``src`` as of committed batch ``upto`` into ``dst`` (which must not exist)."""
+def _bare(name: str) -> str:
+    """A file's name without Hadoop's checksum dressing (``.NAME.crc`` or ``NAME.crc``)."""
+    return name.removeprefix(".").removesuffix(".crc")
+
+
+def snapshot_only(src: Path, upto: int) -> dict[str, set[str]] | None:
+    """What a copy of batch ``upto`` alone needs of each state partition, when every partition is a RocksDB store
+    that writes a full snapshot each batch (changelog checkpointing off): the snapshot of version ``upto + 1`` and the
+    SST files its metadata lists, by the partition's directory. None when any partition keeps change files (RocksDB's
+    changelogs, the memory backend's deltas) or lacks that snapshot: then every retained file is copied."""
+    needs: dict[str, set[str]] = {}
+    for part in sorted(p for p in (src / "state").glob("*/*") if p.is_dir() and p.name.isdigit()):
+        names = [n for n in os.listdir(part) if not n.endswith(TEMPORARIES)]
+        if any(_bare(n).endswith((".changelog", ".delta")) for n in names):
+            return None
+        zips = sorted({_bare(n) for n in names if _bare(n).endswith(".zip") and _bare(n).split("_")[0].split(".")[0]
+                       == str(upto + 1)})  # fmt: skip
+        if not zips:
+            return None
+        kept = set(zips)
+        for name in zips:
+            try:
+                with zipfile.ZipFile(part / name) as snapshot:
+                    text = snapshot.read("metadata").decode()
+                listed = json.loads(text.split("\n", 1)[1])["sstFiles"]  # "v1", then the JSON
+            except (OSError, KeyError, IndexError, ValueError, zipfile.BadZipFile):
+                return None
+            kept |= {f"SSTs/{f['dfsSstFileName']}" for f in listed}
+        needs[str(part.relative_to(src))] = kept
+    return needs or None
+
+
+def _needed(relative: str, upto: int, needs: dict[str, set[str]]) -> bool:
+    """Whether a copy of batch ``upto`` alone takes this file (``snapshot_only``'s answer in ``needs``): of the
+    offsets, ``upto - 1`` and ``upto`` (Spark reads both to restart) and of the commits ``upto``; of a partition, the
+    files its snapshot needs; everything else (metadata, schemas, the source's log) as a full copy takes it."""
+    owner, _ = file_batch(relative)
+    if relative.startswith("offsets/") and owner is not None:
+        return owner in (upto - 1, upto)
+    if relative.startswith("commits/") and owner is not None:
+        return owner == upto
+    for part, kept in needs.items():
+        if relative.startswith(part + "/"):
+            inside = relative[len(part) + 1 :]
+            folder, _, name = inside.rpartition("/")
+            bare = f"{folder}/{_bare(name)}" if folder else _bare(name)
+            if bare in kept:
+                return True
+            return not (folder == "SSTs" or _STATE_VERSION.match(_bare(name)))
+    return True
+
+
+def copy_checkpoint(src: Path, dst: Path, upto: int, batch_only: bool = False) -> list[FileEntry]:
+    """Copy the checkpoint at ``src`` as of committed batch ``upto`` into ``dst`` (which must not exist).
+
+    ``batch_only``: what restarting at ``upto`` needs, not every batch the checkpoint retains (a savepoint): for a
+    RocksDB job that writes a snapshot each batch, the newest snapshot and its SST files instead of a hundred
+    snapshots (``snapshot_only``); other state is copied whole."""
     if upto not in committed_batches(src):
         raise CheckpointError(f"batch {upto} is not committed in {src}")
     if dst.exists():
         raise CheckpointError(f"{dst} already exists")
+    needs = snapshot_only(src, upto) if batch_only else None
     entries = []
     for dirpath, _, names in os.walk(src):
         for name in sorted(names):
             source = Path(dirpath) / name
             relative = str(source.relative_to(src))
-            if not _keep(relative, upto):
+            if not _keep(relative, upto) or (needs is not None and not _needed(relative, upto, needs)):
                 continue
             entry = _copy_hashing(source, dst / relative)
             if entry is not None:

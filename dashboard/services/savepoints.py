@@ -60,7 +60,7 @@ def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None =
         savepoint.deploy = deploy_of_batch(job, batch)
         savepoint.save(update_fields=["batch_id", "path", "deploy"])
         action_progress(action, f"copying the checkpoint as of batch {batch}")
-        entries = copy_checkpoint(source, folder / "checkpoint", batch)
+        entries = copy_checkpoint(source, folder / "checkpoint", batch, batch_only=True)
         copied = time.monotonic()
         offsets = batch_offsets(folder / "checkpoint", batch)
         manifest = {
