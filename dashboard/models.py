@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,22 @@ class Job(models.Model):
     @property
     def checkpoint_location(self) -> Path:
         return self.directory / self.checkpoint_dir
+
+    def run_values(self) -> dict[str, Any]:
+        """What a query of this job runs with, as plain values (the fields of ``workers.spark.query.JobSpec``): the
+        driver, a standby's warm query and the state tool's scratch queries all start from these."""
+        return {
+            "job_id": self.id, "name": self.name, "pipeline": self.pipeline, "stream": self.source_stream,
+            "redis_url": settings.REDIS_URL, "backend": self.state_backend,
+            "trigger_seconds": self.trigger_interval_seconds, "partitions": self.state_partitions,
+            "parallelism": self.parallelism, "checkpoint": str(self.checkpoint_location),
+            "batches_retained": self.batches_retained, "max_records": self.max_records_per_batch,
+            "dead_letter": self.dead_letter_stream, "skip_list": self.skip_list,
+            "max_future_seconds": self.max_future_seconds, "source_kind": self.source_kind,
+            "source_path": self.source_path, "source_format": self.source_format,
+            "starting_offset": json.dumps(self.start_offset) if self.start_offset else "",
+            "parameters": json.dumps(self.parameters),
+        }  # fmt: skip
 
     @property
     def savepoint_root(self) -> Path:

@@ -7,7 +7,6 @@ stop request lets the batch in flight finish before it stops the query.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -187,29 +186,7 @@ class CoresWatch(threading.Thread):
 
 def job_spec(job: Job, **overrides: Any) -> JobSpec:
     """What a driver runs for ``job``, as plain values; ``overrides`` replace any of them."""
-    spec = JobSpec(
-        job_id=job.id,
-        name=job.name,
-        pipeline=job.pipeline,
-        stream=job.source_stream,
-        redis_url=settings.REDIS_URL,
-        backend=job.state_backend,
-        trigger_seconds=job.trigger_interval_seconds,
-        partitions=job.state_partitions,
-        parallelism=job.parallelism,
-        checkpoint=str(job.checkpoint_location),
-        batches_retained=job.batches_retained,
-        max_records=job.max_records_per_batch,
-        dead_letter=job.dead_letter_stream,
-        skip_list=job.skip_list,
-        max_future_seconds=job.max_future_seconds,
-        source_kind=job.source_kind,
-        source_path=job.source_path,
-        source_format=job.source_format,
-        starting_offset=json.dumps(job.start_offset) if job.start_offset else "",
-        parameters=json.dumps(job.parameters),
-    )
-    return dataclasses.replace(spec, **overrides)
+    return JobSpec(**(job.run_values() | overrides))
 
 
 class JobDriver:

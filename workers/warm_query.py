@@ -3,7 +3,6 @@ standby, the spare shared driver) has loaded and compiled what the job's query r
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import shutil
@@ -44,13 +43,13 @@ class WarmQuery:
         self.client = redis.Redis.from_url(settings.REDIS_URL)
         self.make = sample_events(self.pipeline, random.Random(tag))
         self.query: Any = None
-        self.spec = JobSpec(
-            job_id=0, name=f"warmup-{tag}", pipeline=self.pipeline.name, stream=self.stream,
-            redis_url=settings.REDIS_URL, backend=job.state_backend, trigger_seconds=self.TRIGGER_SECONDS,
-            partitions=job.state_partitions, parallelism=job.parallelism, checkpoint=str(self.scratch),
-            batches_retained=job.batches_retained, max_records=1000, dead_letter=f"{self.stream}:dead",
-            max_future_seconds=job.max_future_seconds, parameters=json.dumps(job.parameters),
-        )  # fmt: skip
+        # the job's own query on a scratch stream and checkpoint of its own, from the beginning, read as Redis entries
+        self.spec = JobSpec(**(job.run_values() | {
+            "job_id": 0, "name": f"warmup-{tag}", "pipeline": self.pipeline.name, "stream": self.stream,
+            "trigger_seconds": self.TRIGGER_SECONDS, "checkpoint": str(self.scratch), "max_records": 1000,
+            "dead_letter": f"{self.stream}:dead", "skip_list": "", "source_kind": "redis-stream", "source_path": "",
+            "source_format": "json", "starting_offset": "",
+        }))  # fmt: skip
 
     def feed(self, count: int = 50) -> None:
         now = int(time.time() * 1000)

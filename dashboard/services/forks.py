@@ -60,6 +60,12 @@ class Preview:
         return (timezone.now() - self.committed_at).total_seconds() if self.committed_at else None
 
 
+def fork_name(action: Action, purpose: str) -> str:
+    """The directory an action forks the job's checkpoint into, under the job's directory: ``checkpoint-<purpose>-<id>``
+    (restore, rollback, rescale, upgrade, upgrade-rollback), one per action, so that a retried step finds its own."""
+    return f"checkpoint-{purpose}-{action.id}"
+
+
 def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at: datetime | None) -> Preview:
     result = Preview(batch_id, committed_at, offset, None, None)
     if not job.reads_redis:  # files stay in their directory, and Kafka keeps its log: nothing to count here
@@ -174,13 +180,13 @@ def _restore_fork(action: Action) -> Outcome:
     if check.refusal:
         raise ActionFailed(check.refusal)
     remember(action, replay_records=check.replay_records)
-    savepoint_fork(action, savepoint, f"checkpoint-restore-{action.id}")
+    savepoint_fork(action, savepoint, fork_name(action, "restore"))
     return Next("start")
 
 
 def _restore_start(action: Action) -> Done:
     savepoint = _restore_savepoint(action)
-    fork = f"checkpoint-restore-{action.id}"
+    fork = fork_name(action, "restore")
     run, previous = _started_on_fork(action, fork)
     return Done(
         f"Restored savepoint #{savepoint.id} (batch {savepoint.batch_id}) into {fork}; run #{run.id} starting. "
@@ -208,7 +214,7 @@ def _rollback_copy(action: Action) -> Outcome:
     if check.refusal:
         raise ActionFailed(check.refusal)
     remember(action, replay_records=check.replay_records)
-    fork = f"checkpoint-rollback-{action.id}"
+    fork = fork_name(action, "rollback")
     target = job.directory / fork
     remove_tree(target)
     action_progress(action, f"copying the checkpoint as of batch {batch} into {fork}")
@@ -222,7 +228,7 @@ def _rollback_copy(action: Action) -> Outcome:
 
 def _rollback_verify(action: Action) -> Outcome:
     batch = int(action.params["batch"])
-    target = action.job.directory / f"checkpoint-rollback-{action.id}"
+    target = action.job.directory / fork_name(action, "rollback")
     action_progress(action, f"checking that Spark loads the state at batch {batch}")
     try:
         if state_read(action, "verify", "verify", target, batch) is None:
@@ -235,7 +241,7 @@ def _rollback_verify(action: Action) -> Outcome:
 
 def _rollback_start(action: Action) -> Done:
     batch = int(action.params["batch"])
-    fork = f"checkpoint-rollback-{action.id}"
+    fork = fork_name(action, "rollback")
     run, previous = _started_on_fork(action, fork)
     return Done(
         f"Rolled back to batch {batch} in {fork}; run #{run.id} starting and replays {_replay(action)}. "

@@ -24,7 +24,7 @@ from dashboard.services.action_steps import (
     tool_process,
 )
 from dashboard.services.errors import ActionFailed
-from dashboard.services.forks import switch_to_fork
+from dashboard.services.forks import fork_name, switch_to_fork
 from dashboard.services.savepoints import savepoint_steps
 
 MEMORY_REPARTITION = (
@@ -78,7 +78,7 @@ def _stop(action: Action) -> Outcome:
 def _repartition(action: Action) -> Outcome:
     job = action.job
     partitions = _target(action)[1]
-    fork = f"checkpoint-rescale-{action.id}"
+    fork = fork_name(action, "rescale")
     target = job.directory / fork
     if "repartition" not in action.memo:
         remove_tree(target)
@@ -102,7 +102,7 @@ def _repartition(action: Action) -> Outcome:
 
 
 def _check_state(action: Action) -> Outcome:
-    target = action.job.directory / f"checkpoint-rescale-{action.id}"
+    target = action.job.directory / fork_name(action, "rescale")
     action_progress(action, "checking that Spark loads the repartitioned state")
     try:
         if state_read(action, "check-state", "verify", target, latest_committed(target)) is None:
@@ -116,7 +116,7 @@ def _check_state(action: Action) -> Outcome:
 def _apply(action: Action) -> Done:
     job = action.job
     parallelism, partitions = _target(action)
-    fork = f"checkpoint-rescale-{action.id}"
+    fork = fork_name(action, "rescale")
     if _repartitions(action) and job.checkpoint_dir != fork:
         switch_to_fork(job, fork)
     Job.objects.filter(id=job.id).update(

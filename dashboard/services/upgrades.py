@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -61,7 +60,7 @@ from dashboard.services.action_steps import (
     stopped,
 )
 from dashboard.services.errors import ActionFailed
-from dashboard.services.forks import savepoint_fork, switch_to_fork
+from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
 from dashboard.services.savepoints import savepoint_steps
 from dashboard.services.secrets import value_problems
 
@@ -377,13 +376,9 @@ def plan_steps() -> Steps:
 
 
 def scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
-    """What the state tool needs to read the job's source beside it, with rejects going to a scratch key."""
-    return {
-        "stream": job.source_stream, "redis_url": settings.REDIS_URL, "backend": job.state_backend,
-        "partitions": job.state_partitions, "max_records": job.max_records_per_batch, "dead_letter": dead_letters,
-        "skip_list": job.skip_list, "max_future_seconds": job.max_future_seconds, "source_kind": job.source_kind,
-        "source_path": job.source_path, "source_format": job.source_format, "parameters": job.parameters,
-    }  # fmt: skip
+    """What the state tool needs to read the job's source beside it (the job's run values), with rejects going to a
+    scratch key and the parameters as a mapping, which a preview replaces with the new version's."""
+    return job.run_values() | {"dead_letter": dead_letters, "parameters": job.parameters}
 
 
 def _start_empty(action: Action, savepoint: Savepoint) -> str:
@@ -392,7 +387,7 @@ def _start_empty(action: Action, savepoint: Savepoint) -> str:
     offset = (savepoint.manifest.get("source_offsets") or [None])[0]
     if not isinstance(offset, dict) or "id" not in offset:
         raise ActionFailed(f"Savepoint #{savepoint.id} does not say where {job.source_stream} was read to.")
-    fork = f"checkpoint-upgrade-{action.id}"
+    fork = fork_name(action, "upgrade")
     remove_tree(job.directory / fork)
     switch_to_fork(job, fork)
     Job.objects.filter(id=job.id).update(start_offset={"id": offset["id"], "n": int(offset["n"])})
@@ -570,7 +565,7 @@ def _roll_back_stop(action: Action) -> Outcome:
 def _put_back(action: Action, savepoint: Savepoint | None, to_pipeline: str) -> str:
     """Put back the savepoint taken before the upgrade (in a fork, once), the old pipeline and its parameters."""
     job = action.job
-    fork = f"checkpoint-upgrade-rollback-{action.id}"
+    fork = fork_name(action, "upgrade-rollback")
     if savepoint is not None and job.checkpoint_dir != fork:
         savepoint_fork(action, savepoint, fork)
         switch_to_fork(job, fork)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -59,6 +59,8 @@ class JobSpec:
             **local_files_conf(self.backend, self.checkpoint),
         }
 
+
+JOB_SPEC_FIELDS = frozenset(f.name for f in fields(JobSpec))  # what a scratch query takes from a job's run values
 
 SPREAD_SLOTS = 20  # a spread job's trigger polls this often per interval: the phases a shared driver can give
 SPREAD_POLL_MIN = 0.25  # seconds: but no more often than this (each poll is a planning round with no batch)

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from dashboard.engine.code import newest_change
-from workers.spark.query import JobSpec, start_query
+from workers.spark.query import JOB_SPEC_FIELDS, JobSpec, start_query
 from workers.spark.session import build_session
 
 
@@ -222,14 +222,12 @@ def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
 def _scratch_job(spec: dict[str, Any], name: str, checkpoint: str, pipeline: Any, **extra: Any) -> JobSpec:
     """A query on a scratch copy that reads the job's source as the job does (the dashboard's ``scratch_spec``), with
     its rejects kept apart."""
-    return JobSpec(
-        job_id=0, name=name, pipeline=pipeline.name, stream=spec["stream"], redis_url=spec["redis_url"],
-        backend=spec["backend"], trigger_seconds=1.0, partitions=spec["partitions"], parallelism=1,
-        checkpoint=checkpoint, batches_retained=1000, max_records=spec["max_records"], dead_letter=spec["dead_letter"],
-        skip_list=spec.get("skip_list", ""), max_future_seconds=spec["max_future_seconds"],
-        source_kind=spec.get("source_kind", "redis-stream"), source_path=spec.get("source_path", ""),
-        source_format=spec.get("source_format", "json"), parameters=json.dumps(spec.get("parameters", {})), **extra,
-    )  # fmt: skip
+    values = {name: spec[name] for name in JOB_SPEC_FIELDS if name in spec}
+    return JobSpec(**(values | {
+        "job_id": 0, "name": name, "pipeline": pipeline.name, "trigger_seconds": 1.0, "parallelism": 1,
+        "checkpoint": checkpoint, "batches_retained": 1000, "starting_offset": "", "phase_seconds": None,
+        "parameters": json.dumps(spec.get("parameters", {})), **extra,
+    }))  # fmt: skip
 
 
 def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
