@@ -532,7 +532,12 @@ async def _status_event(job: Job, window: lag.LagWindow | None) -> str:
     """The job's status judged afresh, as an event: on the stream's own window of its checkpoints (seeded from the
     database and extended by every point pushed), not a re-read of them."""
     recent = window.points if window is not None else None
-    return f"event: status\ndata: {json.dumps(await sync_to_async(jobs.job_lag_status)(job, recent=recent))}\n\n"
+    return sse("status", await sync_to_async(jobs.job_lag_status)(job, recent=recent))
+
+
+def sse(event: str, body: Any, entry_id: str = "") -> str:
+    """One server-sent event: its live-stream id (the browser resumes after it), its name, its JSON."""
+    return (f"id: {entry_id}\n" if entry_id else "") + f"event: {event}\ndata: {json.dumps(body)}\n\n"
 
 
 async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
@@ -572,15 +577,15 @@ async def _live_events(job: Job | None, cursor: str) -> AsyncIterator[str]:
                     if window is not None:
                         window.add(body)
                         body["status"] = window.status()
-                    yield f"id: {cursor}\nevent: checkpoint\ndata: {json.dumps(body)}\n\n"
+                    yield sse("checkpoint", body, cursor)
                 elif "incident" in data:
                     body = data["incident"] | {"job": data["job"]}
-                    yield f"id: {cursor}\nevent: incident\ndata: {json.dumps(body)}\n\n"
+                    yield sse("incident", body, cursor)
                     if job is not None:  # a run started or ended, an action or an alert: the header's run with it
                         yield await _status_event(job, window)
                 elif "source" in data:
                     body = data["source"] | {"job": data["job"]}
-                    yield f"id: {cursor}\nevent: source\ndata: {json.dumps(body)}\n\n"
+                    yield sse("source", body, cursor)
                     if job is not None:  # a job that is down is judged from its source: with each sample, not only
                         # when the stream falls quiet (other jobs' samples keep it busy)
                         yield await _status_event(job, window)

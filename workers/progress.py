@@ -26,6 +26,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from dashboard.checkpoint_dir.disk import CheckpointDisk
 from dashboard.checkpoint_dir.journal import journal_append
+from dashboard.engine.live import live_add, live_message
 from dashboard.records import checkpoint_record, is_commit, parse_time
 from dashboard.services.checkpoints import checkpoint_record_ingest
 
@@ -56,7 +57,7 @@ class ProgressRecorder:
         record = checkpoint_record(progress, self.disk.measure(progress["batchId"], started_ms)) | {
             "location": self.location
         }
-        line = json.dumps({"job": self.job_id, "run": self.run_id, "record": record}, separators=(",", ":"))
+        line = live_message(self.job_id, run=self.run_id, record=record)
         journal_append(self.journal, line)
         try:
             if self._redis is None:
@@ -64,7 +65,7 @@ class ProgressRecorder:
             pipe = self._redis.pipeline(transaction=False)
             pipe.xadd(self.stream, {"data": line}, maxlen=1_000_000, approximate=True)
             if self.live:  # for the browsers, straight away; the console's database catches up within a second
-                pipe.xadd(self.live, {"data": line}, maxlen=50_000, approximate=True)
+                live_add(pipe, self.live, line)
             pipe.execute()
         except Exception as exc:  # Redis down: the journal has it, and the console will ingest it from there
             self._redis = None

@@ -5,7 +5,6 @@ resolution) is harmless; a Redis outage loses only the push (a page load reads t
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -14,6 +13,7 @@ from django.conf import settings
 from django.db import transaction
 
 from dashboard.connections import redis_client
+from dashboard.engine.live import live_add, live_message
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,7 @@ def _push(job_id: int, incidents: list[dict[str, Any]]) -> None:
     try:
         pipe = redis_client(timeout=2).pipeline(transaction=False)
         for incident in incidents:
-            line = json.dumps({"job": job_id, "incident": incident})
-            pipe.xadd(settings.LIVE_STREAM, {"data": line}, maxlen=50_000, approximate=True)
+            live_add(pipe, settings.LIVE_STREAM, live_message(job_id, incident=incident))
         pipe.execute()
     except redis.RedisError as exc:
         log.warning("incidents of job %s not pushed live (%s); the page shows them on its next load", job_id, exc)

@@ -5,7 +5,6 @@ job is down or stalled; these samples keep lag true then, on the charts, the job
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from django.utils import timezone
 
 from dashboard.checkpoint_dir.file_source import file_backlog
 from dashboard.connections import redis_client
+from dashboard.engine.live import live_add, live_message
 from dashboard.models import Job, SourceLag
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,6 @@ def _push(samples: list[SourceLag], now: datetime) -> None:
     with contextlib.suppress(redis.RedisError):
         pushed = redis_client(timeout=5).pipeline(transaction=False)
         for sample in samples:
-            body = {"job": sample.job_id, "source": {"t": now.isoformat(), "lag": sample.lag_records,
-                                                     "age": sample.lag_seconds}}  # fmt: skip
-            pushed.xadd(settings.LIVE_STREAM, {"data": json.dumps(body)}, maxlen=50_000, approximate=True)
+            source = {"t": now.isoformat(), "lag": sample.lag_records, "age": sample.lag_seconds}
+            live_add(pushed, settings.LIVE_STREAM, live_message(sample.job_id, source=source))
         pushed.execute()
