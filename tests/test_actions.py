@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from dashboard.checkpoint_dir.files import checkpoint_format, committed_batches, directory_bytes, verify_files
-from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
+from dashboard.models import ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
 from dashboard.selectors.partitions import partition_view
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.drills import drills_run
@@ -20,19 +20,13 @@ from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.inspector import on_lineage
 from dashboard.services.storage import job_storage
 from tests.conftest import run_through, send_events, wait_for
+from tests.support import execute
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 
 def sink_total(job) -> int:
     return sum(row.value["requests"] for row in ResultRow.objects.filter(job=job, kind="url"))
-
-
-def execute(job, kind: str, **params) -> Action:
-    action = action_request(job=job, kind=kind, params=params)
-    done = action_execute(action_id=action.id)
-    assert done.status == ActionStatus.SUCCEEDED, done.outcome
-    return done
 
 
 def take_pending_start(job) -> None:

@@ -9,81 +9,24 @@ import contextlib
 import os
 import random
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection
 
-from dashboard.models import Action, ActionKind, Checkpoint, ResultRow, Run, RunStatus
+from dashboard.models import Action, ActionKind, Run, RunStatus
 from dashboard.services.actions import action_request
 from dashboard.services.errors import ActionRefused
-from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
-from tests.conftest import send_events, wait_for
+from dashboard.services.runs import job_request_start, pid_alive
+from tests.conftest import wait_for
+from tests.support import POISON, Producer, drain_and_stop, running_with_progress, sink_total
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 # What a broken or hostile producer writes among the access-log lines, one of every class: each must go to the dead
 # letter with its reason and stop nothing (a regex source sees JSON's classes as lines that do not match).
-GOOD_LINE = '10.0.0.1 - - [22/Nov/2026:10:00:00 +0000] "GET {url} HTTP/1.1" 200 512 "-" "demo/1.0"'
-POISON = [
-    GOOD_LINE.format(url="/\xff\xfe").encode("latin-1"),  # invalid UTF-8
-    GOOD_LINE.format(url="/surrogate").encode().replace(b"surrogate", b"\xed\xa0\x80"),  # a lone surrogate, encoded
-    b'{"order_id":"\\ud800","event":"created","ts":1}',  # JSON with a lone surrogate escape
-    b"{oops",  # not even JSON
-    b'{"k":' + b"[" * 5000 + b"]" * 5000 + b"}",  # deep JSON
-    GOOD_LINE.format(url="/" + "k" * 5000).encode(),  # a key the sink cannot store
-    GOOD_LINE.format(url="/nul\x00x").encode(),  # a NUL
-    GOOD_LINE.replace(" 200 ", " 99999999999999999999999 ").format(url="/big").encode(),  # a number out of range
-    b"x" * (2 << 20),  # a payload over the limit
-]
-
-
-class Producer(threading.Thread):
-    """Writes url-counts events at a steady rate until stopped, with a poison entry every ``poison_every`` ticks;
-    ``sent`` (good events) and ``poison`` (entry ids) are exact."""
-
-    def __init__(self, redis, stream: str, rate: int = 150, poison_every: int = 0) -> None:
-        super().__init__(daemon=True)
-        self.redis, self.stream, self.rate, self.poison_every = redis, stream, rate, poison_every
-        self.sent, self.halt, self.poison = 0, threading.Event(), []
-
-    def run(self) -> None:
-        seed = 0
-        while not self.halt.wait(0.2):
-            seed += 1
-            self.sent += send_events(self.redis, self.stream, "url-counts", self.rate // 5, seed=seed)
-            if self.poison_every and seed % self.poison_every == 0:
-                payload = POISON[len(self.poison) % len(POISON)]
-                self.poison.append(self.redis.xadd(self.stream, {"v": payload}).decode())
-
-
-def sink_total(job) -> int:
-    return sum(row.value["requests"] for row in ResultRow.objects.filter(job=job, kind="url"))
-
-
-def running_with_progress(job, after_run: int = 0) -> Run | None:
-    run = job.runs.filter(status=RunStatus.RUNNING, id__gt=after_run).first()
-    if run and Checkpoint.objects.filter(run=run).exists():
-        return run
-    return None
-
-
-def drain_and_stop(job, producer: Producer, redis) -> None:
-    """Stop the producer, let the job read every entry written (poison included), and stop it."""
-    producer.halt.set()
-    producer.join()
-    entries = redis.xlen(job.source_stream)
-    wait_for(
-        lambda: (c := job.checkpoints.order_by("-committed_at").first()) and c.end_offset["n"] >= entries,
-        180,
-        1,
-        "the job to catch up",
-    )
-    job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
 
 
 def pause_past_lease(job, run: Run) -> Run:

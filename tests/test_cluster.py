@@ -18,8 +18,7 @@ from dashboard.selectors.cluster import CORES_WAIT, free_cores_warning
 from dashboard.services.alerts import alerts_evaluate
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import CeleryWorkers, end_workers_and_their_processes, send_events, wait_for
-from tests.test_actions import execute
-from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
+from tests.support import Producer, drain_and_stop, execute, running_with_progress, sink_total
 from workers.spark import cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]

@@ -13,7 +13,7 @@ from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, R
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop
 from tests.conftest import send_events, wait_for
-from tests.test_upgrades import events_counted, finished, send
+from tests.support import events_counted, finished, send
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 

@@ -18,7 +18,7 @@ import pytest
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
 from dashboard.services.runs import job_request_start, pid_alive
 from tests.conftest import wait_for
-from tests.test_chaos import running_with_progress
+from tests.support import running_with_progress
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

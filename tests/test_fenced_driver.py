@@ -12,7 +12,7 @@ import pytest
 from dashboard.models import Run, RunStatus
 from dashboard.services.runs import job_request_start, pid_alive
 from tests.conftest import wait_for
-from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
+from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

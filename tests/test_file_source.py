@@ -15,7 +15,7 @@ from dashboard.services.checkpoints import progress_stream_ingest
 from dashboard.services.source_lag import source_lag_sample
 from dashboard.templatetags import console
 from tests.conftest import wait_for
-from tests.test_job_form import VALID
+from tests.support import VALID
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tests.conftest import (
     stop_process_group,
     wait_for,
 )
-from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
+from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

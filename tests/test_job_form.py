@@ -7,25 +7,9 @@ import pytest
 from dashboard import pipelines
 from dashboard.models import Checkpoint, Job
 from tests.conftest import grant
+from tests.support import VALID
 
 pytestmark = pytest.mark.django_db
-
-VALID = {
-    "name": "clicks",
-    "pipeline": "url-counts",
-    "source_stream": "events:clicks",
-    "state_backend": "memory",
-    "trigger_interval_seconds": "2",
-    "state_partitions": "4",
-    "parallelism": "2",
-    "batches_retained": "100",
-    "max_records_per_batch": "5000",
-    "memory_budget_mb": "1024",
-    "disk_budget_gb": "50",
-    "autoscale_mode": "recommend",
-    "autoscale_max_per_day": "2",
-    "autoscale_window_minutes": "15",
-}
 
 
 @pytest.fixture

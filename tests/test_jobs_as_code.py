@@ -16,8 +16,7 @@ from dashboard.api.tokens import token_create
 from dashboard.models import ACTIVE_RUN_STATUSES, AuditEntry, Job, ResultRow
 from dashboard.specs import SETTINGS, plan, spec_reference
 from tests.conftest import grant, send_events, wait_for
-from tests.test_sinks import SPEND
-from tests.test_team_job import Orders, sink
+from tests.support import SPEND, Orders, sink
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 from dashboard.checkpoint_dir.disk import Measurement
 from dashboard.models import Job
 from dashboard.records import checkpoint_record
-from tests.test_job_form import VALID
+from tests.support import VALID
 
 KAFKA = {
     **VALID,

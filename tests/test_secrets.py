@@ -21,7 +21,7 @@ from dashboard.selectors.deploys import deploy_history
 from dashboard.services.runs import run_finish
 from dashboard.services.secrets import RedactingFilter, SecretError, into_secret, reveal, secret_set
 from tests.conftest import grant, run_through
-from tests.test_team_job import Orders
+from tests.support import Orders
 
 PASSWORD = "S3cretPassw0rd"
 DSN = f"postgres://team:{PASSWORD}@db.internal:5432/team_orders"

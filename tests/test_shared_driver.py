@@ -23,7 +23,7 @@ from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.services.hosts import spare_warms
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import send_events, wait_for
-from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
+from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
 from workers.host import SharedDriver, phase_gap, spread_phase
 from workers.spark.query import JobSpec, events_frame, spread_trigger
 from workers.spark.sources.redis_streams import RedisStreamReader

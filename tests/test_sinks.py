@@ -9,7 +9,6 @@ import shutil
 import sqlite3
 import traceback
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,10 +22,9 @@ from dashboard.models import Job, ResultRow
 from dashboard.pipelines import get as get_pipeline
 from dashboard.services.forks import switch_to_fork
 from tests.conftest import run_through
-from tests.test_team_job import Orders, sink
+from tests.support import Orders, assert_every_sink_exact, table
 from workers.sink import SinkSet, rehearse, trim_commits, trim_file_log
 
-SPEND = ("customer", "start", "end", "orders", "items", "total")
 COUNTS = TableSink(
     name="counts",
     table="counts",
@@ -40,11 +38,6 @@ COUNTS = TableSink(
 
 def write(writer: TableWriter, batch: int, digest: str, rows: list[tuple]) -> Any:
     return writer.write(batch, digest, ["k", "end", "n"], chunked(iter(rows), 2))
-
-
-def table(dsn: str, sql: str) -> list[tuple]:
-    with psycopg.connect(dsn) as db:
-        return db.execute(sql).fetchall()
 
 
 def test_a_team_table_holds_each_batch_once_refuses_a_stale_token_and_drops_what_a_fork_undoes(team_database):
@@ -165,59 +158,6 @@ def test_a_standbys_rehearsal_of_a_batch_writes_nothing_and_leaves_nothing_cache
     assert rehearse(get_pipeline("url-counts"), frame) == 2
     assert not ResultRow.objects.exists()
     assert not frame.storageLevel.useMemory and not frame.storageLevel.useDisk
-
-
-def lake_rows(spark: Any, path: Path) -> list[dict[str, Any]]:
-    return [r.asDict() for r in spark.read.parquet(str(path)).collect()]
-
-
-def lake_latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each window's row of the highest batch, as the lake's reader takes it, keyed as the results table is."""
-    latest: dict[str, dict[str, Any]] = {}
-    for row in sorted(rows, key=lambda r: r["batch_id"]):
-        start, end = (row[f].strftime("%Y-%m-%d %H:%M") for f in ("start", "end"))
-        latest[f"{row['customer']}|{start}|{end}"] = {
-            "customer": row["customer"], "start": start, "end": end, "orders": row["orders"],
-            "items": row["items"], "total": str(row["total"]),
-        }  # fmt: skip
-    return latest
-
-
-def team_rows(dsn: str) -> dict[str, dict[str, Any]]:
-    found = {}
-    for customer, start, end, orders, items, total in table(
-        dsn, 'SELECT customer, "start", "end", orders, items, total FROM customer_spend'
-    ):
-        start, end = start.strftime("%Y-%m-%d %H:%M"), end.strftime("%Y-%m-%d %H:%M")
-        found[f"{customer}|{start}|{end}"] = {"customer": customer, "start": start, "end": end, "orders": orders,
-                                              "items": items, "total": str(total)}  # fmt: skip
-    return found
-
-
-def assert_every_sink_exact(spark: Any, job: Job, orders: Orders, dsn: str, lake: Path) -> None:
-    """Each sink holds every order's effect once: the totals the orders give, no batch twice in the files, and no
-    sink ahead of the checkpoint it belongs to."""
-    want = {k: {f: v[f] for f in SPEND} for k, v in orders.expected().items()}
-    assert sink(job) == want, "the results table"
-    assert team_rows(dsn) == want, "the team's table"
-    rows = lake_rows(spark, lake)
-    assert lake_latest(rows) == want, "the Parquet files, each window's latest row"
-    pairs = [(r["batch_id"], r["customer"], r["start"]) for r in rows]
-    assert len(pairs) == len(set(pairs)), "no batch's row written twice into the files"
-    job.refresh_from_db()
-    last = committed_batches(job.checkpoint_location)[-1]
-    commits = [b for (b,) in table(dsn, f"SELECT batch_id FROM {COMMITS} WHERE job = '{job.name}' ORDER BY 1")]
-    assert commits and commits[-1] <= last and len(commits) == len(set(commits))
-    assert max(r["batch_id"] for r in rows) <= last
-
-
-def every_sink_exact(spark: Any, job: Job, orders: Orders, dsn: str, lake: Path) -> bool:
-    """``assert_every_sink_exact`` as a condition to wait for (a sink read mid-write, or mid-rewind, is retried)."""
-    try:
-        assert_every_sink_exact(spark, job, orders, dsn, lake)
-    except Exception:
-        return False
-    return True
 
 
 @pytest.mark.spark

@@ -18,21 +18,9 @@ from dashboard.services.lease import lease_acquire
 from dashboard.services.runs import job_request_start
 from dashboard.services.standby import built_for, standby_takeover
 from tests.conftest import wait_for
-from tests.test_chaos import Producer, drain_and_stop, running_with_progress, sink_total
+from tests.support import Producer, children_of, drain_and_stop, running_with_progress, sink_total
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def children_of(pid: int) -> list[tuple[int, bytes]]:
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append((int(entry), cmdline.read()))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def ready_standby(job, after: int = 0) -> StandbyDriver | None:

@@ -6,14 +6,12 @@ upgrade and the upgrade's rollback (``-m chaos``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
 
 import pytest
 
@@ -22,85 +20,7 @@ from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job, Resu
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import run_through, wait_for
-from tests.test_chaos import running_with_progress
-from tests.test_upgrades import finished, switched_to
-
-CUSTOMERS = [f"c-{n}" for n in range(6)]
-
-
-class Orders:
-    """Orders sent to a stream, kept so that every expected figure comes from them, not from the job."""
-
-    def __init__(self, redis: Any, stream: str) -> None:
-        self.redis, self.stream = redis, stream
-        self.sent: list[dict[str, Any]] = []
-        self.poison: dict[str, str] = {}  # entry id -> the path its dead letter must name
-
-    def send(self, count: int, seed: int, customers: list[str] = CUSTOMERS) -> int:
-        rng, pipe, now = random.Random(seed), self.redis.pipeline(transaction=False), time.time()
-        for n in range(count):
-            items = [
-                # prices as JSON text and as JSON numbers: both are exact decimals to the job
-                {"sku": f"S{rng.randrange(40)}", "qty": rng.randint(1, 5),
-                 "price": f"{rng.randint(1, 20000) / 100:.2f}" if rng.random() < 0.7 else rng.randint(1, 300) / 4}
-                for _ in range(rng.randint(1, 4))
-            ]  # fmt: skip
-            order = {
-                "order_id": f"o-{seed}-{n}",
-                "customer": {"id": rng.choice(customers), "region": rng.choice(["eu", "us", None])},
-                "placed_at": datetime.fromtimestamp(now - rng.uniform(0, 20), UTC).isoformat(),
-                "express": rng.random() < 0.3,
-                "items": items,
-            }
-            self.sent.append(order)
-            pipe.xadd(self.stream, {"v": json.dumps(order)})
-        pipe.execute()
-        return count
-
-    def send_poison(self) -> None:
-        now = datetime.now(UTC).isoformat()
-        good = {
-            "order_id": "p",
-            "customer": {"id": "c-0"},
-            "placed_at": now,
-            "items": [{"sku": "a", "qty": 1, "price": "1"}],
-        }
-        broken = [
-            (dict(good, items=[good["items"][0], {"sku": "b", "qty": 2, "price": "abc"}]), "items[1].price"),
-            (dict(good, customer={"region": "eu"}), "customer.id"),
-            (dict(good, items=[{"sku": "a", "qty": 2**40, "price": "1"}]), "items[0].qty"),
-            (dict(good, express="yes"), "express"),
-            (dict(good, placed_at="2099-01-01T00:00:00Z"), "placed_at"),
-            (dict(good, items=[{"sku": "a", "qty": 1, "price": "123456789012.5"}]), "items[0].price"),
-            (dict(good, items=[{"sku": "\ud800", "qty": 1, "price": "1"}]), "items[0].sku"),
-            (dict(good, items={"sku": "a"}), "items"),
-        ]
-        for order, path in broken:
-            entry = self.redis.xadd(self.stream, {"v": json.dumps(order)})
-            self.poison[entry.decode()] = path
-
-    def expected(self, window_minutes: int = 60, threshold: float = 100.0) -> dict[str, dict[str, Any]]:
-        """The results the job must hold: orders, items and total per customer and window, from what was sent."""
-        width = window_minutes * 60
-        found: dict[str, dict[str, Any]] = {}
-        for order in self.sent:
-            placed = datetime.fromisoformat(order["placed_at"]).timestamp()
-            start = int(placed // width * width)
-            shown = [datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") for t in (start, start + width)]
-            key = f"{order['customer']['id']}|{shown[0]}|{shown[1]}"
-            row = found.setdefault(key, {"customer": order["customer"]["id"], "start": shown[0], "end": shown[1],
-                                         "orders": 0, "items": 0, "total": Decimal(0)})  # fmt: skip
-            row["orders"] += 1
-            row["items"] += sum(i["qty"] for i in order["items"])
-            row["total"] += sum(i["qty"] * Decimal(str(i["price"])) for i in order["items"])
-        for row in found.values():
-            row["big"] = float(row["total"]) >= threshold
-            row["total"] = str(row["total"].quantize(Decimal("0.01")))
-        return found
-
-
-def sink(job: Job, fields: tuple[str, ...] = ("customer", "start", "end", "orders", "items", "total")) -> dict:
-    return {r.key: {f: r.value[f] for f in fields} for r in ResultRow.objects.filter(job=job, kind="spend")}
+from tests.support import CUSTOMERS, Orders, finished, running_with_progress, sink, switched_to
 
 
 def stop(job: Job) -> None:
@@ -156,7 +76,7 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
 ):
     """Every step checks all three sinks (the results table, the team's table, the Parquet files read back by Spark)
     against the orders sent: each order's effect once, whatever was replayed, paused, killed or undone."""
-    from tests.test_sinks import assert_every_sink_exact, every_sink_exact
+    from tests.support import assert_every_sink_exact, every_sink_exact
 
     lake = tmp_path / "lake"
     job = make_job(pipeline="customer-spend", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1,

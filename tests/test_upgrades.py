@@ -4,9 +4,6 @@ upgrade can be rolled back on request."""
 
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 from django.utils import timezone
 
@@ -16,7 +13,7 @@ from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.upgrades import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
 from tests.conftest import wait_for
-from tests.test_chaos import running_with_progress
+from tests.support import events_counted, finished, running_with_progress, send, switched_to
 
 
 def schema(**fields: str) -> dict:
@@ -82,29 +79,6 @@ def test_verdicts_per_state_variable():
     assert refused[0].verdict == INCOMPATIBLE and "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE" in refused[0].reason
 
 
-def send(redis, stream: str, count: int, seed: int, users: list[str] | None = None) -> int:
-    rng = random.Random(seed)
-    pipe = redis.pipeline(transaction=False)
-    for _ in range(count):
-        user = rng.choice(users) if users else f"u{rng.randrange(20)}"
-        pipe.xadd(stream, {"v": json.dumps({"user": user, "region": "eu", "amount": rng.randrange(1, 100)})})
-    pipe.execute()
-    return count
-
-
-def events_counted(job: Job) -> int:
-    return sum(int(row.value["events"]) for row in ResultRow.objects.filter(job=job, kind="totals"))
-
-
-def finished(action: Action, timeout: float = 400) -> Action:
-    wait_for(
-        lambda: Action.objects.filter(id=action.id, status__in=[ActionStatus.SUCCEEDED, ActionStatus.FAILED]).exists(),
-        timeout, 1, f"{action.get_kind_display()} #{action.id} to finish",
-    )  # fmt: skip
-    action.refresh_from_db()
-    return action
-
-
 def caught_up(job: Job, sent: int) -> bool:
     return events_counted(job) == sent
 
@@ -113,10 +87,6 @@ def caught_up(job: Job, sent: int) -> bool:
 def broken_version_installed(monkeypatch):
     """The processes the test starts (worker, drivers) also register the buggy version 2."""
     monkeypatch.setenv("STATEKEEPER_PIPELINES", "tests.user_pipelines:BROKEN_SESSIONS_V2")
-
-
-def switched_to(job: Job, pipeline: str) -> bool:
-    return Job.objects.get(id=job.id).pipeline == pipeline
 
 
 @pytest.mark.spark

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dashboard.models import Job
-from tests.test_standby import children_of
+from tests.support import children_of
 from workers.warm_query import WarmQuery
 
 
