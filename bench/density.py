@@ -48,7 +48,7 @@ from django.utils import timezone  # noqa: E402
 from statekeeper_sdk import sample_events  # noqa: E402
 
 from bench.busy import start_worker  # noqa: E402
-from bench.memory import process_tree, sizes  # noqa: E402
+from bench.procs import process_tree, sizes  # noqa: E402
 from dashboard.models import Checkpoint, DriverHost, Job, Run, RunStatus, StandbyDriver  # noqa: E402
 from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.errors import ActionRefused  # noqa: E402

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import os
-from pathlib import Path
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
 os.environ.setdefault("STATEKEEPER_ENV", "development")
@@ -24,6 +23,7 @@ import django  # noqa: E402
 django.setup()
 
 from bench.database import migrated  # noqa: E402
+from bench.procs import command, process_tree, sizes  # noqa: E402
 
 migrated()
 
@@ -35,44 +35,17 @@ from dashboard.services.standby import LIVE  # noqa: E402
 KINDS = ("JVM", "Python driver", "Python source runner", "Python workers", "other")
 
 
-def process_tree(pid: int) -> list[int]:
-    parents: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents[parent].append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo += parents.get(current, [])
-    return found
-
-
 def kind(pid: int) -> str:
-    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    if command.split(" ", 1)[0].endswith("java"):
+    line = command(pid)
+    if line.split(" ", 1)[0].endswith("java"):
         return "JVM"
-    if any(f"workers.{name}" in command for name in ("driver_process", "host_process", "standby_process")):
+    if any(f"workers.{name}" in line for name in ("driver_process", "host_process", "standby_process")):
         return "Python driver"
-    if "python_streaming_source_runner" in command:
+    if "python_streaming_source_runner" in line:
         return "Python source runner"
-    if "pyspark" in command and ("daemon" in command or "worker" in command):
+    if "pyspark" in line and ("daemon" in line or "worker" in line):
         return "Python workers"
     return "other"
-
-
-def sizes(pid: int) -> tuple[int, int]:
-    """PSS and RSS in KiB."""
-    values = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        parts = line.split()
-        if parts and parts[0] in ("Pss:", "Rss:"):
-            values[parts[0]] = int(parts[1])
-    return values.get("Pss:", 0), values.get("Rss:", 0)
 
 
 def main() -> None:

@@ -33,6 +33,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.procs import command, parents, sizes
+
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
 os.environ.setdefault("STATEKEEPER_ENV", "development")
@@ -52,47 +54,42 @@ PROCESS_KINDS = {  # a process tree's kind, by what its root runs
 FLAT = 0.10
 
 
-def _command(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-
-
-def _memory(pid: int) -> tuple[int, int]:
-    """PSS and RSS in KiB."""
-    values = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        parts = line.split()
-        if parts and parts[0] in ("Pss:", "Rss:"):
-            values[parts[0]] = int(parts[1])
-    return values.get("Pss:", 0), values.get("Rss:", 0)
-
-
-def process_memory(spares: set[int]) -> dict[str, dict[str, int]]:
+def process_memory(spares: set[int], root: int | None = None) -> dict[str, dict[str, int]]:
     """PSS and RSS in MiB per process kind: every process counted with the nearest ancestor whose command names a
-    kind (a driver's JVM and Python workers with the driver). ``spares``: the spare shared drivers' pids."""
-    parent, command = {}, {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                command[int(entry.name)] = _command(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
+    kind (a driver's JVM and Python workers with the driver). ``spares``: the spare shared drivers' pids. ``root``:
+    only processes under it (the soak's bin/dev), not another console's or a test's on the same machine."""
+    parent, commands = parents(), {}
+    for pid in parent:
+        try:
+            commands[pid] = command(pid)
+        except OSError:
+            continue
+
+    def under_root(pid: int) -> bool:
+        seen = 0
+        while pid and seen < 100:
+            if pid == root:
+                return True
+            pid, seen = parent.get(pid, 0), seen + 1
+        return False
 
     def kind_of(pid: int) -> str | None:
+        if root is not None and not under_root(pid):
+            return None
         seen = 0
-        while pid in command and seen < 50:
+        while pid in commands and seen < 50:
             for needle, kind in PROCESS_KINDS.items():
-                if needle in command[pid]:
+                if needle in commands[pid]:
                     return "spare shared driver" if kind == "shared driver" and pid in spares else kind
             pid, seen = parent.get(pid, 0), seen + 1
         return None
 
     totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-    for pid in command:
+    for pid in commands:
         if (kind := kind_of(pid)) is None:
             continue
         try:
-            pss, rss = _memory(pid)
+            pss, rss = sizes(pid)
         except OSError:
             continue
         totals[kind][0] += pss
@@ -123,7 +120,7 @@ def tree_bytes(path: Path) -> int:
     return total
 
 
-def sample(team_dsn: str) -> dict[str, Any]:
+def sample(team_dsn: str, root: int | None = None) -> dict[str, Any]:
     import redis
     from django.conf import settings
 
@@ -163,7 +160,7 @@ def sample(team_dsn: str) -> dict[str, Any]:
     console_dsn = f"host={db['HOST']} port={db['PORT'] or 5432} user={db['USER']} dbname={db['NAME']}"
     return {
         "t": time.time(),
-        "processes": process_memory(spares),
+        "processes": process_memory(spares, root),
         "console_tables": table_sizes(console_dsn),
         "team_tables": team,
         "jobs": jobs,
@@ -320,7 +317,7 @@ def soak(args: argparse.Namespace) -> None:
                 sys.exit(f"bin/dev ended ({dev.returncode}) during the soak; see {out / 'dev.log'}")
             taken = time.monotonic()
             try:
-                taken_sample = sample(team)
+                taken_sample = sample(team, dev.pid)
             except Exception as exc:  # one sample lost, said, and the soak goes on
                 print(f"a sample failed at {time.strftime('%H:%M:%S')}: {type(exc).__name__}: {exc}", flush=True)
                 connection.close()
