@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from statekeeper_sdk import Parameter, ResultView, SchemaError, apply, parse_ddl, resolve
+from statekeeper_sdk import Field, Parameter, PayloadFormat, ResultView, SchemaError, apply, parse_ddl, resolve
 
 from dashboard import pipelines
 from dashboard.engine.code import code_version
@@ -203,3 +203,12 @@ def test_the_sdk_readmes_example_is_a_pipeline_that_runs(spark):
     assert results == [
         ("c1|2026-11-26 10:00:00", 1), ("c1|2026-11-26 10:30:00", 1), ("c2|2026-11-26 10:00:00", 1)
     ]  # fmt: skip
+
+
+def test_a_field_and_a_parameter_take_one_type_vocabulary():
+    assert Field("n", "int") == Field("n", "long") and Field("s", "str").type == "string"
+    assert Parameter("w", "long", 5).type == "int" and Parameter("t", "double", 1.0).type == "float"
+    flat = PayloadFormat("json", fields=(Field("url", "str"), Field("ms", "int")))
+    assert flat.columns() == "`url` string, `ms` bigint"
+    with pytest.raises(SchemaError, match="a flat field is string, long or double, not 'date'"):
+        PayloadFormat("json", fields=(Field("d", "date"),))

@@ -14,13 +14,20 @@ from pyspark.sql.types import LongType, StructType, TimestampNTZType, TimestampT
 from statekeeper_sdk.nested import SchemaError, parse_ddl, to_ddl
 
 FIELD_TYPES = {"string": "string", "long": "bigint", "double": "double"}
+FIELD_ALIASES = {"str": "string", "int": "long", "float": "double"}  # a parameter's words for the same types
 
 
 @dataclass(frozen=True)
 class Field:
+    """A flat payload field: text, a whole number or a number. Its type is written in Spark's words (``string``,
+    ``long``, ``double``) or in a parameter's (``str``, ``int``, ``float``): one vocabulary for both (1.3)."""
+
     name: str
-    type: str  # "string" | "long" | "double"
+    type: str  # "string" | "long" | "double" (or "str" | "int" | "float")
     required: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "type", FIELD_ALIASES.get(self.type, self.type))
 
 
 @dataclass(frozen=True)

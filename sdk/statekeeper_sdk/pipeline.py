@@ -26,6 +26,7 @@ from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, Sink, Table
 # A sink result: (kind, key, value). Rows are upserted on (job, kind, key), so a replayed batch changes nothing.
 Result = tuple[str, str, dict[str, Any]]
 PARAMETER_TYPES = ("int", "float", "str", "bool")
+PARAMETER_ALIASES = {"string": "str", "long": "int", "double": "float", "boolean": "bool"}  # a field's words
 OUTPUT_MODES = ("append", "update", "complete")  # Spark's, for the query's sink
 
 
@@ -88,6 +89,7 @@ class Parameter:
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"parameter {self.name!r}: a name is a Python identifier")
+        object.__setattr__(self, "type", PARAMETER_ALIASES.get(self.type, self.type))
         if self.type not in PARAMETER_TYPES:
             raise ValueError(f"parameter {self.name!r}: type is one of {', '.join(PARAMETER_TYPES)}, not {self.type!r}")
         if self.secret and self.type != "str":
