@@ -101,6 +101,15 @@ conn = psycopg.connect(f"host={os.environ['PGHOST']} port={os.environ['PGPORT']}
 for name in ("statekeeper", "team_orders"):  # the console's, and the demo team job's own (its sink's table)
     if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
         conn.execute(f"CREATE DATABASE {name}")
+# the console updates its rows all day (results, undo records, jobs): without autovacuum every table grows with dead
+# rows for good (seen on a machine whose server had it off)
+if conn.execute("SHOW autovacuum").fetchone()[0] == "off":
+    try:
+        conn.execute("ALTER SYSTEM SET autovacuum = on")
+        conn.execute("SELECT pg_reload_conf()")
+        print("==> PostgreSQL's autovacuum was off: turned on (ALTER SYSTEM), or every table would grow with dead rows")
+    except psycopg.Error as exc:
+        print(f"==> PostgreSQL's autovacuum is off and could not be turned on ({exc}); the capacity review warns of it")
 PYEOF
     export DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/statekeeper"
   else

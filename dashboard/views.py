@@ -45,6 +45,7 @@ from dashboard.models import (
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
 from dashboard.selectors.capacity import csv_rows, week_review
 from dashboard.selectors.cluster import free_cores_warning
+from dashboard.selectors.database import console_database
 from dashboard.selectors.dead_letters import dead_letter_page, dead_letters_export
 from dashboard.selectors.deploys import deploy_history, upgrade_view
 from dashboard.selectors.exceptions import exception_history, failing_batch
@@ -748,6 +749,7 @@ def capacity(request: HttpRequest) -> HttpResponse:
     }
     context = {
         "review": review,
+        "database": console_database(),
         "charts": charts,
         "printable": request.GET.get("print") == "1",
         "end": end_text,

@@ -21,6 +21,7 @@ from dashboard.models import (
     RunStatus,
 )
 from dashboard.selectors.capacity import fit_line, forecast, week_review
+from dashboard.selectors.database import ConsoleDatabase
 from dashboard.services.autoscale import autoscale_run
 from dashboard.services.rollups import job_rollup
 
@@ -167,3 +168,16 @@ def test_recommend_mode_only_shows(client, django_user_model, make_job):
     Run.objects.filter(job=job).update(status=RunStatus.STOPPED, ended_at=timezone.now())
     page = client.get("/jobs/orders/").content.decode()
     assert "Raise parallelism" not in page and "no change (the job is not running)" in page
+
+
+def test_the_review_shows_the_consoles_database_and_warns_when_autovacuum_is_off(client, django_user_model, make_job):
+    """Found by the soak: a server with autovacuum off kept every dead row of the results and undo tables."""
+    client.force_login(django_user_model.objects.create_user("planner", password="x"))
+    make_job(name="orders")
+    database = client.get("/capacity/").context["database"]
+    sizes = [size for _, size, _ in database.tables]
+    assert database.size_bytes >= sum(sizes) > 0 and sizes == sorted(sizes, reverse=True), "the largest tables first"
+    assert all(name.startswith(("dashboard_", "auth_", "django_")) for name, _, _ in database.tables)
+    assert database.autovacuum is (database.warning == "")
+    off = ConsoleDatabase("postgresql", 1, [], autovacuum=False)
+    assert "autovacuum is off" in off.warning and "ALTER SYSTEM SET autovacuum = on" in off.warning
