@@ -34,6 +34,7 @@ from dashboard.models import (
     ActionStatus,
     Deploy,
     Job,
+    ResultUndo,
     Run,
     Savepoint,
     SavepointStatus,
@@ -391,6 +392,7 @@ def _start_empty(action: Action, savepoint: Savepoint) -> str:
     remove_tree(job.directory / fork)
     switch_to_fork(job, fork)
     Job.objects.filter(id=job.id).update(start_offset={"id": offset["id"], "n": int(offset["n"])})
+    forget_undo(job)
     operators = sorted(
         {v["operator"] for v in action.params.get("plan", {}).get("verdicts", []) if v["operator"] != "query"}
     )
@@ -398,6 +400,13 @@ def _start_empty(action: Action, savepoint: Savepoint) -> str:
         f"; started with empty state ({', '.join(operators) or 'every operator'}) in {fork}, reading on from "
         f"entry {offset['id']}"
     )
+
+
+def forget_undo(job: Job) -> None:
+    """Drop what the job's batches changed in the results table (``ResultUndo``) when it moves to a checkpoint whose
+    batches are numbered afresh (an empty-state upgrade, or the way back from one): those records name the other
+    line's batches, and the new line's batch 0 would undo every one of them. The results they wrote stay."""
+    ResultUndo.objects.filter(job=job).delete()
 
 
 def latest_upgrade(job: Job) -> Action | None:
@@ -566,6 +575,8 @@ def _put_back(action: Action, savepoint: Savepoint | None, to_pipeline: str) -> 
     """Put back the savepoint taken before the upgrade (in a fork, once), the old pipeline and its parameters."""
     job = action.job
     fork = fork_name(action, "upgrade-rollback")
+    if Job.objects.filter(id=job.id, start_offset__isnull=False).exists():  # leaving an empty-state line
+        forget_undo(job)
     if savepoint is not None and job.checkpoint_dir != fork:
         savepoint_fork(action, savepoint, fork)
         switch_to_fork(job, fork)
