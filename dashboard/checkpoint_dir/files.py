@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import zipfile
 from dataclasses import asdict, dataclass
@@ -18,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from dashboard.checkpoint_dir.disk import TEMPORARIES, file_batch, scan
-
-_STATE_VERSION = re.compile(r"^\d+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|changelog)$")
 
 
 class CheckpointError(Exception):
@@ -175,8 +172,10 @@ def snapshot_only(src: Path, upto: int) -> dict[str, set[str]] | None:
         names = [n for n in os.listdir(part) if not n.endswith(TEMPORARIES)]
         if any(_bare(n).endswith((".changelog", ".delta")) for n in names):
             return None
-        zips = sorted({_bare(n) for n in names if _bare(n).endswith(".zip") and _bare(n).split("_")[0].split(".")[0]
-                       == str(upto + 1)})  # fmt: skip
+        # the snapshot of version upto + 1 is batch upto's (disk.file_batch reads a state file's name)
+        zips = sorted(
+            {_bare(n) for n in names if _bare(n).endswith(".zip") and file_batch(f"state/{n}") == (upto, True)}
+        )
         if not zips:
             return None
         kept = set(zips)
@@ -208,7 +207,7 @@ def _needed(relative: str, upto: int, needs: dict[str, set[str]]) -> bool:
             bare = f"{folder}/{_bare(name)}" if folder else _bare(name)
             if bare in kept:
                 return True
-            return not (folder == "SSTs" or _STATE_VERSION.match(_bare(name)))
+            return not (folder == "SSTs" or file_batch(f"state/{name}")[0] is not None)
     return True
 
 

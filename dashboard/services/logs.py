@@ -28,7 +28,8 @@ def log_rotate(log: Path) -> bool:
         return False
     parts = _parts(log)
     if not parts:  # keep no parts: cut it only
-        log.open("r+b").truncate(0)
+        with log.open("r+b") as live:
+            live.truncate(0)
         return True
     parts[-1].unlink(missing_ok=True)
     for older, newer in zip(reversed(parts), reversed(parts[:-1]), strict=False):
