@@ -262,6 +262,7 @@ class RunStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     LOST = "lost", "Lost"
     REFUSED = "refused", "Refused"
+    GREEN = "green", "Green"  # a blue/green upgrade's new version, beside the job's run until the handover
 
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
@@ -362,6 +363,11 @@ class Run(models.Model):
     released_at = models.DateTimeField(
         null=True, blank=True, help_text="when the shared driver let go of the run's query and lock"
     )
+    green = models.JSONField(
+        default=dict, blank=True,
+        help_text="a blue/green upgrade's new version (status green until the handover): its action, checkpoint "
+        "fork, pipeline, parameters, state partitions, and after the handover the batch it took over after",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["-id"]
@@ -487,6 +493,30 @@ class ResultUndo(models.Model):
         return f"before batch {self.batch_id}: {self.kind} {self.key}"
 
 
+class GreenBatch(models.Model):
+    """A batch the new version of a blue/green upgrade ran beside the job before the handover, over the same offsets
+    as the job's batch of that number, and how its result rows compare with what the job wrote for that batch."""
+
+    action = models.ForeignKey("Action", on_delete=models.CASCADE, related_name="green_batches")
+    batch_id = models.BigIntegerField()
+    committed_at = models.DateTimeField(default=timezone.now)
+    duration_ms = models.IntegerField(default=0)
+    input_rows = models.BigIntegerField(default=0)
+    output_rows = models.BigIntegerField(default=0)
+    added = models.IntegerField(default=0)
+    removed = models.IntegerField(default=0)
+    changed = models.IntegerField(default=0)
+    same = models.IntegerField(default=0)
+    samples = models.JSONField(default=list, blank=True, help_text="a few rows that differ: kind, key, before, after")
+
+    class Meta:
+        ordering = ["batch_id"]
+        constraints = [models.UniqueConstraint(fields=["action", "batch_id"], name="one_green_batch")]
+
+    def __str__(self) -> str:
+        return f"green batch {self.batch_id} of action {self.action_id}"
+
+
 class ActionKind(models.TextChoices):
     SAVEPOINT = "savepoint", "Savepoint"
     STOP_WITH_SAVEPOINT = "stop-with-savepoint", "Stop with savepoint"
@@ -504,6 +534,7 @@ class ActionKind(models.TextChoices):
     UPGRADE_SHADOW = "upgrade-shadow", "Shadow run of an upgrade"
     UPGRADE = "upgrade", "Upgrade"
     UPGRADE_ROLLBACK = "upgrade-rollback", "Roll back an upgrade"
+    BLUE_GREEN = "blue-green", "Blue/green upgrade"
 
 
 class ActionStatus(models.TextChoices):

@@ -34,7 +34,7 @@ from dashboard.services.deploys import deploy_record
 from dashboard.services.lease import lease_renew
 from dashboard.services.runs import run_finish, run_started
 from dashboard.services.secrets import SecretError, redact_logs, reveal
-from workers import job_lock
+from workers import green, job_lock
 from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
@@ -114,6 +114,14 @@ class LeaseKeeper(JobLease, threading.Thread):
                 return
         finally:
             connection.close()
+
+
+class GreenJobLease(green.GreenLease, JobLease):
+    """A blue/green upgrade's new version's lease in a shared driver, whose main loop renews it."""
+
+
+class GreenKeeper(green.GreenLease, LeaseKeeper):
+    """A blue/green upgrade's new version's lease in a driver of its own, renewed from a thread."""
 
 
 def job_session(job: Job, master: str) -> Any:
@@ -220,10 +228,18 @@ class JobDriver:
         self.executor_hosts = executor_hosts or []  # where the job's executors run, on a cluster
         self.phase_seconds, self.on_phase = phase_seconds, on_phase
         self.code = code
+        # a blue/green upgrade's new version (workers/green.py): this driver runs the job as green's run says, on its
+        # fork, following the job's checkpoint until the handover
+        self.green = dict(self.run.green) if self.run.status == RunStatus.GREEN else {}
+        self.on_live: Callable[[], None] | None = None  # told when green takes over (a shared driver takes the lock)
+        if self.green:
+            self.job.pipeline, self.job.parameters = self.green["pipeline"], self.green["parameters"]
+            self.job.checkpoint_dir = self.green["fork"]
+            self.job.state_partitions = int(self.green.get("partitions") or self.job.state_partitions)
 
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
-        if not lease_renew(job_id=self.job.id, token=self.token):
+        if not self.green and not lease_renew(job_id=self.job.id, token=self.token):
             run_finish(
                 run_id=self.run.id,
                 status=RunStatus.REFUSED,
@@ -231,6 +247,11 @@ class JobDriver:
             )
             return RunStatus.REFUSED
         spec = job_spec(self.job, phase_seconds=self.phase_seconds)
+        if self.green:  # polled often while it follows (the job's batches come as the job commits them)
+            spec = job_spec(
+                self.job, phase_seconds=self.phase_seconds or 0.0, follow=self.green["follow"],
+                handover_file=str(green.handover_file(self.job.checkpoint_location)),
+            )  # fmt: skip
         pipeline = pipelines.get(spec.pipeline)
         values = pipelines.parameter_values(spec.pipeline, json.loads(spec.parameters))
         try:
@@ -247,8 +268,10 @@ class JobDriver:
             )
             return RunStatus.FAILED
         code = self.code or pipelines.code_version(spec.pipeline)
-        deploy_record(run=self.run, spark_conf={**spec.session_conf(), **pipeline.conf}, code=code)
-        recorder = ProgressRecorder(
+        conf = {**spec.session_conf(), **pipeline.conf}
+        if not self.green:
+            deploy_record(run=self.run, spark_conf=conf, code=code)
+        recorder = (green.GreenRecorder if self.green else ProgressRecorder)(
             job_id=self.job.id,
             run_id=self.run.id,
             checkpoint=self.job.checkpoint_location,
@@ -259,34 +282,42 @@ class JobDriver:
         )
         listener = ProgressListener(recorder)
         self.spark.streams.addListener(listener)
-        keeper = self.keeper or LeaseKeeper(self.job.id, self.token, exit_when_fenced=False)
+        keeper = self.keeper or (
+            self._green_keeper() if self.green else LeaseKeeper(self.job.id, self.token, exit_when_fenced=False)
+        )
+
+        def sinks(token: int) -> Callable[[Any, int], None]:
+            return batch_writer(
+                job_id=self.job.id, token=token, pipeline=pipeline, dead_letters=spec.dead_letter,
+                redis_url=spec.redis_url, job_name=self.job.name, checkpoint=spec.checkpoint, parameters=values,
+                sink_parameters=revealed, code=code.code_hash, close_connection=self.shared,
+            )  # fmt: skip
+
+        writer = sinks(self.token)
+        if self.green:
+            assert isinstance(keeper, green.GreenLease) and isinstance(recorder, green.GreenRecorder)
+            if not hasattr(keeper, "state"):
+                keeper.green_setup(self.run.id)
+            keeper.on_live = lambda: self._went_live(conf, code)
+            recorder.green_setup(int(self.green["action"]), keeper)
+            writer = green.green_writer(
+                action_id=int(self.green["action"]), job_id=self.job.id, run_id=self.run.id, pipeline=pipeline,
+                lease=keeper, live=sinks, close_connection=self.shared,
+            )  # fmt: skip
         if isinstance(keeper, LeaseKeeper) and not keeper.is_alive():
             keeper.start()
         try:
-            query = start_query(
-                self.spark,
-                spec,
-                pipeline,
-                batch_writer(
-                    job_id=self.job.id,
-                    token=self.token,
-                    pipeline=pipeline,
-                    dead_letters=spec.dead_letter,
-                    redis_url=spec.redis_url,
-                    job_name=self.job.name,
-                    checkpoint=spec.checkpoint,
-                    parameters=values,
-                    sink_parameters=revealed,
-                    code=code.code_hash,
-                    close_connection=self.shared,
-                ),
-                self.on_phase,
-            )
+            query = start_query(self.spark, spec, pipeline, writer, self.on_phase)
             keeper.queries.append(query)
             listener.query_id = str(query.id)
             if keeper.lost.is_set():  # lost while starting: stop before the first batch
                 query.stop()
-            run_started(run_id=self.run.id, executors=self.executor_hosts)
+            if self.green:
+                Run.objects.filter(id=self.run.id, status=RunStatus.GREEN).update(
+                    started_at=timezone.now(), last_heartbeat_at=timezone.now()
+                )
+            else:
+                run_started(run_id=self.run.id, executors=self.executor_hosts)
             return self._watch(query, keeper)
         except Exception:
             if (exit_code := jvm_exit_code(self.spark)) is not None:
@@ -305,6 +336,20 @@ class JobDriver:
                 time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
                 self.spark.streams.removeListener(listener)
             recording_thread().drain()  # and the last record be made before the run's end is recorded
+
+    def _green_keeper(self) -> LeaseKeeper:
+        keeper = GreenKeeper(self.job.id, 0, exit_when_fenced=False)
+        keeper.green_setup(self.run.id)
+        return keeper
+
+    def _went_live(self, conf: dict[str, str], code: pipelines.CodeVersion) -> None:
+        """Green took over: the handover file for its source (the console wrote it too, unless it died first), the
+        deploy it runs recorded as the job's, and what the process does for a driver of the job (its lock)."""
+        green.mark_handed_over(self.job.checkpoint_location, None)
+        self.run.refresh_from_db()
+        deploy_record(run=self.run, spark_conf=conf, code=code)
+        if self.on_live is not None:
+            self.on_live()
 
     def _jvm_gone(self, code: int) -> str:
         """Spark's JVM ended under the query. A driver of its own says why and fails the run (its restart strategy
@@ -407,13 +452,22 @@ def main(argv: list[str]) -> int:
     run = Run.objects.select_related("job").get(id=run_id)
     job = run.job
     log.info("driver for %s run %s (pid %s, token %s)", job.name, run_id, os.getpid(), run.fencing_token)
-    keeper = LeaseKeeper(job.id, int(run.fencing_token or 0))  # renewing from now on: the JVM takes seconds to start
-    keeper.start()
-    try:  # held until the process ends: a standby waiting on it learns of this process's death at once
-        lock = job_lock.hold(job.id)
-    except (TimeoutError, psycopg.Error) as exc:
-        run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"The driver lock could not be taken: {exc}")
-        return 1
+    is_green = run.status == RunStatus.GREEN
+    held: list[Any] = []
+    if is_green:  # no lease, nor lock, before the handover; the keeper starts with the query (JobDriver.execute)
+        job.pipeline = run.green["pipeline"]  # its Spark session is the new version's
+        job.state_partitions = int(run.green.get("partitions") or job.state_partitions)
+        green_keeper = GreenKeeper(job.id, 0)
+        green_keeper.green_setup(run_id)
+        keeper: LeaseKeeper = green_keeper
+    else:
+        keeper = LeaseKeeper(job.id, int(run.fencing_token or 0))  # renewing from now on: the JVM takes seconds
+        keeper.start()
+        try:  # held until the process ends: a standby waiting on it learns of this process's death at once
+            held.append(job_lock.hold(job.id))
+        except (TimeoutError, psycopg.Error) as exc:
+            run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"The driver lock could not be taken: {exc}")
+            return 1
     master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
     try:
         spark = job_session(job, master)
@@ -433,10 +487,16 @@ def main(argv: list[str]) -> int:
         spark_stop(spark)
         return 1
     driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts)
+    if is_green:  # once it took over, the job's lock, after the fenced driver let go of it
+        driver.on_live = lambda: threading.Thread(
+            target=lambda: held.append(job_lock.hold(job.id, within_seconds=300, grace_seconds=60)),
+            name="green-lock", daemon=True,
+        ).start()  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
     status = driver.execute()
     log.info("run %s ended: %s", run_id, status)
     spark_stop(spark)
-    if lock is not None:
-        lock.close()
+    for lock in held:
+        if lock is not None:
+            lock.close()
     return 0 if status == RunStatus.STOPPED else 1

@@ -40,7 +40,7 @@ from dashboard.services.hosts import host_gone, host_may_end, spare_jobs, spare_
 from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
 from dashboard.services.secrets import redact_logs
 from workers import job_lock
-from workers.driver import JobDriver, JobLease, heap_fields, spark_stop
+from workers.driver import GreenJobLease, JobDriver, JobLease, heap_fields, spark_stop
 from workers.spark.fork_server import start_fork_server
 from workers.spark.query import spread_poll
 from workers.spark.session import TRIGGER_BEHIND, build_session, jvm_death, jvm_exit_code, quiet
@@ -204,11 +204,19 @@ class SharedDriver:
             connection.close()
 
     def _take_new(self) -> None:
-        waiting = Run.objects.filter(driver_host_id=self.host.id, status=RunStatus.STARTING, released_at=None)
-        for run_id, job_id, token in waiting.exclude(id__in=list(self.threads)).values_list(
-            "id", "job_id", "fencing_token"
+        waiting = Run.objects.filter(
+            driver_host_id=self.host.id, status__in=(RunStatus.STARTING, RunStatus.GREEN), released_at=None
+        )
+        for run_id, job_id, token, status in waiting.exclude(id__in=list(self.threads)).values_list(
+            "id", "job_id", "fencing_token", "status"
         ):
-            self.leases[run_id] = JobLease(job_id, int(token or 0))  # renewed from now on
+            # renewed from now on; a blue/green upgrade's new version holds none until its handover
+            if status == RunStatus.GREEN:
+                green = GreenJobLease(job_id, 0)
+                green.green_setup(run_id)
+                self.leases[run_id] = green
+            else:
+                self.leases[run_id] = JobLease(job_id, int(token or 0))
             thread = threading.Thread(target=self._run_job, args=(run_id,), name=f"run-{run_id}", daemon=True)
             self.threads[run_id] = thread
             thread.start()
@@ -295,23 +303,32 @@ class SharedDriver:
         job = run.job
         lease = self.leases[run_id]
         locked = handed = False
+        locked_green = threading.Event()
         try:
             self.ready.wait()
             if self.failure:
                 raise RuntimeError(self.failure)
+            is_green = run.status == RunStatus.GREEN
+            if is_green and (why := self.refusal(run.green["pipeline"])):
+                raise RuntimeError(f"{why}; a blue/green upgrade's new version needs the code loaded")
             if why := self.refusal(job.pipeline):
                 self._hand_over(run, why)
                 handed = True
                 return
-            self.locks.take(job.id)
-            locked = True
+            if not is_green:  # green takes the job's lock once it took over (``green_locks``)
+                self.locks.take(job.id)
+                locked = True
             session = self.spark.newSession()
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"job-{job.id}")
             phase = self.take_phase(run_id, job.trigger_interval_seconds) if settings.SHARED_DRIVER_SPREAD else None
             driver = JobDriver(
-                session, run_id, keeper=lease, shared=True, phase_seconds=phase, code=self.loaded[job.pipeline],
+                session, run_id, keeper=lease, shared=True, phase_seconds=phase, code=self.loaded[run.green["pipeline"] if is_green else job.pipeline],
                 on_phase=lambda used: self.phase_used(run_id, job.trigger_interval_seconds, used),
             )  # fmt: skip
+            if is_green:
+                driver.on_live = lambda: threading.Thread(
+                    target=self._green_lock, args=(job.id, locked_green), name=f"green-lock-{run_id}", daemon=True
+                ).start()  # fmt: skip
             self.drivers[run_id] = driver
             if self.ending.is_set():
                 driver.stop_signal.set()
@@ -331,9 +348,21 @@ class SharedDriver:
             self.drivers.pop(run_id, None)
             if not handed:  # this process is done with the run, however it ended (a handed-over run is not ours)
                 Run.objects.filter(id=run_id).update(released_at=timezone.now())
-            if locked:
+            if locked or locked_green.is_set():
                 self.locks.let_go(job.id)  # after the run's end is recorded: a standby reads it as a death
             connection.close()
+
+    def _green_lock(self, job_id: int, locked: threading.Event) -> None:
+        """A blue/green upgrade's new version took over: the job's lock, once the fenced run let go of it (here, when
+        its thread ends; in a driver of its own, when its process does)."""
+        deadline = time.monotonic() + 300
+        while job_id in self.locks.held and time.monotonic() < deadline and not self.ending.is_set():
+            time.sleep(0.2)
+        try:
+            self.locks.take(job_id, within_seconds=300, grace_seconds=60)
+            locked.set()
+        except Exception as exc:
+            log.warning("job %s: the new version did not take the job's lock: %s", job_id, exc)
 
     def take_phase(self, run_id: int, trigger: float) -> float:
         """The phase for a new run's batches: the poll tick farthest from those of this process' other runs with the

@@ -273,7 +273,7 @@ class SinkSet:
                 rows = (tuple(r) for r in output_rows(frame.select(*columns), at_once))
                 return self.tables[sink.name].write(batch_id, digest, columns, chunked(rows, CHUNK))
             if isinstance(sink, FileSink):
-                return write_files(frame, sink, batch_id, digest)
+                return write_files(frame, sink, batch_id, digest, self.job_name, self.token)
             return write_kafka(frame, sink, self.job_name, batch_id)
         except Fenced:
             raise

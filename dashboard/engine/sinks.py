@@ -21,6 +21,7 @@ No Django here: the drivers (``workers/``) and the pages (``dashboard/``) both u
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import json
@@ -30,6 +31,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -421,6 +423,30 @@ class FileLog:
         return Position(latest, tuple(rows))
 
     # -- writing
+    @contextmanager
+    def fenced(self, job: str, token: int | None) -> Iterator[None]:
+        """Hold the directory's lock while a batch is written, after a fence check: a driver whose token is older than
+        one that has written here for the job refuses (Fenced), as a table sink's fence does. Two drivers of one job
+        (a fenced one finishing its batch, and the new version that took over from it) so write one after the other,
+        never interleaved. ``token`` None: no fence (a driver of a test, or a tool)."""
+        self.own.mkdir(parents=True, exist_ok=True)
+        with open(self.own / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if token is not None:
+                    fence = self.own / "fences" / (re.sub(r"[^A-Za-z0-9_.-]", "_", job) or "job")
+                    try:
+                        held = int(fence.read_text() or 0)
+                    except (OSError, ValueError):
+                        held = 0
+                    if held > token:
+                        raise Fenced(f"files at {self.root}: token {token} is stale ({held} has written since)")
+                    if token > held:
+                        self._write(fence, str(token))
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def commit(self, batch: int, files: list[Path], digest: str, rows: int) -> None:
         """The batch's record, then its log entry (the commit point for readers)."""
         self._write(self.own / "batches" / f"{batch}.json", json.dumps({"digest": digest, "rows": rows, "at": _now(),
@@ -507,12 +533,20 @@ def _path(uri: str) -> Path:
     return Path(unquote(urlparse(uri).path))
 
 
-def write_files(frame: Any, sink: FileSink, batch_id: int, digest: str) -> Written:
-    """One batch of ``frame`` (a DataFrame) into the sink's directory, exactly once per lineage."""
-    from pyspark.sql import functions as F
-
+def write_files(
+    frame: Any, sink: FileSink, batch_id: int, digest: str, job: str = "", token: int | None = None
+) -> Written:
+    """One batch of ``frame`` (a DataFrame) into the sink's directory, exactly once per lineage, fenced by the job's
+    ``token`` (``FileLog.fenced``)."""
     log = FileLog(sink.path)
     log.root.mkdir(parents=True, exist_ok=True)
+    with log.fenced(job, token):
+        return _write_files(frame, sink, batch_id, digest, log)
+
+
+def _write_files(frame: Any, sink: FileSink, batch_id: int, digest: str, log: FileLog) -> Written:
+    from pyspark.sql import functions as F
+
     log.clear_pending()
     latest = log.latest()
     written = Written()

@@ -29,6 +29,7 @@ from django.utils import timezone
 from dashboard.models import IN_FLIGHT_ACTIONS, Action, ActionKind, ActionStatus, Job
 from dashboard.selectors.incidents import action_incidents
 from dashboard.services import (
+    blue_green,
     dead_letters,
     forks,
     inspector,
@@ -64,6 +65,7 @@ STEPS: dict[str, Steps] = {
     ActionKind.UPGRADE_SHADOW: shadow.SHADOW_STEPS,
     ActionKind.UPGRADE: upgrades.UPGRADE_STEPS,
     ActionKind.UPGRADE_ROLLBACK: upgrades.UPGRADE_ROLLBACK_STEPS,
+    ActionKind.BLUE_GREEN: blue_green.BLUE_GREEN_STEPS,
 }
 
 RESEND = timedelta(seconds=30)  # a queued visit no worker took is sent again after this (a lost message)

@@ -210,7 +210,7 @@ def run_started(*, run_id: int, executors: list[str] | None = None) -> bool:
 
 def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") -> None:
     run = Run.objects.select_related("job").get(id=run_id)
-    ended = Run.objects.filter(id=run_id, status__in=ACTIVE_RUN_STATUSES).update(
+    ended = Run.objects.filter(id=run_id, status__in=(*ACTIVE_RUN_STATUSES, RunStatus.GREEN)).update(
         status=status, message=redact(message), error=redact(error), ended_at=timezone.now()
     )
     if run.fencing_token is not None:

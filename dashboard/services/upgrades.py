@@ -275,7 +275,7 @@ def checked_target(action: Action) -> str:
     return target
 
 
-def _target_shown(action: Action) -> str:
+def target_shown(action: Action) -> str:
     """The upgrade's target as the operator reads it, with the parameters it changes."""
     return described(action.params["plan"]["target"], action.params.get("from_parameters", {}),
                      action.params.get("parameters", {}))  # fmt: skip
@@ -410,7 +410,8 @@ def forget_undo(job: Job) -> None:
 
 
 def latest_upgrade(job: Job) -> Action | None:
-    return job.actions.filter(kind=ActionKind.UPGRADE, status=ActionStatus.SUCCEEDED).order_by("-id").first()
+    kinds = (ActionKind.UPGRADE, ActionKind.BLUE_GREEN)
+    return job.actions.filter(kind__in=kinds, status=ActionStatus.SUCCEEDED).order_by("-id").first()
 
 
 def _preview_done(action: Action) -> Done:
@@ -450,7 +451,7 @@ def _stop(action: Action) -> Outcome:
 def _switch(action: Action) -> Outcome:
     job = action.job
     source = action.params["from_pipeline"]
-    target = _target_shown(action)
+    target = target_shown(action)
     savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
     emptied = ""
     if savepoint is not None:
@@ -465,7 +466,7 @@ def _switch(action: Action) -> Outcome:
     kept = f"savepoint #{savepoint.id} of {source} kept as the way back" if savepoint else "no state to keep"
     remember(action, kept=kept + emptied)
     if not action.params["was_running"] and not action.params.get("start"):
-        _spec_applied(action)
+        spec_applied(action)
         return Done(
             f"Switched {job.name} from {source} to {target}; {kept}{emptied}. The job stays stopped: its next start "
             f"runs {target}."
@@ -540,7 +541,7 @@ def _first_batch(action: Action) -> Outcome:
     return _upgraded(action, run, {"state": "unproven", "since": timezone.now().isoformat()})
 
 
-def _spec_applied(action: Action) -> None:
+def spec_applied(action: Action) -> None:
     """An upgrade that `statekeeper apply` asked for has made its pipeline and parameters the job's applied spec."""
     if action.params.get("from_spec"):
         action.job.spec_applied({"pipeline": action.job.pipeline, "parameters": action.job.parameters})
@@ -552,9 +553,9 @@ def _upgraded(action: Action, run: Run, proof: dict[str, Any]) -> Done:
     if run.deploy_id:
         Deploy.objects.filter(id=run.deploy_id, upgrade=None).update(upgrade=action)
     remember(action, proof=proof)
-    _spec_applied(action)
+    spec_applied(action)
     source = action.params["from_pipeline"]
-    target = _target_shown(action)
+    target = target_shown(action)
     shown = (
         f"committed its first batch ({proof['batch']})"
         if proof["state"] == "proven"
@@ -597,7 +598,7 @@ def _roll_back_fork(action: Action) -> Next:
 def _roll_back_start(action: Action) -> Done:
     run = start_once(action, key="rollback_run", launch=True)
     source = action.params["from_pipeline"]
-    target = _target_shown(action)
+    target = target_shown(action)
     failure = str(action.memo.get("failure", "")).strip()[:600]
     raise ActionFailed(
         f"The upgrade to {target} failed ({failure}) and was rolled back by itself: {source} from "

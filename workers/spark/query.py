@@ -50,6 +50,10 @@ class JobSpec:
     # Start each batch this many seconds into the trigger interval rather than on Spark's tick (a shared driver spreads
     # its jobs so); see ``spread_trigger``.
     phase_seconds: float | None = None
+    # A blue/green upgrade's new version: the job's checkpoint it follows batch by batch until ``handover_file``
+    # exists (the source's ``BatchFollower``); empty for every other query.
+    follow: str = ""
+    handover_file: str = ""
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -96,6 +100,12 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
     if spread and spec.phase_seconds is not None:
         reader = reader.option("admitEveryMs", str(round(spec.trigger_seconds * 1000))).option(
             "admitPhaseMs", str(round(spec.phase_seconds * 1000))
+        )
+    if spec.follow:
+        reader = (
+            reader.option("follow", spec.follow)
+            .option("ownCheckpoint", spec.checkpoint)
+            .option("handoverFile", spec.handover_file)
         )
     return (
         reader.option("url", spec.redis_url)

@@ -14,6 +14,7 @@ so a replay rejects exactly what the first attempt rejected.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -137,6 +138,12 @@ class RedisStreamReader(DataSourceStreamReader):
         self.admit_every = int(options.get("admiteveryms", "0"))
         self.admit_phase = int(options.get("admitphasems", "0"))
         self._admitted: int | None = None  # the interval whose entries the last batch took
+        # A blue/green upgrade's new version runs the job's batches: until the handover file exists, each of its
+        # batches reads exactly the offsets of the job's batch of that number, once the job has committed it.
+        self.follow = (
+            BatchFollower(options["follow"], options.get("owncheckpoint", "")) if options.get("follow") else None
+        )
+        self.handover_file = options.get("handoverfile", "")
         self._client: Any = None
         self.limits = Limits(
             max_string_chars=int(options.get("maxstringchars", MAX_STRING_CHARS)),
@@ -167,6 +174,16 @@ class RedisStreamReader(DataSourceStreamReader):
         return self.admit_every <= 0 or self.interval_at(now_ms) != self._admitted
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self.follow is not None:
+            handed_over = self.handed_over()
+            followed = self.follow.next_end(start, planned=handed_over, until=self.handed_over)
+            if followed is None and not handed_over and self.handed_over():  # it came while waiting
+                handed_over = True
+                followed = self.follow.next_end(start, planned=True)
+            if followed is not None or not handed_over:
+                self._latest = followed or start
+                return followed or start
+            self.follow = None  # past the job's last batch after the handover: it reads the stream from here on
         now_ms = time.time() * 1000
         if not self.admits(now_ms):
             return start
@@ -185,6 +202,9 @@ class RedisStreamReader(DataSourceStreamReader):
             if entries:
                 return {"id": text_of(entries[-1][0]), "n": start["n"] + len(entries)}
         return latest if parse_id(latest["id"]) > parse_id(start["id"]) else start
+
+    def handed_over(self) -> bool:
+        return bool(self.handover_file) and os.path.exists(self.handover_file)
 
     def reportLatestOffset(self) -> dict | None:
         return getattr(self, "_latest", None)
@@ -217,6 +237,72 @@ class RedisStreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         pass
+
+
+def _source_offset(path: str) -> dict[str, Any] | None:
+    """The first source's offset in a Spark offsets-log file (``v1``, the batch's metadata, then a line per source),
+    or None when it cannot be read yet."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+        offset = json.loads(lines[2])
+    except (OSError, IndexError, ValueError):
+        return None
+    return offset if isinstance(offset, dict) and "id" in offset else None
+
+
+class BatchFollower:
+    """Reads the job's checkpoint (``blue``) for a blue/green upgrade's new version (green), whose checkpoint is a fork
+    of blue's, so that their batches keep the same numbers: green's next batch reads the offsets of blue's batch of
+    that number, once blue has committed it. A batch blue ran without new data (a watermark's) ends where it starts,
+    and green's Spark runs the same no-data batch from the same state. ``next_end`` waits a little for blue's
+    batch rather than answer "no new data" while blue runs it: Spark would run a no-data batch of its own there,
+    one that blue did not, and the numbers would part. Offsets files never change once written: each is read once."""
+
+    WAIT_SECONDS = 2.0  # longest one call waits for blue's batch (a stop of green's query waits no longer)
+
+    def __init__(self, blue: str, own: str) -> None:
+        self.blue, self.own = blue.removeprefix("file:"), own.removeprefix("file:")
+        self.ends: dict[int, dict[str, Any]] = {}
+
+    def _has(self, folder: str, batch: int) -> bool:
+        return os.path.exists(os.path.join(self.blue, folder, str(batch)))
+
+    def _end(self, batch: int) -> dict[str, Any] | None:
+        if batch not in self.ends:
+            found = _source_offset(os.path.join(self.blue, "offsets", str(batch)))
+            if found is None:
+                return None
+            self.ends[batch] = found
+        return self.ends[batch]
+
+    def _next_number(self) -> int | None:
+        try:
+            planned = [int(name) for name in os.listdir(os.path.join(self.own, "offsets")) if name.isdigit()]
+        except OSError:
+            return None
+        return max(planned) + 1 if planned else None
+
+    def next_end(
+        self, start: dict[str, Any], planned: bool = False, until: Any = lambda: False
+    ) -> dict[str, Any] | None:
+        """The end of blue's batch of green's next number: of a committed one, or (``planned``: after the handover,
+        blue fenced) of one blue only planned, whose output green's batch then replaces in every sink. ``start``
+        itself for a batch blue ran without new data. None when blue has no such batch (after waiting up to
+        WAIT_SECONDS, or until ``until()`` is true)."""
+        wanted = self._next_number()
+        if wanted is None:
+            return None
+        deadline = time.monotonic() + (0 if planned else self.WAIT_SECONDS)
+        while True:
+            if self._has("offsets" if planned else "commits", wanted):
+                before, end = self._end(wanted - 1), self._end(wanted)
+                if before is not None and end is not None and str(before["id"]) == str(start["id"]):
+                    return end
+                return None  # the numbers parted (blue's batch does not start where green's does): read on freely
+            if time.monotonic() >= deadline or until():
+                return None
+            time.sleep(0.05)
 
 
 def skip_entries(entries: list[Any], skips: list[dict[str, Any]]) -> tuple[list[Any], list[Rejected]]:

@@ -1,0 +1,426 @@
+"""Blue/green upgrades: change a running job (a new pipeline version, new parameter values) without stopping its
+output, and hand over at a committed batch with every sink exact.
+
+1. Preview, as a savepoint upgrade does: an incompatible change is refused before anything starts.
+2. A savepoint of the job's ("blue's") newest committed batch K, the way back; it is copied into a fork.
+3. Green, the new version, starts on the fork beside blue: in the shared driver for a job that runs there, else in a
+   driver of its own. Its source follows blue's checkpoint: green's batch K+1 reads exactly blue's batch K+1's offsets
+   once blue committed it, and so on (workers/green.py). Green writes no sink; each of its batches is compared with
+   what blue wrote for the same batch (rows added, removed, changed), shown live on the job's page.
+4. The handover, on the operator's word or by itself when green is caught up and the diff passes the rules given,
+   is one transaction: the lease's token moves to green's run (every sink refuses blue's from then on), the job's
+   checkpoint becomes green's fork, its pipeline and parameters the new ones. Blue's run ends "handed over"; green
+   writes the job's sinks from the batch after the last one blue committed.
+5. An abort before the handover stops green and removes its fork and its diff; blue was never touched.
+
+A green that dies before the handover is started again on its fork (it goes on following blue); after the handover
+green is the job's run, restarted under the job's strategy as any run. The job's "roll back the upgrade" returns to
+the savepoint of step 2, as after a savepoint upgrade."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard.checkpoint_dir.files import committed_batches, remove_tree
+from dashboard.models import Action, ActionStatus, Checkpoint, Deploy, GreenBatch, Job, Run, RunStatus, Savepoint
+from dashboard.services.action_steps import (
+    Done,
+    Next,
+    Outcome,
+    Steps,
+    Wait,
+    action_progress,
+    active_run,
+    memo_save,
+    remember,
+    step_seconds,
+)
+from dashboard.services.errors import ActionFailed, ActionRefused
+from dashboard.services.forks import fork_name, savepoint_fork
+from dashboard.services.hosts import host_for_launch
+from dashboard.services.runs import own_driver_settings, pid_alive, shares_driver, spawn_driver
+from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.upgrades import plan_steps, spec_applied, target_shown
+from dashboard.units import bytes_h
+
+GREEN_STARTS = 3  # a green that dies before the handover is started again this often, then the upgrade fails
+CATCH_UP_SECONDS = 1800  # how long an automatic promotion waits for green to catch up and pass its rules
+OWN_DRIVER_BYTES = 1_300_000_000  # what a driver of its own holds (bench.memory), for the memory check
+HEAP_HEADROOM = 0.8
+HANDOVER_WAIT_SECONDS = 10  # how long a promotion waits for green to have committed what blue has
+MAX_BEHIND = 20  # a green further behind than this at the handover cannot keep up: refused  # a shared driver takes green while its heap, with green's state, stays under this share
+
+
+# -- what the page and the API show --------------------------------------------------------------------------------
+
+
+def green_run(action: Action) -> Run | None:
+    run_id = action.params.get("green_run")
+    return Run.objects.filter(id=run_id).first() if run_id else None
+
+
+def blue_last(job: Job) -> int | None:
+    """The newest batch blue committed (in the job's checkpoint directory as it was when green forked)."""
+    batches = committed_batches(job.directory / job.checkpoint_dir)
+    return batches[-1] if batches else None
+
+
+def green_view(action: Action) -> dict[str, Any]:
+    """Where green is, beside blue, and how its batches compare: what the job page's blue/green panel shows."""
+    batches = list(GreenBatch.objects.filter(action=action).order_by("-batch_id")[:20])
+    totals = {k: sum(getattr(b, k) for b in GreenBatch.objects.filter(action=action)) for k in ("added", "removed",
+              "changed", "same", "output_rows", "input_rows")}  # fmt: skip
+    run = green_run(action)
+    job = action.job
+    blue = blue_last(job) if not action.params.get("handed_over") else action.params.get("handover_after")
+    green_at = batches[0].batch_id if batches else action.params.get("bg_batch")
+    return {
+        "action": action.id, "status": action.status, "target": action.params.get("plan", {}).get("target"),
+        "run": run.id if run else None, "run_status": run.status if run else None,
+        "blue_batch": blue, "green_batch": green_at,
+        "behind": (blue - green_at) if isinstance(blue, int) and isinstance(green_at, int) else None,
+        "totals": totals, "rules": action.params.get("rules", {}), "auto": bool(action.params.get("auto")),
+        "handed_over": bool(action.params.get("handed_over")), "gap_seconds": action.params.get("gap_seconds"),
+        "batches": [{"batch": b.batch_id, "input_rows": b.input_rows, "output_rows": b.output_rows,
+                     "added": b.added, "removed": b.removed, "changed": b.changed, "same": b.same,
+                     "duration_ms": b.duration_ms, "samples": b.samples} for b in batches],
+    }  # fmt: skip
+
+
+def rules_problems(rules: dict[str, Any], totals: dict[str, int]) -> list[str]:
+    """Why green's diff does not pass the operator's rules (empty: it passes). ``no_removed``: no row of blue's
+    missing from green's; ``max_changed_share``: rows changed over rows compared, at most this share."""
+    problems = []
+    if rules.get("no_removed") and totals.get("removed"):
+        problems.append(f"{totals['removed']} row(s) blue wrote are missing from green's output")
+    if (share := rules.get("max_changed_share")) is not None:
+        compared = sum(totals.get(k, 0) for k in ("added", "removed", "changed", "same"))
+        if compared and totals.get("changed", 0) / compared > float(share):
+            problems.append(f"{totals['changed']} of {compared} rows changed, more than {float(share):.0%}")
+    return problems
+
+
+def green_request(action: Action, what: str) -> None:
+    """The operator asks the running blue/green upgrade to hand over now (``promote``) or to stop (``abort``): kept in
+    green's run, which the upgrade's steps read and never overwrite."""
+    if action.status not in (ActionStatus.PENDING, ActionStatus.RUNNING):
+        raise ActionRefused(f"Blue/green upgrade #{action.id} has ended ({action.status}): nothing to {what}.")
+    if action.params.get("handed_over"):
+        raise ActionRefused(f"Blue/green upgrade #{action.id} has already handed over: nothing to {what}.")
+    run = green_run(action)
+    if run is None:
+        raise ActionRefused(f"Blue/green upgrade #{action.id} has not started its new version yet; try again shortly.")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(id=run.id)
+        locked.green = {**locked.green, what: timezone.now().isoformat()}
+        locked.save(update_fields=["green"])
+
+
+# -- the steps ------------------------------------------------------------------------------------------------------
+
+
+def _gate(action: Action) -> Next:
+    """Refuse before anything starts: an incompatible change, a job that is not running, too little memory."""
+    job = action.job
+    plan = action.params["plan"]
+    remember(action, from_pipeline=action.params.get("from_pipeline") or job.pipeline)
+    if plan["incompatible"]:
+        raise ActionFailed(f"Refused before anything started. {plan['summary']}.")
+    blue = active_run(job)
+    if blue is None or blue.status != RunStatus.RUNNING:
+        raise ActionFailed(
+            f"A blue/green upgrade runs the new version beside the running job; {job.name} is not running. Use the "
+            "savepoint upgrade for a stopped job."
+        )
+    if not job.reads_redis:
+        raise ActionFailed("A blue/green upgrade follows the job's batches on a Redis stream; this job reads another "
+                           "source. Use the savepoint upgrade.")  # fmt: skip
+    if refusal := memory_refusal(job, blue):
+        raise ActionFailed(f"Refused before anything started: {refusal}")
+    batch = blue_last(job)
+    if batch is None:
+        raise ActionFailed(f"{job.name} has not committed a batch yet; nothing to start the new version from.")
+    remember(action, was_running=True, bg_batch=batch, blue_run=blue.id)
+    return Next("savepoint")
+
+
+def memory_refusal(job: Job, blue: Run) -> str:
+    """Why this host cannot hold green beside blue (empty when it can), with the figures."""
+    latest = Checkpoint.objects.filter(job=job).order_by("-id").values_list("state_memory_bytes", flat=True).first()
+    state = int(latest or 0)
+    if shares_driver(job) and blue.heap_max_bytes:
+        used = int(blue.heap_after_gc_bytes or 0)
+        if used + state > HEAP_HEADROOM * blue.heap_max_bytes:
+            return (
+                f"the shared driver's heap holds {bytes_h(used)} of {bytes_h(blue.heap_max_bytes)} after "
+                f"garbage collection; green's state ({bytes_h(state)}) would take it past "
+                f"{HEAP_HEADROOM:.0%}. Raise STATEKEEPER_SHARED_DRIVER_MEMORY, or use the savepoint upgrade."
+            )
+        return ""
+    if shares_driver(job):
+        return ""
+    available = _available_memory()
+    if available is not None and available < OWN_DRIVER_BYTES + state:
+        return (
+            f"the host has {bytes_h(available)} of memory available; green needs a driver of its own, about "
+            f"{bytes_h(OWN_DRIVER_BYTES + state)}. Free memory, or use the savepoint upgrade."
+        )
+    return ""
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _fork(action: Action) -> Next:
+    job = action.job
+    fork = fork_name(action, "green")
+    if not action.memo.get("forked"):
+        savepoint = Savepoint.objects.get(id=action.params["savepoint"])
+        savepoint_fork(action, savepoint, fork)
+        # a query of its own: Spark stops a running query when another with its id starts in the same driver
+        (job.directory / fork / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+        (job.directory / fork / ".metadata.crc").unlink(missing_ok=True)
+        memo_save(action, forked=True)
+    remember(action, fork=fork, follow=str(job.directory / job.checkpoint_dir))
+    return Next("green")
+
+
+def _green_start(action: Action) -> Next:
+    """Start green (once per attempt): a run of status green, in the shared driver the job runs in, or a driver of
+    its own."""
+    job = action.job
+    starts = int(action.memo.get("green_starts", 0))
+    if starts >= GREEN_STARTS:
+        raise ActionFailed(
+            f"The new version's run ended {starts} times before the handover "
+            f"({action.memo.get('green_ended', 'no reason given')}); {job.name} runs on, untouched."
+        )
+    with transaction.atomic():
+        run = Run.objects.create(
+            job=job, status=RunStatus.GREEN, requested_by=action.requested_by, host=settings.HOST_ID,
+            green={"action": action.id, "fork": action.params["fork"], "follow": action.params["follow"],
+                   "pipeline": action.params["plan"]["target"], "parameters": action.params["parameters"],
+                   "partitions": job.state_partitions},
+        )  # fmt: skip
+        run.job = job
+        for name, value in own_driver_settings(run).items():
+            setattr(run, name, value)
+        if shares_driver(job):
+            host = host_for_launch()
+            run.driver_host, run.pid, run.log_path = host, host.pid, host.log_path
+            run.spark_master = f"local[{host.cores}] (shared driver {host.id})"
+        run.save()
+    if run.driver_host_id is None:
+        Run.objects.filter(id=run.id).update(pid=spawn_driver(run))
+    memo_save(action, green_starts=starts + 1)
+    remember(action, green_run=run.id)
+    action_progress(action, f"green run #{run.id} starting on {action.params['fork']}")
+    return Next("follow")
+
+
+def _green_gone(run: Run) -> str:
+    """Why green's run is no longer there (empty while it is): ended, or its process gone."""
+    run.refresh_from_db()
+    if run.status != RunStatus.GREEN:
+        return run.message or f"run #{run.id} ended {run.status}"
+    if run.driver_host_id is not None:
+        return "" if run.released_at is None and pid_alive(run.pid) else "its shared driver let go of it"
+    return "" if pid_alive(run.pid) else "its driver process is gone"
+
+
+def _follow(action: Action) -> Outcome:
+    """Green runs blue's batches behind it; on to the handover once promoted (by the operator, or by itself when
+    caught up and its diff passes the rules), or to the abort."""
+    job = action.job
+    run = green_run(action)
+    assert run is not None
+    if why := _green_gone(run):
+        if run.green.get("abort"):
+            return Next("abort")
+        memo_save(action, green_ended=why)
+        Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(status=RunStatus.FAILED, message=why[:2000],
+                                                                    ended_at=timezone.now())  # fmt: skip
+        return Next("green")
+    if run.green.get("abort"):
+        return Next("abort")
+    blue = active_run(job)
+    if blue is None:
+        memo_save(action, abort_reason=f"{job.name} stopped while the new version ran beside it")
+        return Next("abort")
+    view = green_view(action)
+    behind, green_at = view["behind"], view["green_batch"]
+    problems = rules_problems(view["rules"], view["totals"])
+    caught_up = behind is not None and behind <= 1 and GreenBatch.objects.filter(action=action).exists()
+    t = view["totals"]
+    action_progress(
+        action,
+        f"green at batch {green_at}, {behind if behind is not None else '?'} behind blue; diff so far: {t['added']} "
+        f"added, {t['removed']} removed, {t['changed']} changed, {t['same']} the same"
+        + (f"; rules not met: {'; '.join(problems)}" if problems else ""),
+    )
+    if run.green.get("promote") or (view["auto"] and caught_up and not problems):
+        return Next("handover")
+    if view["auto"] and step_seconds(action) > float(action.params.get("catch_up_seconds") or CATCH_UP_SECONDS):
+        memo_save(action, abort_reason="green did not catch up and pass its rules in time"
+                  + (f" ({'; '.join(problems)})" if problems else ""))  # fmt: skip
+        return Next("abort")
+    return Wait("green follows blue", 0.2)
+
+
+def _handover(action: Action) -> Outcome:
+    """Once green is caught up (within a batch of blue), the handover in one transaction; blue is fenced by it."""
+    job = action.job
+    run = green_run(action)
+    assert run is not None
+    if why := _green_gone(run):
+        memo_save(action, green_ended=why)
+        return Next("follow")
+    view = green_view(action)
+    behind = view["behind"] if view["behind"] is not None and view["batches"] else None
+    # The closest moment is when green has committed what blue has; under steady input green stays a batch or two
+    # behind, and the handover then comes after blue's newest batch: green runs the ones it lacks as shadow, over
+    # the same offsets, and writes the job's sinks from the next. Only the output gap grows with the lag.
+    if behind is None or (behind > 0 and step_seconds(action) < HANDOVER_WAIT_SECONDS):
+        return Wait(f"handing over once green is caught up (it is {behind} batch(es) behind)", 0.05)
+    if behind > MAX_BEHIND:
+        raise ActionFailed(
+            f"The new version is {behind} batches behind {job.name} (more than {MAX_BEHIND}): it cannot keep up, and "
+            "nothing was handed over. Abort it, or give the job more cores."
+        )
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(id=job.id)
+        blue = locked.runs.filter(status__in=(RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)).first()
+        after = blue_last(locked)
+        token = int(locked.lease_token or 0) + 1
+        now = timezone.now()
+        if blue is not None:
+            Run.objects.filter(id=blue.id).update(
+                status=RunStatus.STOPPED, ended_at=now,
+                message=f"Handed over to run #{run.id} ({target_shown(action)}) after batch {after}.",
+            )  # fmt: skip
+        Run.objects.filter(id=run.id).update(
+            status=RunStatus.RUNNING, fencing_token=token, started_at=now, last_heartbeat_at=now,
+            green={**Run.objects.get(id=run.id).green, "handover": after},
+        )  # fmt: skip
+        Job.objects.filter(id=job.id).update(
+            lease_token=token, lease_expires_at=now + timedelta(seconds=settings.LEASE_TTL_SECONDS),
+            checkpoint_dir=action.params["fork"], latest_checkpoint=None, pipeline=action.params["plan"]["target"],
+            parameters=action.params["parameters"], updated_at=now,
+        )  # fmt: skip
+        remember(action, handed_over=True, handover_after=after, blue_run=blue.id if blue else None,
+                 handover_at=now.isoformat(), run=run.id)  # fmt: skip
+    from workers.green import mark_handed_over  # noqa: PLC0415  (the file its source reads; no Spark imported)
+
+    mark_handed_over(job.directory / action.params["fork"], after)
+    return Next("live")
+
+
+def _live(action: Action) -> Outcome:
+    """Green's first batch in the job's sinks: the upgrade is done, with the output gap measured."""
+    job = action.job
+    run = Run.objects.get(id=action.params["green_run"])
+    after = action.params["handover_after"]
+    first = (
+        Checkpoint.objects.filter(job=job, run=run, batch_id__gt=after if after is not None else -1)
+        .order_by("batch_id").first()
+    )  # fmt: skip
+    if first is None:
+        if not run.is_active:
+            raise ActionFailed(
+                f"The new version took over after batch {after} and then ended ({run.message or run.status}) before "
+                "its first batch; the job restarts under its restart strategy on the new version's checkpoint."
+            )
+        if step_seconds(action) < 600:
+            return Wait(f"green took over after batch {after}: waiting for its first batch", 0.1)
+        return _upgraded(action, run, None)
+    blue_batch = Checkpoint.objects.filter(job=job, run_id=action.params.get("blue_run")).order_by("-batch_id").first()
+    gap = (first.committed_at - blue_batch.committed_at).total_seconds() if blue_batch else None
+    remember(action, gap_seconds=round(gap, 3) if gap is not None else None, first_batch=first.batch_id)
+    return _upgraded(action, run, first.batch_id)
+
+
+def _upgraded(action: Action, run: Run, first: int | None) -> Done:
+    run.refresh_from_db()
+    if run.deploy_id:
+        Deploy.objects.filter(id=run.deploy_id, upgrade=None).update(upgrade=action)
+    spec_applied(action)
+    proof = {"state": "proven", "batch": first} if first is not None else {"state": "unproven"}
+    remember(action, proof=proof, kept=f"savepoint #{action.params['savepoint']} kept as the way back")
+    gap = action.params.get("gap_seconds")
+    t = green_view(action)["totals"]
+    return Done(
+        f"Blue/green upgrade of {action.job.name} to {target_shown(action)}: run #{run.id} took over after batch "
+        f"{action.params['handover_after']}"
+        + (f" and committed batch {first} to the job's sinks" if first is not None else ", no batch yet")
+        + (f"; output gap {gap:.2f} s" if gap is not None else "")
+        + f". Beside blue it ran {len(green_view(action)['batches'])}+ batch(es): {t['added']} rows added, "
+        f"{t['removed']} removed, {t['changed']} changed, {t['same']} the same. Savepoint #{action.params['savepoint']}"
+        " is the way back."
+    )
+
+
+def _abort(action: Action) -> Outcome:
+    """Stop green, wait for it to let go, remove its fork and its diff. Blue was never touched."""
+    job = action.job
+    run = green_run(action)
+    if run is not None:
+        Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(
+            status=RunStatus.STOPPED, ended_at=timezone.now(), message="Aborted before the handover."
+        )
+        if not _green_gone(run) or (run.driver_host_id is None and pid_alive(run.pid)):
+            if step_seconds(action) < settings.STOP_GRACE_SECONDS + 30:
+                return Wait(f"green run #{run.id} is stopping", 0.5)
+            if run.driver_host_id is None and run.pid:
+                os.kill(run.pid, 9)
+    fork = action.params.get("fork")
+    if fork and fork != Job.objects.get(id=job.id).checkpoint_dir:
+        remove_tree(job.directory / fork)
+        (job.directory / f"{fork}.handover").unlink(missing_ok=True)
+    compared = GreenBatch.objects.filter(action=action).count()
+    GreenBatch.objects.filter(action=action).delete()
+    why = action.memo.get("abort_reason") or "on request"
+    raise ActionFailed(
+        f"Blue/green upgrade aborted ({why}) before the handover: {job.name} runs on unchanged; the new version's "
+        f"fork and its {compared} compared batch(es) are removed."
+    )
+
+
+BLUE_GREEN_STEPS: Steps = {
+    **plan_steps(),
+    "gate": ("refuse an incompatible change", _gate),
+    **savepoint_steps("before-upgrade", then="fork", batch=lambda action: action.params["bg_batch"]),
+    "fork": ("fork the savepoint for green", _fork),
+    "green": ("start the new version beside the job", _green_start),
+    "follow": ("green follows the job's batches", _follow),
+    "handover": ("hand over", _handover),
+    "live": ("green's first batch in the job's sinks", _live),
+    "abort": ("abort: stop green, remove its fork", _abort),
+}
+
+
+def blue_green_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The upgrade's target and options as the action keeps them, checked."""
+    checked = dict(params)
+    rules = checked.get("rules") or {}
+    if not isinstance(rules, dict) or set(rules) - {"no_removed", "max_changed_share"}:
+        raise ValueError("rules: give no_removed (true/false) and/or max_changed_share (0 to 1)")
+    share = rules.get("max_changed_share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1):
+        raise ValueError("rules: max_changed_share is a share from 0 to 1")
+    return checked
