@@ -35,7 +35,7 @@ SETTINGS = (*JobForm.Meta.fields, *POLICY_FIELDS)
 SCALE = ("parallelism", "state_partitions")
 CODE = ("pipeline", "parameters")
 STATES = ("running", "suspended")
-UPGRADE_MODES = ("savepoint", "last-state", "stateless")
+UPGRADE_MODES = ("savepoint", "last-state", "stateless", "blue-green")
 EXTRA = ("state", "upgrade_mode", "package")
 
 
@@ -62,8 +62,9 @@ EXTRA_REFERENCE = {
     "state": ("`running` or `suspended`", "`running`", "what `apply` makes of the job: started (it resumes from its "
               "checkpoint), or stopped with a savepoint"),
     "upgrade_mode": (f"one of {', '.join(f'`{m}`' for m in UPGRADE_MODES)}", "`savepoint`",
-                     "how `apply` upgrades a job with state: keeping it (an incompatible change is refused), or "
-                     "`stateless`: an incompatible change starts from empty state"),
+                     "how `apply` upgrades a job with state: keeping it (an incompatible change is refused), "
+                     "`stateless`: an incompatible change starts from empty state, or `blue-green`: a running job's "
+                     "new version runs beside it and takes over at a committed batch, its output never stopped"),
     "package": ("text: `<distribution> <version>`, as the Deploys tab shows it", "—",
                 "the installed package the pipeline must come from (`statekeeper-example-team-orders 1.0.0`); the "
                 "spec is refused when the console has another"),
@@ -345,7 +346,19 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
         if mode == "stateless":
             params["upgrade_mode"] = mode
             why = "previewed first; if incompatible, the new version starts with empty state (stateless)"
-        steps.append(Step("upgrade", params, why))
+        if mode == "blue-green" and running:
+            steps.append(
+                Step(
+                    "blue-green",
+                    params | {"auto": 1},
+                    "previewed first; the new version runs beside the "
+                    "job and takes over at a committed batch once caught up, the output never stopped",
+                )
+            )
+        else:
+            if mode == "blue-green":
+                why += "; blue-green needs the job running, so a savepoint upgrade"
+            steps.append(Step("upgrade", params, why))
     if odd := [k for k in SCALE if k in spec and not _whole(spec[k])]:
         return JobPlan(name, "refused", refusal=f"{odd[0]}: a whole number, not {spec[odd[0]]!r}")
     scale = {k: int(spec[k]) for k in SCALE if k in spec and int(spec[k]) != current[k]}

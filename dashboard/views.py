@@ -56,6 +56,7 @@ from dashboard.services.actions import action_request
 from dashboard.services.adoption import checkpoint_adopt, checkpoint_set_aside
 from dashboard.services.audit import audit_csv, audit_filter, audit_record
 from dashboard.services.autoscale import window_advice
+from dashboard.services.blue_green import green_request, green_view, latest_blue_green
 from dashboard.services.enqueue import WARM_STATE_READER, enqueue
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
@@ -198,7 +199,9 @@ def job_savepoints(request: HttpRequest, name: str) -> HttpResponse:
 def job_deploys(request: HttpRequest, name: str) -> HttpResponse:
     """What each run ran, and the stateful upgrade to another pipeline: preview, upgrade, roll back."""
     job = _listed_job(name)
-    context = {"deploys": deploy_history(job), "upgrade": upgrade_view(job)}
+    action = latest_blue_green(job)
+    context = {"deploys": deploy_history(job), "upgrade": upgrade_view(job),
+               "green": green_view(action) if action else None}  # fmt: skip
     return _job_tab(request, job, "deploys", context)
 
 
@@ -209,7 +212,7 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
     when it cannot even be tried."""
     job = get_object_or_404(Job, name=name)
     target = request.POST.get("pipeline", "")[:100]
-    steps = {"upgrade": ActionKind.UPGRADE, "shadow": ActionKind.UPGRADE_SHADOW}
+    steps = {"upgrade": ActionKind.UPGRADE, "shadow": ActionKind.UPGRADE_SHADOW, "blue-green": ActionKind.BLUE_GREEN}
     kind = steps.get(request.POST.get("step", ""), ActionKind.UPGRADE_PREVIEW)
     params: dict[str, Any] = {"pipeline": target}
     try:
@@ -219,6 +222,13 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
         return redirect("dashboard:job_deploys", name=job.name)
     if kind == ActionKind.UPGRADE and request.POST.get("empty_state"):
         params["empty_state"] = 1
+    if kind == ActionKind.BLUE_GREEN:
+        params |= {"auto": int(bool(request.POST.get("auto"))), "no_removed": int(bool(request.POST.get("no_removed")))}
+        if (percent := request.POST.get("max_changed_percent", "").strip()) != "":
+            if not percent.isdigit() or not 0 <= int(percent) <= 100:
+                messages.error(request, "Changed rows at most: a whole percentage from 0 to 100.")
+                return redirect("dashboard:job_deploys", name=job.name)
+            params["max_changed_percent"] = int(percent)
     if kind == ActionKind.UPGRADE_SHADOW:
         try:
             params["records"] = int(request.POST.get("records") or SHADOW_RECORDS)
@@ -230,10 +240,42 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
     if refusal := upgrade_refusal(job, target, given):
         messages.error(request, refusal)
         return redirect("dashboard:job_deploys", name=job.name)
-    if kind == ActionKind.UPGRADE and (denied := upgrade_role_refusal(request.user, job, target, given)):
+    if kind in (ActionKind.UPGRADE, ActionKind.BLUE_GREEN) and (
+        denied := upgrade_role_refusal(request.user, job, target, given)
+    ):
         return forbidden(request, denied)
     params["parameters"] = target_parameters(job, target, given)
     return _request_to(request, job, kind, params, "dashboard:job_deploys")
+
+
+@login_required
+def job_blue_green(request: HttpRequest, name: str) -> HttpResponse:
+    """The blue/green panel alone, for the Deploys tab to refresh while green runs beside the job."""
+    job = _listed_job(name)
+    action = latest_blue_green(job)
+    context = {"job": job, "green": green_view(action) if action else None,
+               "can_operate": may(request.user, OPERATOR)}  # fmt: skip
+    return render(request, "dashboard/job/_blue_green.html", context)
+
+
+@require_POST
+@requires(OPERATOR)
+def job_blue_green_request(request: HttpRequest, name: str, what: str) -> HttpResponse:
+    """Promote (hand over now) or abort the job's blue/green upgrade in flight."""
+    job = get_object_or_404(Job, name=name)
+    action = latest_blue_green(job)
+    if what not in ("promote", "abort") or action is None:
+        messages.error(request, f"{job.name} has no blue/green upgrade to {what}.")
+        return redirect("dashboard:job_deploys", name=job.name)
+    try:
+        green_request(action, what)
+    except ActionRefused as exc:
+        messages.error(request, str(exc))
+        return redirect("dashboard:job_deploys", name=job.name)
+    audit_record(request, verb=f"blue-green-{what}", job=job.name, target=f"action #{action.id}", outcome="requested")
+    messages.success(request, "Handing over once green has committed what the job has." if what == "promote"
+                     else "Aborting: green stops, its fork and its diff are removed; the job is untouched.")  # fmt: skip
+    return redirect("dashboard:job_deploys", name=job.name)
 
 
 @require_POST

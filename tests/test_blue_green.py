@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from dashboard.models import Action, ActionKind, Checkpoint, ActionStatus, GreenBatch, Job, Run, RunStatus
+from dashboard.models import Action, ActionKind, ActionStatus, Checkpoint, GreenBatch, Job, Run, RunStatus
 from dashboard.services.actions import action_request
 from dashboard.services.blue_green import green_request
-from dashboard.services.runs import job_request_start, pid_alive
+from dashboard.services.runs import job_request_start
 from tests.conftest import wait_for
 from tests.support import Orders, every_sink_exact, finished, running_with_progress
 
@@ -74,10 +74,31 @@ def green_running(action: Action) -> Run | None:
     return run if run is not None and GreenBatch.objects.filter(action=action).count() >= 2 else None
 
 
+def one_line(job: Job, action: Action) -> bool:
+    """The job's checkpoint history is one line: the job's batches, then the new version's from the batch after the
+    handover, each number once in its checkpoint directory."""
+    after = action.params["handover_after"]
+    blue = [b for (b,) in Checkpoint.objects.filter(job=job, location="checkpoint").values_list("batch_id")]
+    green = [b for (b,) in Checkpoint.objects.filter(job=job, location=action.params["fork"]).values_list("batch_id")]
+    return (
+        len(blue) == len(set(blue)) and len(green) == len(set(green)) and bool(green) and min(green) > after
+        and max(blue) <= after + 1  # the batch the job had in flight at the handover, at most, which green replaced
+    )  # fmt: skip
+
+
+def lake_batches_once(spark, lake) -> bool:
+    from tests.support import lake_rows
+
+    pairs = [(r["batch_id"], r["customer"], r["start"]) for r in lake_rows(spark, lake)]
+    return len(pairs) == len(set(pairs))
+
+
 @pytest.mark.chaos
-def test_a_parameter_change_blue_green_hands_over_with_every_sink_exact(
+def test_a_parameter_change_hands_over_in_the_shared_driver_with_every_sink_exact_through_a_worker_kill(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
 ):
+    """In the shared driver, green beside blue; the Celery worker killed while green follows (the upgrade goes on
+    in the next worker); the operator promotes; green writes the job's sinks from the batch after blue's last."""
     lake = tmp_path / "lake"
     job = team_job(make_job, team_database, lake, driver="shared")
     orders = Orders(redis, stream_name)
@@ -93,23 +114,99 @@ def test_a_parameter_change_blue_green_hands_over_with_every_sink_exact(
             wait_for(lambda: green_running(action), 150, 0.5, "green to run two batches beside blue")
         except TimeoutError:
             raise AssertionError(state(action)) from None
+        green = Run.objects.get(id=action.params["green_run"])
+        assert green.driver_host_id == blue.driver_host_id, "green is a second query in the job's shared driver"
+        celery_worker.kill()
+        time.sleep(3)
+        celery_worker.start()
         compared = list(GreenBatch.objects.filter(action=action))
-        assert all(b.removed == 0 for b in compared), [(b.batch_id, b.removed, b.samples) for b in compared]
-        assert sum(b.same + b.changed + b.added for b in compared) > 0, "green's rows compared with blue's"
+        assert all(b.removed == 0 and b.added == 0 for b in compared), [(b.batch_id, b.samples) for b in compared]
+        assert sum(b.same + b.changed for b in compared) > 0, "green's rows compared with blue's, key by key"
         green_request(action, "promote")
         action = ended(action, 180)
-        assert action.status == ActionStatus.SUCCEEDED, action.outcome
+        assert action.status == ActionStatus.SUCCEEDED, state(action)
     finally:
         flow.stop()
     job.refresh_from_db()
-    green = Run.objects.get(id=action.params["green_run"])
+    green.refresh_from_db()
     assert green.status == RunStatus.RUNNING and job.checkpoint_dir == action.params["fork"]
-    assert job.parameters["threshold"] == 50
-    assert Run.objects.get(id=blue.id).status == RunStatus.STOPPED
-    assert f"after batch {action.params['handover_after']}" in Run.objects.get(id=blue.id).message
-    assert action.params["gap_seconds"] is not None, action.params
+    assert job.parameters["threshold"] == 50 and green.fencing_token == job.lease_token
+    handed = Run.objects.get(id=blue.id)
+    assert handed.status == RunStatus.STOPPED and f"after batch {action.params['handover_after']}" in handed.message
+    assert isinstance(action.params["gap_seconds"], float), action.params
+    assert action.params["first_batch"] > action.params["handover_after"]
     wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    assert one_line(job, action), "no batch number twice in the job's history"
+    assert lake_batches_once(spark, lake)
 
 
-def _unused() -> tuple[object, ...]:
-    return (os, signal, time, pid_alive)
+@pytest.mark.chaos
+def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_and_after_the_handover(
+    make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
+):
+    """A driver of its own for green; kill -9 of green before it caught up (started again on its fork, it goes on
+    following), an automatic promotion once caught up, and kill -9 of green just after the handover (the job
+    restarts on the new version's checkpoint under its strategy): every sink exact."""
+    lake = tmp_path / "lake"
+    job = team_job(make_job, team_database, lake, driver="own")
+    orders = Orders(redis, stream_name)
+    orders.send(40, seed=1)
+    job_request_start(job=job)
+    wait_for(lambda: running_with_progress(job), 240, 1, "the job to run")
+    flow = Flow(orders)
+    flow.start()
+    try:
+        action = action_request(job=job, kind=ActionKind.BLUE_GREEN, params={"pipeline": "customer-spend-v2"})
+        first = wait_for(lambda: Run.objects.filter(id=Action.objects.get(id=action.id).params.get("green_run"),
+                                                    started_at__isnull=False).first(), 240, 0.5, "green's driver")  # fmt: skip
+        assert first.driver_host_id is None and first.pid
+        os.killpg(first.pid, signal.SIGKILL)
+        again = wait_for(lambda: (r := green_running(action)) and r.id != first.id and r, 300, 0.5, "green again")
+        assert Run.objects.get(id=first.id).status == RunStatus.FAILED
+        changed = wait_for(lambda: GreenBatch.objects.filter(action=action, changed__gt=0).first(), 120, 0.5, "a diff")
+        assert any("average" in (s.get("after") or {}) for s in changed.samples), "v2's rows carry the average"
+        green_request(action, "promote")
+        try:
+            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 120, 0.2, "the handover")
+        except TimeoutError:
+            raise AssertionError(state(action)) from None
+        os.killpg(again.pid, signal.SIGKILL)
+        action = ended(action, 240)
+    finally:
+        flow.stop()
+    job.refresh_from_db()
+    assert job.pipeline == "customer-spend-v2" and job.checkpoint_dir == action.params["fork"]
+    wait_for(lambda: running_with_progress(job, again.id), 240, 1, "the job's restart on the new version")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    assert one_line(job, action) and lake_batches_once(spark, lake)
+
+
+@pytest.mark.chaos
+def test_an_abort_leaves_the_jobs_output_as_if_green_never_ran(
+    make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
+):
+    lake = tmp_path / "lake"
+    job = team_job(make_job, team_database, lake, driver="shared")
+    orders = Orders(redis, stream_name)
+    orders.send(40, seed=1)
+    job_request_start(job=job)
+    blue = wait_for(lambda: running_with_progress(job), 240, 1, "the job to run")
+    flow = Flow(orders)
+    flow.start()
+    try:
+        action = action_request(job=job, kind=ActionKind.BLUE_GREEN, params={"pipeline": "customer-spend-v2"})
+        wait_for(lambda: green_running(action), 150, 0.5, "green beside blue")
+        green_request(action, "abort")
+        action = ended(action, 120)
+    finally:
+        flow.stop()
+    assert action.status == ActionStatus.FAILED and "aborted" in action.outcome, action.outcome
+    job.refresh_from_db()
+    assert job.pipeline == "customer-spend" and job.checkpoint_dir == "checkpoint"
+    assert Run.objects.get(id=blue.id).status == RunStatus.RUNNING, "blue never stopped"
+    assert not (job.directory / action.params["fork"]).exists() and not GreenBatch.objects.filter(action=action)
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    # nothing of green's in any sink: only blue's token ever wrote there, and nothing was rewound
+    fences = {p.read_text() for p in (lake / "_statekeeper" / "fences").iterdir()}
+    assert fences == {str(blue.fencing_token)} and not (lake / "_statekeeper" / "rewound").exists()
+    assert {r.batch_id for r in job.checkpoints.all()} and all(c.run_id == blue.id for c in job.checkpoints.all())

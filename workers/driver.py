@@ -247,9 +247,9 @@ class JobDriver:
             )
             return RunStatus.REFUSED
         spec = job_spec(self.job, phase_seconds=self.phase_seconds)
-        if self.green:  # polled often while it follows (the job's batches come as the job commits them)
+        if self.green:  # its batches come as fast as the job committed them, then its source paces them
             spec = job_spec(
-                self.job, phase_seconds=self.phase_seconds or 0.0, follow=self.green["follow"],
+                self.job, phase_seconds=None, follow=self.green["follow"],
                 handover_file=str(green.handover_file(self.job.checkpoint_location)),
             )  # fmt: skip
         pipeline = pipelines.get(spec.pipeline)

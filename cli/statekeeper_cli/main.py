@@ -15,7 +15,7 @@
     statekeeper secret delete NAME    delete a secret no job names (admin)
 
 A spec is a YAML or TOML file per job (a directory of them, or one file): the job's settings by name, ``state:
-running | suspended`` and ``upgrade_mode: savepoint | stateless``. A spec never holds a password: a parameter
+running | suspended`` and ``upgrade_mode: savepoint | stateless | blue-green``. A spec never holds a password: a parameter
 names a secret instead (``postgres://team:${secret:team-db-password}@db/team_orders``), set once with ``statekeeper
 secret set``. ``--prune``: a job made from specs that no file
 names any more is archived. ``--json`` (before or after the command) prints machine-readable output on stdout. The console's address and token come from
@@ -127,7 +127,7 @@ def planned(console: Console, specs: list[dict[str, Any]], prune: bool, say: Any
     jobs = console.call("POST", "plan", {"jobs": specs, "prune": prune})["jobs"]
     for job in jobs:
         for step in job["steps"]:
-            if step["action"] == "upgrade":
+            if step["action"] in ("upgrade", "blue-green"):
                 step["verdict"] = preview_verdict(console, job["name"], step, say, timeout)
                 if step["verdict"]["verdict"] == "refused":
                     job["change"] = "refused"
@@ -166,7 +166,7 @@ def apply_step(console: Console, job: str, step: dict[str, Any], say: Any, timeo
         run = console.call("POST", f"jobs/{job}/start")["run"]
         return wait_running(console, job, run["id"], timeout)
     body = dict(params)
-    if action in ("upgrade", "rescale"):
+    if action in ("upgrade", "rescale", "blue-green"):
         body["from_spec"] = 1  # the settings it makes become the job's applied spec
     if action == "upgrade":
         mode = body.pop("upgrade_mode", "savepoint")

@@ -205,6 +205,23 @@ def _write(verb: str, summary: str, result: str) -> dict[str, Any]:
     }
 
 
+def _green(summary: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": [NAME],
+            "responses": {
+                "200": _json(
+                    {"type": "object", "properties": {"action": {"type": "integer"}, "requested": {"type": "string"}}},
+                    "asked",
+                ),  # fmt: skip
+                "409": _json(ERROR, "no blue/green upgrade in flight, or it has handed over already"),
+                **ERRORS,
+            },
+        }
+    }
+
+
 SPEC = {
     "type": "object",
     "description": "a job's spec: its settings by field name (as GET /api/v1/jobs/{name} shows them in spec), "
@@ -402,6 +419,23 @@ def schema() -> dict[str, Any]:
         ),
         "/api/v1/jobs/{name}/upgrade-rollback": _write(
             "upgrade-rollback", "Roll the job's latest upgrade back from the savepoint it took", "action"
+        ),
+        "/api/v1/jobs/{name}/blue-green": _write(
+            "blue-green",
+            "Change the running job without stopping its output: the new version runs beside it, compared batch by "
+            "batch, and takes over at a committed batch (auto: 1 once caught up and within the rules)",
+            "action",
+        ),
+        "/api/v1/jobs/{name}/blue-green/state": _read(
+            "The job's latest blue/green upgrade: green's batch beside the job's, and its per-batch diff",
+            {"type": "object"},
+            [NAME],
+        ),
+        "/api/v1/jobs/{name}/blue-green/promote": _green(
+            "Hand over to the new version now (it waits for it to catch up)"
+        ),
+        "/api/v1/jobs/{name}/blue-green/abort": _green(
+            "Stop the new version before the handover; the job is untouched"
         ),
         "/api/v1/jobs/{name}/dead-letters": _read(
             "The job's dead letters, newest first (next_before as before for older ones)",

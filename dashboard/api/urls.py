@@ -29,6 +29,10 @@ urlpatterns = [
     path("v1/jobs/<str:name>/upgrade-shadow", views.upgrade_shadow, name="upgrade_shadow"),
     path("v1/jobs/<str:name>/upgrade", views.upgrade, name="upgrade"),
     path("v1/jobs/<str:name>/upgrade-rollback", views.upgrade_rollback, name="upgrade_rollback"),
+    path("v1/jobs/<str:name>/blue-green", views.blue_green, name="blue_green"),
+    path("v1/jobs/<str:name>/blue-green/state", views.blue_green_state, name="blue_green_state"),
+    path("v1/jobs/<str:name>/blue-green/promote", views.blue_green_promote, name="blue_green_promote"),
+    path("v1/jobs/<str:name>/blue-green/abort", views.blue_green_abort, name="blue_green_abort"),
     path("v1/jobs/<str:name>/redrive-dead-letters", views.redrive_dead_letters, name="redrive_dead_letters"),
     # anything else under /api/ is a JSON 404, never the console's HTML page
     re_path(r"^", views.not_found, name="not_found"),

@@ -45,6 +45,7 @@ from dashboard.selectors.secrets import SecretRow, secret_list, secret_row
 from dashboard.services.actions import action_request
 from dashboard.services.adoption import checkpoint_adopt, checkpoint_set_aside
 from dashboard.services.audit import audit_record
+from dashboard.services.blue_green import green_request, green_view, latest_blue_green
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, run_holds_process
@@ -513,6 +514,14 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
         "parameters": (dict, 0, 100, False),
         "from_spec": (int, 0, 1, False),
     },  # fmt: skip
+    ActionKind.BLUE_GREEN: {
+        "pipeline": (str, 1, 40, True),
+        "parameters": (dict, 0, 100, False),
+        "auto": (int, 0, 1, False),  # hand over by itself once green is caught up and passes the rules
+        "no_removed": (int, 0, 1, False),  # a rule: no row of the job's missing from green's output
+        "max_changed_percent": (int, 0, 100, False),  # a rule: at most this share of rows changed
+        "from_spec": (int, 0, 1, False),
+    },  # fmt: skip
     ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
     # a list's bounds are its number of items: dead-letter ids (each a Redis stream id), or all: 1 for every one
     ActionKind.REDRIVE_DEAD_LETTERS: {"ids": (list, 1, 10_000, False), "all": (int, 0, 1, False)},
@@ -562,7 +571,7 @@ def _act(request: HttpRequest, name: str, verb: str) -> JsonResponse:
         raise ApiError(400, "Idempotency-Key is at most 200 characters.")
     found = _job(name)
     params = _body(request, verb)
-    if verb == ActionKind.UPGRADE and (
+    if verb in (ActionKind.UPGRADE, ActionKind.BLUE_GREEN) and (
         denied := upgrade_role_refusal(request.user, found, params["pipeline"], params.get("parameters"))
     ):
         audit_record(request, verb="denied", job=found.name, target=request.path, params=_audited(params, found.pipeline), outcome="denied",
@@ -638,12 +647,15 @@ def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
     elif (
         verb == ActionKind.ROLLBACK
         and (refused := rollback_preview(job, params["batch"]).refusal)
-        or verb in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW)
+        or verb in UPGRADE_KINDS
         and (refused := upgrade_refusal(job, params["pipeline"], params.get("parameters")))
     ):
         raise ActionRefused(refused)
-    if verb in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW):
+    if verb in UPGRADE_KINDS:
         params["parameters"] = target_parameters(job, params["pipeline"], params.get("parameters"))
+
+
+UPGRADE_KINDS = (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW, ActionKind.BLUE_GREEN)
 
 
 def _writer(verb: str) -> Callable[..., JsonResponse]:
@@ -666,6 +678,40 @@ upgrade_preview = _writer(ActionKind.UPGRADE_PREVIEW)
 upgrade = _writer(ActionKind.UPGRADE)
 upgrade_shadow = _writer(ActionKind.UPGRADE_SHADOW)
 upgrade_rollback = _writer(ActionKind.UPGRADE_ROLLBACK)
+blue_green = _writer(ActionKind.BLUE_GREEN)
+
+
+@endpoint(("GET",), VIEWER)
+def blue_green_state(request: HttpRequest, name: str) -> Any:
+    """The job's latest blue/green upgrade: where green is beside the job, and its per-batch diff."""
+    found = _job(name)
+    action = latest_blue_green(found)
+    if action is None:
+        raise ApiError(404, f"{found.name} has no blue/green upgrade.")
+    return green_view(action)
+
+
+def _green_writer(what: str) -> Callable[..., JsonResponse]:
+    @endpoint(("POST",), OPERATOR)
+    def view(request: HttpRequest, name: str) -> Any:
+        found = _job(name)
+        action = latest_blue_green(found)
+        if action is None:
+            raise ApiError(404, f"{found.name} has no blue/green upgrade.")
+        try:
+            green_request(action, what)
+        except ActionRefused as exc:
+            raise ApiError(409, str(exc)) from None
+        audit_record(request, verb=f"blue-green-{what}", job=found.name, target=f"action #{action.id}",
+                     outcome="requested", origin="api")  # fmt: skip
+        return {"action": action.id, "requested": what}
+
+    view.__name__ = f"api_blue_green_{what}"
+    return view
+
+
+blue_green_promote = _green_writer("promote")
+blue_green_abort = _green_writer("abort")
 redrive_dead_letters = _writer(ActionKind.REDRIVE_DEAD_LETTERS)
 
 

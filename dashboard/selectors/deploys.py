@@ -47,11 +47,13 @@ class UpgradeView:
 
 
 def upgrade_view(job: Job) -> UpgradeView:
-    kinds = [ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW, ActionKind.UPGRADE, ActionKind.UPGRADE_ROLLBACK]
+    kinds = [ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW, ActionKind.UPGRADE, ActionKind.UPGRADE_ROLLBACK,
+             ActionKind.BLUE_GREEN]  # fmt: skip
     history = list(job.actions.filter(kind__in=kinds).select_related("requested_by").order_by("-id")[:20])
     plan = next((a for a in history if a.params.get("plan")), None)
     shadow = next((a for a in history if a.params.get("shadow")), None)
-    latest = next((a for a in history if a.kind == ActionKind.UPGRADE and a.status == ActionStatus.SUCCEEDED), None)
+    upgrades = (ActionKind.UPGRADE, ActionKind.BLUE_GREEN)
+    latest = next((a for a in history if a.kind in upgrades and a.status == ActionStatus.SUCCEEDED), None)
     rolled_back = latest is not None and any(
         a.kind == ActionKind.UPGRADE_ROLLBACK and a.status == ActionStatus.SUCCEEDED and a.id > latest.id
         for a in history

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -30,7 +30,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches, remove_tree
-from dashboard.models import Action, ActionStatus, Checkpoint, Deploy, GreenBatch, Job, Run, RunStatus, Savepoint
+from dashboard.models import (
+    ACTIVE_RUN_STATUSES,
+    Action,
+    ActionKind,
+    ActionStatus,
+    Checkpoint,
+    Deploy,
+    GreenBatch,
+    Job,
+    Run,
+    RunStatus,
+    Savepoint,
+)
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -54,9 +66,10 @@ from dashboard.units import bytes_h
 GREEN_STARTS = 3  # a green that dies before the handover is started again this often, then the upgrade fails
 CATCH_UP_SECONDS = 1800  # how long an automatic promotion waits for green to catch up and pass its rules
 OWN_DRIVER_BYTES = 1_300_000_000  # what a driver of its own holds (bench.memory), for the memory check
-HEAP_HEADROOM = 0.8
-HANDOVER_WAIT_SECONDS = 10  # how long a promotion waits for green to have committed what blue has
-MAX_BEHIND = 20  # a green further behind than this at the handover cannot keep up: refused  # a shared driver takes green while its heap, with green's state, stays under this share
+HEAP_HEADROOM = 0.8  # a shared driver takes green while its heap, with green's state, stays under this share
+CATCH_UP_WAIT_SECONDS = 300  # how long a promotion waits for green to come within a batch of blue
+EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
+BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
 
 
 # -- what the page and the API show --------------------------------------------------------------------------------
@@ -87,12 +100,26 @@ def green_view(action: Action) -> dict[str, Any]:
         "run": run.id if run else None, "run_status": run.status if run else None,
         "blue_batch": blue, "green_batch": green_at,
         "behind": (blue - green_at) if isinstance(blue, int) and isinstance(green_at, int) else None,
-        "totals": totals, "rules": action.params.get("rules", {}), "auto": bool(action.params.get("auto")),
+        "totals": totals, "rules": action_rules(action.params), "auto": bool(action.params.get("auto")),
         "handed_over": bool(action.params.get("handed_over")), "gap_seconds": action.params.get("gap_seconds"),
         "batches": [{"batch": b.batch_id, "input_rows": b.input_rows, "output_rows": b.output_rows,
                      "added": b.added, "removed": b.removed, "changed": b.changed, "same": b.same,
                      "duration_ms": b.duration_ms, "samples": b.samples} for b in batches],
     }  # fmt: skip
+
+
+def latest_blue_green(job: Job) -> Action | None:
+    return job.actions.filter(kind=ActionKind.BLUE_GREEN).order_by("-id").first()
+
+
+def action_rules(params: dict[str, Any]) -> dict[str, Any]:
+    """The rules an automatic promotion checks, from the request (``no_removed``, ``max_changed_percent``)."""
+    rules: dict[str, Any] = {}
+    if params.get("no_removed"):
+        rules["no_removed"] = True
+    if params.get("max_changed_percent") is not None:
+        rules["max_changed_share"] = int(params["max_changed_percent"]) / 100
+    return rules
 
 
 def rules_problems(rules: dict[str, Any], totals: dict[str, int]) -> list[str]:
@@ -244,6 +271,14 @@ def _green_gone(run: Run) -> str:
     return "" if pid_alive(run.pid) else "its driver process is gone"
 
 
+def _green_holds(run: Run) -> bool:
+    """Green's query may still write its fork: its shared driver has not let go of it, or its own process lives."""
+    run.refresh_from_db()
+    if run.driver_host_id is not None:
+        return run.released_at is None and pid_alive(run.pid)
+    return pid_alive(run.pid)
+
+
 def _follow(action: Action) -> Outcome:
     """Green runs blue's batches behind it; on to the handover once promoted (by the operator, or by itself when
     caught up and its diff passes the rules), or to the abort."""
@@ -259,10 +294,16 @@ def _follow(action: Action) -> Outcome:
         return Next("green")
     if run.green.get("abort"):
         return Next("abort")
-    blue = active_run(job)
-    if blue is None:
-        memo_save(action, abort_reason=f"{job.name} stopped while the new version ran beside it")
-        return Next("abort")
+    if active_run(job) is None:  # blue failed, or was stopped: its restart strategy may bring it back
+        since = action.memo.get("blue_missing_since") or timezone.now().isoformat()
+        if not action.memo.get("blue_missing_since"):
+            memo_save(action, blue_missing_since=since)
+        if timezone.now() - datetime.fromisoformat(since) > timedelta(seconds=BLUE_MISSING_SECONDS):
+            memo_save(action, abort_reason=f"{job.name} stopped while the new version ran beside it")
+            return Next("abort")
+        return Wait(f"{job.name} is not running: waiting for its restart", 0.5)
+    if action.memo.get("blue_missing_since"):
+        memo_save(action, blue_missing_since=None)
     view = green_view(action)
     behind, green_at = view["behind"], view["green_batch"]
     problems = rules_problems(view["rules"], view["totals"])
@@ -296,16 +337,17 @@ def _handover(action: Action) -> Outcome:
     # The closest moment is when green has committed what blue has; under steady input green stays a batch or two
     # behind, and the handover then comes after blue's newest batch: green runs the ones it lacks as shadow, over
     # the same offsets, and writes the job's sinks from the next. Only the output gap grows with the lag.
-    if behind is None or (behind > 0 and step_seconds(action) < HANDOVER_WAIT_SECONDS):
+    waited = step_seconds(action)
+    if behind is None or behind > 1 and waited < CATCH_UP_WAIT_SECONDS or behind == 1 and waited < EXACT_WAIT_SECONDS:
         return Wait(f"handing over once green is caught up (it is {behind} batch(es) behind)", 0.05)
-    if behind > MAX_BEHIND:
+    if behind > 1:
         raise ActionFailed(
-            f"The new version is {behind} batches behind {job.name} (more than {MAX_BEHIND}): it cannot keep up, and "
-            "nothing was handed over. Abort it, or give the job more cores."
+            f"The new version was still {behind} batches behind {job.name} after {CATCH_UP_WAIT_SECONDS} s: it does "
+            "not keep up, and nothing was handed over."
         )
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(id=job.id)
-        blue = locked.runs.filter(status__in=(RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)).first()
+        blue = locked.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()  # a restart of blue, pending, included
         after = blue_last(locked)
         token = int(locked.lease_token or 0) + 1
         now = timezone.now()
@@ -350,7 +392,11 @@ def _live(action: Action) -> Outcome:
             return Wait(f"green took over after batch {after}: waiting for its first batch", 0.1)
         return _upgraded(action, run, None)
     blue_batch = Checkpoint.objects.filter(job=job, run_id=action.params.get("blue_run")).order_by("-batch_id").first()
-    gap = (first.committed_at - blue_batch.committed_at).total_seconds() if blue_batch else None
+    # a record's committed_at is its trigger's time: each batch is committed its duration later
+    gap = (
+        (first.committed_at + timedelta(milliseconds=first.duration_ms))
+        - (blue_batch.committed_at + timedelta(milliseconds=blue_batch.duration_ms))
+    ).total_seconds() if blue_batch else None  # fmt: skip
     remember(action, gap_seconds=round(gap, 3) if gap is not None else None, first_batch=first.batch_id)
     return _upgraded(action, run, first.batch_id)
 
@@ -383,11 +429,11 @@ def _abort(action: Action) -> Outcome:
         Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(
             status=RunStatus.STOPPED, ended_at=timezone.now(), message="Aborted before the handover."
         )
-        if not _green_gone(run) or (run.driver_host_id is None and pid_alive(run.pid)):
+        if _green_holds(run):  # its lease keeper finds it no longer green and stops its query
             if step_seconds(action) < settings.STOP_GRACE_SECONDS + 30:
                 return Wait(f"green run #{run.id} is stopping", 0.5)
             if run.driver_host_id is None and run.pid:
-                os.kill(run.pid, 9)
+                os.killpg(run.pid, 9)
     fork = action.params.get("fork")
     if fork and fork != Job.objects.get(id=job.id).checkpoint_dir:
         remove_tree(job.directory / fork)
@@ -412,15 +458,3 @@ BLUE_GREEN_STEPS: Steps = {
     "live": ("green's first batch in the job's sinks", _live),
     "abort": ("abort: stop green, remove its fork", _abort),
 }
-
-
-def blue_green_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The upgrade's target and options as the action keeps them, checked."""
-    checked = dict(params)
-    rules = checked.get("rules") or {}
-    if not isinstance(rules, dict) or set(rules) - {"no_removed", "max_changed_share"}:
-        raise ValueError("rules: give no_removed (true/false) and/or max_changed_share (0 to 1)")
-    share = rules.get("max_changed_share")
-    if share is not None and (isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1):
-        raise ValueError("rules: max_changed_share is a share from 0 to 1")
-    return checked

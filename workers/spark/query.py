@@ -106,6 +106,7 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
             reader.option("follow", spec.follow)
             .option("ownCheckpoint", spec.checkpoint)
             .option("handoverFile", spec.handover_file)
+            .option("paceMs", str(round(spec.trigger_seconds * 1000)))
         )
     return (
         reader.option("url", spec.redis_url)
@@ -131,6 +132,7 @@ def spread_trigger(spec: JobSpec, output: DataFrame) -> bool:
     return (
         spec.phase_seconds is not None
         and not spec.available_now
+        and not spec.follow
         and spec.trigger_seconds >= SPREAD_MIN_TRIGGER
         and spec.source_kind == "redis-stream"
         and not runs_without_data(output)
@@ -184,6 +186,8 @@ def start_query(
     )
     if spec.available_now:
         return writer.trigger(availableNow=True).start()
+    if spec.follow:  # a blue/green upgrade's new version: its source paces it (``RedisStreamReader._paced``)
+        return writer.trigger(processingTime="0 seconds").start()
     if spread:
         poll = spread_poll(spec.trigger_seconds)
         log.info("%s: batches start %g s into each %g s interval (trigger polled every %g s)", spec.name,

@@ -140,10 +140,14 @@ class RedisStreamReader(DataSourceStreamReader):
         self._admitted: int | None = None  # the interval whose entries the last batch took
         # A blue/green upgrade's new version runs the job's batches: until the handover file exists, each of its
         # batches reads exactly the offsets of the job's batch of that number, once the job has committed it.
+        self.pace = int(options.get("pacems", "0")) / 1000  # green's trigger interval: see ``_paced``
         self.follow = (
-            BatchFollower(options["follow"], options.get("owncheckpoint", "")) if options.get("follow") else None
+            BatchFollower(options["follow"], options.get("owncheckpoint", ""), self.pace)
+            if options.get("follow")
+            else None
         )
         self.handover_file = options.get("handoverfile", "")
+        self._next_read = 0.0  # when a paced reader reads the stream next (monotonic seconds)
         self._client: Any = None
         self.limits = Limits(
             max_string_chars=int(options.get("maxstringchars", MAX_STRING_CHARS)),
@@ -184,6 +188,7 @@ class RedisStreamReader(DataSourceStreamReader):
                 self._latest = followed or start
                 return followed or start
             self.follow = None  # past the job's last batch after the handover: it reads the stream from here on
+        self._paced()
         now_ms = time.time() * 1000
         if not self.admits(now_ms):
             return start
@@ -202,6 +207,18 @@ class RedisStreamReader(DataSourceStreamReader):
             if entries:
                 return {"id": text_of(entries[-1][0]), "n": start["n"] + len(entries)}
         return latest if parse_id(latest["id"]) > parse_id(start["id"]) else start
+
+    def _paced(self) -> None:
+        """Green's query triggers without pause (to catch up with blue, its batches come as fast as blue committed
+        them); once it reads the stream itself, this source paces it to one read per trigger interval, as Spark's
+        processing-time trigger would: it waits here for the next one. A read finds "no new data" at most once an
+        interval, so a plan with a watermark runs a no-data batch no more often than under Spark's trigger."""
+        if self.pace <= 0:
+            return
+        now = time.monotonic()
+        if now < self._next_read:
+            time.sleep(self._next_read - now)
+        self._next_read = max(now, self._next_read) + self.pace
 
     def handed_over(self) -> bool:
         return bool(self.handover_file) and os.path.exists(self.handover_file)
@@ -259,11 +276,14 @@ class BatchFollower:
     batch rather than answer "no new data" while blue runs it: Spark would run a no-data batch of its own there,
     one that blue did not, and the numbers would part. Offsets files never change once written: each is read once."""
 
-    WAIT_SECONDS = 2.0  # longest one call waits for blue's batch (a stop of green's query waits no longer)
+    RUNNING_WAIT_SECONDS = 60.0  # longest one call waits for a batch blue is running (a stop waits no longer)
 
-    def __init__(self, blue: str, own: str) -> None:
+    def __init__(self, blue: str, own: str, interval: float = 0.0) -> None:
         self.blue, self.own = blue.removeprefix("file:"), own.removeprefix("file:")
         self.ends: dict[int, dict[str, Any]] = {}
+        # Blue not even planning a batch this long has none to run: it has no watermark to move either (it would run a
+        # no-data batch within an interval), so green, on the same state, has none, and "no new data" is safe.
+        self.idle_wait = interval + 2.0
 
     def _has(self, folder: str, batch: int) -> bool:
         return os.path.exists(os.path.join(self.blue, folder, str(batch)))
@@ -293,14 +313,16 @@ class BatchFollower:
         wanted = self._next_number()
         if wanted is None:
             return None
-        deadline = time.monotonic() + (0 if planned else self.WAIT_SECONDS)
+        began = time.monotonic()
         while True:
             if self._has("offsets" if planned else "commits", wanted):
                 before, end = self._end(wanted - 1), self._end(wanted)
                 if before is not None and end is not None and str(before["id"]) == str(start["id"]):
                     return end
                 return None  # the numbers parted (blue's batch does not start where green's does): read on freely
-            if time.monotonic() >= deadline or until():
+            waited = time.monotonic() - began
+            running = self._has("offsets", wanted)  # blue planned it: it is running it now
+            if planned or until() or waited >= (self.RUNNING_WAIT_SECONDS if running else self.idle_wait):
                 return None
             time.sleep(0.05)
 
