@@ -71,6 +71,7 @@ def gap_after(job: Job, old_run: int, timeout: float = 300) -> float:
         timeout, 0.2, "the new version's first batch",
     )  # fmt: skip
     last = Checkpoint.objects.filter(job=job, run_id=old_run).order_by("-batch_id").first()
+    assert first is not None and last is not None
     return committed(first) - committed(last)
 
 

@@ -68,22 +68,54 @@ def ended(action: Action, timeout: float) -> Action:
         raise AssertionError(state(action)) from None
 
 
+def running_team_job(
+    make_job, redis, stream_name: str, team_database: str, lake, driver: str
+) -> tuple[Job, Orders, Run, Flow]:
+    """The team's job running with its three sinks, orders flowing into it."""
+    job = team_job(make_job, team_database, lake, driver=driver)
+    orders = Orders(redis, stream_name)
+    orders.send(40, seed=1)
+    job_request_start(job=job)
+    blue = wait_for(lambda: running_with_progress(job), 240, 1, "the job to run")
+    flow = Flow(orders)
+    flow.start()
+    return job, orders, blue, flow
+
+
+def beside(job: Job, params: dict) -> Action:
+    """A blue/green upgrade requested, once green has run two batches beside the job."""
+    action = action_request(job=job, kind=ActionKind.BLUE_GREEN, params=params)
+    try:
+        wait_for(lambda: green_running(action), 240, 0.5, "green to run two batches beside the job")
+    except TimeoutError:
+        raise AssertionError(state(action)) from None
+    action.refresh_from_db()
+    return action
+
+
 def green_running(action: Action) -> Run | None:
     action.refresh_from_db()
     run = Run.objects.filter(id=action.params.get("green_run")).first()
     return run if run is not None and GreenBatch.objects.filter(action=action).count() >= 2 else None
 
 
-def one_line(job: Job, action: Action) -> bool:
-    """The job's checkpoint history is one line: the job's batches, then the new version's from the batch after the
-    handover, each number once in its checkpoint directory."""
+def one_line(job: Job, action: Action) -> str:
+    """Why the job's checkpoint history is not one line (empty when it is): the job's batches, then the new version's
+    from the batch after the handover, each number once in its checkpoint directory."""
     after = action.params["handover_after"]
     blue = [b for (b,) in Checkpoint.objects.filter(job=job, location="checkpoint").values_list("batch_id")]
     green = [b for (b,) in Checkpoint.objects.filter(job=job, location=action.params["fork"]).values_list("batch_id")]
-    return (
-        len(blue) == len(set(blue)) and len(green) == len(set(green)) and bool(green) and min(green) > after
-        and max(blue) <= after + 1  # the batch the job had in flight at the handover, at most, which green replaced
-    )  # fmt: skip
+    problems = [
+        "a batch of the job's twice" if len(blue) != len(set(blue)) else "",
+        "a batch of the new version's twice" if len(green) != len(set(green)) else "",
+        "no batch of the new version's" if not green else "",
+        f"the new version's first batch {min(green)} is not after {after}" if green and min(green) <= after else "",
+        # the batch the job had in flight at the handover, at most, which green replaced
+        f"the job committed {max(blue)}, more than one batch after {after}" if max(blue) > after + 1 else "",
+    ]
+    return "; ".join(filter(None, problems)) + (
+        f" (job {sorted(blue)[-5:]}, new {sorted(green)[:5]})" if any(problems) else ""
+    )
 
 
 def lake_batches_once(spark, lake) -> bool:
@@ -100,20 +132,9 @@ def test_a_parameter_change_hands_over_in_the_shared_driver_with_every_sink_exac
     """In the shared driver, green beside blue; the Celery worker killed while green follows (the upgrade goes on
     in the next worker); the operator promotes; green writes the job's sinks from the batch after blue's last."""
     lake = tmp_path / "lake"
-    job = team_job(make_job, team_database, lake, driver="shared")
-    orders = Orders(redis, stream_name)
-    orders.send(40, seed=1)
-    job_request_start(job=job)
-    blue = wait_for(lambda: running_with_progress(job), 240, 1, "the job to run")
-    flow = Flow(orders)
-    flow.start()
+    job, orders, blue, flow = running_team_job(make_job, redis, stream_name, team_database, lake, "shared")
     try:
-        action = action_request(job=job, kind=ActionKind.BLUE_GREEN,
-                                params={"pipeline": "customer-spend", "parameters": {"threshold": 50}})  # fmt: skip
-        try:
-            wait_for(lambda: green_running(action), 150, 0.5, "green to run two batches beside blue")
-        except TimeoutError:
-            raise AssertionError(state(action)) from None
+        action = beside(job, {"pipeline": "customer-spend", "parameters": {"threshold": 50}})
         green = Run.objects.get(id=action.params["green_run"])
         assert green.driver_host_id == blue.driver_host_id, "green is a second query in the job's shared driver"
         celery_worker.kill()
@@ -136,7 +157,7 @@ def test_a_parameter_change_hands_over_in_the_shared_driver_with_every_sink_exac
     assert isinstance(action.params["gap_seconds"], float), action.params
     assert action.params["first_batch"] > action.params["handover_after"]
     wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
-    assert one_line(job, action), "no batch number twice in the job's history"
+    assert not (why := one_line(job, action)), why
     assert lake_batches_once(spark, lake)
 
 
@@ -148,13 +169,7 @@ def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_an
     following), an automatic promotion once caught up, and kill -9 of green just after the handover (the job
     restarts on the new version's checkpoint under its strategy): every sink exact."""
     lake = tmp_path / "lake"
-    job = team_job(make_job, team_database, lake, driver="own")
-    orders = Orders(redis, stream_name)
-    orders.send(40, seed=1)
-    job_request_start(job=job)
-    wait_for(lambda: running_with_progress(job), 240, 1, "the job to run")
-    flow = Flow(orders)
-    flow.start()
+    job, orders, _, flow = running_team_job(make_job, redis, stream_name, team_database, lake, "own")
     try:
         action = action_request(job=job, kind=ActionKind.BLUE_GREEN, params={"pipeline": "customer-spend-v2"})
         first = wait_for(lambda: Run.objects.filter(id=Action.objects.get(id=action.id).params.get("green_run"),
@@ -178,7 +193,8 @@ def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_an
     assert job.pipeline == "customer-spend-v2" and job.checkpoint_dir == action.params["fork"]
     wait_for(lambda: running_with_progress(job, again.id), 240, 1, "the job's restart on the new version")
     wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
-    assert one_line(job, action) and lake_batches_once(spark, lake)
+    assert not (why := one_line(job, action)), why
+    assert lake_batches_once(spark, lake)
 
 
 @pytest.mark.chaos
@@ -186,13 +202,7 @@ def test_an_abort_leaves_the_jobs_output_as_if_green_never_ran(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
 ):
     lake = tmp_path / "lake"
-    job = team_job(make_job, team_database, lake, driver="shared")
-    orders = Orders(redis, stream_name)
-    orders.send(40, seed=1)
-    job_request_start(job=job)
-    blue = wait_for(lambda: running_with_progress(job), 240, 1, "the job to run")
-    flow = Flow(orders)
-    flow.start()
+    job, orders, blue, flow = running_team_job(make_job, redis, stream_name, team_database, lake, "shared")
     try:
         action = action_request(job=job, kind=ActionKind.BLUE_GREEN, params={"pipeline": "customer-spend-v2"})
         wait_for(lambda: green_running(action), 150, 0.5, "green beside blue")
@@ -210,3 +220,27 @@ def test_an_abort_leaves_the_jobs_output_as_if_green_never_ran(
     fences = {p.read_text() for p in (lake / "_statekeeper" / "fences").iterdir()}
     assert fences == {str(blue.fencing_token)} and not (lake / "_statekeeper" / "rewound").exists()
     assert {r.batch_id for r in job.checkpoints.all()} and all(c.run_id == blue.id for c in job.checkpoints.all())
+
+
+@pytest.mark.chaos
+def test_blue_killed_as_the_handover_is_asked_for_leaves_every_sink_exact(
+    make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
+):
+    """A driver of its own for each: blue killed with kill -9 right after the promotion is asked for. Whether its
+    restart or the handover comes first, one of them fences the other, and every sink stays exact."""
+    lake = tmp_path / "lake"
+    job, orders, blue, flow = running_team_job(make_job, redis, stream_name, team_database, lake, "own")
+    try:
+        action = beside(job, {"pipeline": "customer-spend", "parameters": {"threshold": 70}})
+        green_request(action, "promote")
+        os.killpg(blue.pid, signal.SIGKILL)
+        action = ended(action, 300)
+        assert action.status == ActionStatus.SUCCEEDED, state(action)
+    finally:
+        flow.stop()
+    job.refresh_from_db()
+    assert job.parameters["threshold"] == 70 and job.checkpoint_dir == action.params["fork"]
+    wait_for(lambda: running_with_progress(job, blue.id), 240, 1, "the new version running")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    assert lake_batches_once(spark, lake)
+    assert job.runs.filter(status__in=("pending", "starting", "running", "stopping")).count() == 1

@@ -25,7 +25,7 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from dashboard import pipelines
-from dashboard.checkpoint_dir.files import planned_batch
+from dashboard.checkpoint_dir.files import handover_file, mark_handed_over, planned_batch
 from dashboard.failures import describe, root_cause
 from dashboard.models import Job, Run, RunStatus
 from dashboard.selectors.cluster import cluster_cores, master_ui, waiting_for_cores
@@ -250,7 +250,7 @@ class JobDriver:
         if self.green:  # its batches come as fast as the job committed them, then its source paces them
             spec = job_spec(
                 self.job, phase_seconds=None, follow=self.green["follow"],
-                handover_file=str(green.handover_file(self.job.checkpoint_location)),
+                handover_file=str(handover_file(self.job.checkpoint_location)),
             )  # fmt: skip
         pipeline = pipelines.get(spec.pipeline)
         values = pipelines.parameter_values(spec.pipeline, json.loads(spec.parameters))
@@ -345,7 +345,7 @@ class JobDriver:
     def _went_live(self, conf: dict[str, str], code: pipelines.CodeVersion) -> None:
         """Green took over: the handover file for its source (the console wrote it too, unless it died first), the
         deploy it runs recorded as the job's, and what the process does for a driver of the job (its lock)."""
-        green.mark_handed_over(self.job.checkpoint_location, None)
+        mark_handed_over(self.job.checkpoint_location, None)
         self.run.refresh_from_db()
         deploy_record(run=self.run, spark_conf=conf, code=code)
         if self.on_live is not None:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from django.db import DatabaseError, connection
@@ -34,20 +32,6 @@ from workers.sink import CHUNK, _storable, output_rows, persisted, results_rows
 
 log = logging.getLogger("statekeeper.green")
 SAMPLES = 5  # rows that differ kept per batch, to show
-
-
-def handover_file(checkpoint: Path) -> Path:
-    """The file whose presence tells green's source that blue is fenced: it reads on from the stream after blue's
-    last planned batch. Beside green's checkpoint directory, named after it."""
-    return checkpoint.parent / f"{checkpoint.name}.handover"
-
-
-def mark_handed_over(checkpoint: Path, batch: int | None) -> None:
-    path = handover_file(checkpoint)
-    if not path.exists():
-        scratch = path.with_name(f".{path.name}.tmp")
-        scratch.write_text(json.dumps({"after_batch": batch, "at": time.time()}))
-        scratch.replace(path)
 
 
 class GreenState:

@@ -681,23 +681,25 @@ upgrade_rollback = _writer(ActionKind.UPGRADE_ROLLBACK)
 blue_green = _writer(ActionKind.BLUE_GREEN)
 
 
-@endpoint(("GET",), VIEWER)
-def blue_green_state(request: HttpRequest, name: str) -> Any:
-    """The job's latest blue/green upgrade: where green is beside the job, and its per-batch diff."""
+def _blue_green_of(name: str) -> tuple[Job, Action]:
+    """The job and its latest blue/green upgrade; 404 when it has none."""
     found = _job(name)
     action = latest_blue_green(found)
     if action is None:
         raise ApiError(404, f"{found.name} has no blue/green upgrade.")
-    return green_view(action)
+    return found, action
+
+
+@endpoint(("GET",), VIEWER)
+def blue_green_state(request: HttpRequest, name: str) -> Any:
+    """The job's latest blue/green upgrade: where green is beside the job, and its per-batch diff."""
+    return green_view(_blue_green_of(name)[1])
 
 
 def _green_writer(what: str) -> Callable[..., JsonResponse]:
     @endpoint(("POST",), OPERATOR)
     def view(request: HttpRequest, name: str) -> Any:
-        found = _job(name)
-        action = latest_blue_green(found)
-        if action is None:
-            raise ApiError(404, f"{found.name} has no blue/green upgrade.")
+        found, action = _blue_green_of(name)
         try:
             green_request(action, what)
         except ActionRefused as exc:

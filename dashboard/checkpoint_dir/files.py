@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -266,3 +267,18 @@ def entries_json(entries: list[FileEntry]) -> list[dict[str, Any]]:
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def handover_file(checkpoint: Path) -> Path:
+    """A blue/green upgrade's handover file (dashboard/services/blue_green.py): its presence tells the new version's
+    source that the job's old version is fenced, and that it reads on from the stream after the old version's last
+    planned batch. Beside the new version's checkpoint directory, named after it."""
+    return checkpoint.parent / f"{checkpoint.name}.handover"
+
+
+def mark_handed_over(checkpoint: Path, batch: int | None) -> None:
+    path = handover_file(checkpoint)
+    if not path.exists():
+        scratch = path.with_name(f".{path.name}.tmp")
+        scratch.write_text(json.dumps({"after_batch": batch, "at": time.time()}))
+        scratch.replace(path)

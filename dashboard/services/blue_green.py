@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.checkpoint_dir.files import committed_batches, remove_tree
+from dashboard.checkpoint_dir.files import committed_batches, handover_file, mark_handed_over, remove_tree
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
     Action,
@@ -367,8 +367,6 @@ def _handover(action: Action) -> Outcome:
         )  # fmt: skip
         remember(action, handed_over=True, handover_after=after, blue_run=blue.id if blue else None,
                  handover_at=now.isoformat(), run=run.id)  # fmt: skip
-    from workers.green import mark_handed_over  # noqa: PLC0415  (the file its source reads; no Spark imported)
-
     mark_handed_over(job.directory / action.params["fork"], after)
     return Next("live")
 
@@ -437,7 +435,7 @@ def _abort(action: Action) -> Outcome:
     fork = action.params.get("fork")
     if fork and fork != Job.objects.get(id=job.id).checkpoint_dir:
         remove_tree(job.directory / fork)
-        (job.directory / f"{fork}.handover").unlink(missing_ok=True)
+        handover_file(job.directory / fork).unlink(missing_ok=True)
     compared = GreenBatch.objects.filter(action=action).count()
     GreenBatch.objects.filter(action=action).delete()
     why = action.memo.get("abort_reason") or "on request"

@@ -1,0 +1,165 @@
+"""The parts of a blue/green upgrade that need no running job: green's source following the job's checkpoint batch by
+batch, the file sink's fence, the per-batch diff against what the job wrote, the promotion rules, and the API and page
+that drive it (the whole upgrade, with kills, runs in tests/test_blue_green.py, ``-m chaos``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from dashboard.engine.sinks import Fenced, FileLog
+from dashboard.models import Action, ActionKind, ActionStatus, GreenBatch, ResultRow, ResultUndo, Run, RunStatus
+from dashboard.services.blue_green import action_rules, green_view, rules_problems
+from tests.test_api import call, token  # noqa: F401  (a fixture)
+from workers.green import blue_output, diff
+from workers.spark.sources.redis_streams import BatchFollower, RedisStreamReader
+
+
+def offsets_file(root: Path, batch: int, entry: str, n: int) -> None:
+    (root / "offsets").mkdir(parents=True, exist_ok=True)
+    (root / "offsets" / str(batch)).write_text(f'v1\n{{"batchTimestampMs":{batch}}}\n{{"id":"{entry}","n":{n}}}\n')
+
+
+def commit_file(root: Path, batch: int) -> None:
+    (root / "commits").mkdir(parents=True, exist_ok=True)
+    (root / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+def test_green_reads_exactly_the_offsets_of_the_jobs_batch_of_its_number_once_the_job_committed_it(tmp_path):
+    blue, own = tmp_path / "checkpoint", tmp_path / "checkpoint-green-1"
+    for batch, (entry, n) in enumerate([("1-0", 1), ("5-0", 5), ("5-0", 5), ("9-0", 9)]):
+        offsets_file(blue, batch, entry, n)
+    for batch in (0, 1, 2):
+        commit_file(blue, batch)
+    offsets_file(own, 0, "1-0", 1)  # green forked at batch 0: its next batch is 1
+    follower = BatchFollower(str(blue), str(own))
+    follower.idle_wait = 0.1
+    assert follower.next_end({"id": "1-0", "n": 1}) == {"id": "5-0", "n": 5}, "blue's batch 1, as blue read it"
+
+    offsets_file(own, 1, "5-0", 5)
+    assert follower.next_end({"id": "5-0", "n": 5}) == {"id": "5-0", "n": 5}, "batch 2 read nothing (a no-data batch)"
+
+    offsets_file(own, 2, "5-0", 5)
+    began = time.monotonic()
+    follower.RUNNING_WAIT_SECONDS = 0.3
+    assert follower.next_end({"id": "5-0", "n": 5}) is None, "blue runs batch 3 and has not committed it"
+    assert time.monotonic() - began >= 0.3, "green waited for it rather than answer 'no new data' at once"
+    assert follower.next_end({"id": "5-0", "n": 5}, planned=True) == {"id": "9-0", "n": 9}, (
+        "after the handover, blue's batch in flight: green replaces it over the same offsets"
+    )
+    commit_file(blue, 3)
+    assert follower.next_end({"id": "4-0", "n": 4}) is None, "the numbers parted: green reads on by itself"
+
+
+@pytest.mark.django_db
+def test_green_reads_the_stream_itself_after_the_jobs_last_batch_once_handed_over(tmp_path, redis, stream_name):
+    blue, own = tmp_path / "checkpoint", tmp_path / "checkpoint-green-1"
+    ids = [redis.xadd(stream_name, {"v": "{}"}).decode() for _ in range(6)]
+    offsets_file(blue, 0, ids[1], 2)
+    offsets_file(blue, 1, ids[3], 4)
+    commit_file(blue, 0)
+    offsets_file(own, 0, ids[1], 2)
+    handover = tmp_path / "checkpoint-green-1.handover"
+    reader = RedisStreamReader({
+        "url": f"redis://127.0.0.1:6379/{redis.connection_pool.connection_kwargs['db']}",
+        "stream": stream_name, "format": "{}", "follow": str(blue), "owncheckpoint": str(own),
+        "handoverfile": str(handover), "pacems": "100",
+    })  # fmt: skip
+    reader.follow.RUNNING_WAIT_SECONDS = 0.2  # type: ignore[union-attr]
+    start = {"id": ids[1], "n": 2}
+    assert reader.latestOffset(start, ReadAllAvailable()) == start, "blue runs batch 1 and has not committed it"
+    handover.write_text("{}")
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"id": ids[3], "n": 4}, "blue's batch in flight"
+    offsets_file(own, 1, ids[3], 4)
+    assert reader.latestOffset({"id": ids[3], "n": 4}, ReadAllAvailable()) == {"id": ids[5], "n": 6}, (
+        "past the job's last batch: the stream's head"
+    )
+
+
+def test_the_file_sinks_fence_refuses_an_older_token_and_lets_one_writer_in_at_a_time(tmp_path):
+    log = FileLog(tmp_path / "lake")
+    with log.fenced("orders", 7):
+        pass
+    with pytest.raises(Fenced, match="token 6 is stale"), log.fenced("orders", 6):
+        pass
+    with log.fenced("other-job", 1):  # each job's fence is its own
+        pass
+    inside: list[str] = []
+
+    def second() -> None:
+        with log.fenced("orders", 8):
+            inside.append("second")
+
+    with log.fenced("orders", 7):
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.3)
+        assert inside == [], "the newer writer waits for the batch being written"
+    thread.join(5)
+    assert inside == ["second"]
+    with pytest.raises(Fenced), log.fenced("orders", 7):
+        pass
+
+
+@pytest.mark.django_db
+def test_greens_rows_are_compared_with_what_the_job_wrote_for_the_same_batch(make_job):
+    job = make_job(name="orders")
+    ResultRow.objects.create(job=job, kind="spend", key="a", value={"total": 1}, batch_id=5)
+    ResultRow.objects.create(job=job, kind="spend", key="b", value={"total": 9}, batch_id=6)  # b changed again at 6
+    ResultUndo.objects.create(job=job, batch_id=6, kind="spend", key="b", value={"total": 2}, prior_batch=5)
+    ResultRow.objects.create(job=job, kind="spend", key="c", value={"total": 3}, batch_id=4)
+    blue = blue_output(job.id, 5)
+    assert blue == {("spend", "a"): {"total": 1}, ("spend", "b"): {"total": 2}}, "b as batch 5 left it"
+    found = diff(blue, {("spend", "a"): {"total": 1}, ("spend", "b"): {"total": 3}, ("spend", "d"): {"total": 4}})
+    assert (found["added"], found["removed"], found["changed"], found["same"]) == (1, 0, 1, 1)
+    assert {s["key"]: s["change"] for s in found["samples"]} == {"b": "changed", "d": "added"}
+    assert diff(blue, {})["removed"] == 2
+
+
+def test_the_promotion_rules():
+    rules = action_rules({"no_removed": 1, "max_changed_percent": 10})
+    assert rules == {"no_removed": True, "max_changed_share": 0.1}
+    assert rules_problems(rules, {"added": 0, "removed": 0, "changed": 1, "same": 99}) == []
+    assert rules_problems(rules, {"added": 0, "removed": 2, "changed": 20, "same": 78}) == [
+        "2 row(s) blue wrote are missing from green's output", "20 of 100 rows changed, more than 10%",
+    ]  # fmt: skip
+    assert rules_problems(action_rules({}), {"removed": 5, "changed": 5, "same": 0}) == []
+
+
+@pytest.mark.django_db
+def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job, as_role):  # noqa: F811
+    job = make_job(name="orders", pipeline="url-counts")
+    operator, viewer = token("operator"), token("viewer", "watcher")
+    bad = call(client, "POST", "/api/v1/jobs/orders/blue-green", operator, {"pipeline": "url-counts",
+                                                                             "max_changed_percent": 150})  # fmt: skip
+    assert bad.status_code == 400 and "max_changed_percent" in bad.json()["error"]
+    assert call(client, "POST", "/api/v1/jobs/orders/blue-green", viewer, {"pipeline": "x"}).status_code == 403
+    assert call(client, "GET", "/api/v1/jobs/orders/blue-green/state", viewer).status_code == 404
+    assert call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", operator).status_code == 404
+
+    action = Action.objects.create(job=job, kind=ActionKind.BLUE_GREEN, status=ActionStatus.RUNNING,
+                                   params={"pipeline": "url-counts", "plan": {"target": "url-counts"}, "auto": 1,
+                                           "no_removed": 1, "bg_batch": 3})  # fmt: skip
+    assert call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", operator).status_code == 409, "no green yet"
+    green = Run.objects.create(job=job, status=RunStatus.GREEN, green={"action": action.id})
+    action.params["green_run"] = green.id
+    action.save()
+    GreenBatch.objects.create(action=action, batch_id=4, input_rows=10, output_rows=3, same=2, changed=1,
+                              samples=[{"change": "changed", "kind": "url", "key": "/a", "before": 1, "after": 2}])  # fmt: skip
+    state = call(client, "GET", "/api/v1/jobs/orders/blue-green/state", viewer).json()
+    assert state["green_batch"] == 4 and state["totals"]["changed"] == 1 and state["rules"] == {"no_removed": True}
+    assert call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", viewer).status_code == 403
+    answer = call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", operator)
+    assert answer.status_code == 200 and "promote" in Run.objects.get(id=green.id).green
+
+    page = as_role("operator").get("/jobs/orders/deploys").content.decode()
+    assert 'value="blue-green"' in page and 'id="blue-green"' in page
+    assert 'data-green-diff="0/0/1/2"' in page and "Promote (hand over)" in page and "/a" in page
+    panel = as_role("viewer", "v2").get("/jobs/orders/blue-green").content.decode()
+    assert 'data-green-diff="0/0/1/2"' in panel and "Promote (hand over)" not in panel, "a viewer sees, cannot act"
+    assert json.loads(json.dumps(green_view(action)))["green_batch"] == 4, "the view is plain JSON"
