@@ -293,6 +293,7 @@ class JobDriver:
                 sink_parameters=revealed, code=code.code_hash, close_connection=self.shared,
             )  # fmt: skip
 
+        self.keeper = keeper
         writer = sinks(self.token)
         if self.green:
             assert isinstance(keeper, green.GreenLease) and isinstance(recorder, green.GreenRecorder)
@@ -345,7 +346,8 @@ class JobDriver:
     def _went_live(self, conf: dict[str, str], code: pipelines.CodeVersion) -> None:
         """Green took over: the handover file for its source (the console wrote it too, unless it died first), the
         deploy it runs recorded as the job's, and what the process does for a driver of the job (its lock)."""
-        mark_handed_over(self.job.checkpoint_location, None)
+        if isinstance(after := getattr(self.keeper, "after", None), int):
+            mark_handed_over(self.job.checkpoint_location, after)
         self.run.refresh_from_db()
         deploy_record(run=self.run, spark_conf=conf, code=code)
         if self.on_live is not None:

@@ -26,7 +26,7 @@ from django.utils import timezone
 from pyspark.sql import DataFrame, Row
 from statekeeper_sdk import FileSink, Pipeline, Rejected, Result, ResultsTable, TableSink
 
-from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.checkpoint_dir.files import committed_batches, handed_over_after
 from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
     COMMITS,
     COMPACT_INTERVAL,
@@ -323,6 +323,8 @@ def batch_writer(
     which name the secrets, so that no digest is made of a password and a rotation rewinds nothing."""
     client: list[Any] = []
     values = dict(parameters or {})
+    # a blue/green upgrade's old version wrote the sinks up to this batch of the checkpoint (checkpoint_dir/files.py)
+    written_before = handed_over_after(Path(checkpoint)) if checkpoint else None
     sinks = SinkSet(
         job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline,
         parameters=dict(sink_parameters if sink_parameters is not None else values),
@@ -339,6 +341,9 @@ def batch_writer(
         # before the frame is computed: computing it runs the stateful operators, which write the batch's state files
         with connection.cursor() as cursor:
             lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
+        if written_before is not None and batch_id <= written_before:
+            log.info("job %s batch %s: written by the version it took over from; no sink written", job_id, batch_id)
+            return
         digest = lineage_digest(batch_offsets_bytes(checkpoint, batch_id), code, values)
         rejected: list[Rejected] = []
         with persisted(frame):

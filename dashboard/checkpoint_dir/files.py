@@ -276,9 +276,21 @@ def handover_file(checkpoint: Path) -> Path:
     return checkpoint.parent / f"{checkpoint.name}.handover"
 
 
-def mark_handed_over(checkpoint: Path, batch: int | None) -> None:
+def mark_handed_over(checkpoint: Path, batch: int) -> None:
+    """Write the handover file: the old version's last committed batch, after which the new version writes."""
     path = handover_file(checkpoint)
-    if not path.exists():
+    if handed_over_after(checkpoint) != batch:
         scratch = path.with_name(f".{path.name}.tmp")
         scratch.write_text(json.dumps({"after_batch": batch, "at": time.time()}))
         scratch.replace(path)
+
+
+def handed_over_after(checkpoint: Path) -> int | None:
+    """The batch after which a blue/green upgrade's new version took over this checkpoint (None: no handover here).
+    The old version wrote the job's sinks up to it: a run of this checkpoint that replays such a batch (the new
+    version was killed in it) writes no sink for it."""
+    try:
+        found = json.loads(handover_file(checkpoint).read_text()).get("after_batch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(found) if isinstance(found, int) else None

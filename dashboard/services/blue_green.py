@@ -340,15 +340,16 @@ def _handover(action: Action) -> Outcome:
     waited = step_seconds(action)
     if behind is None or behind > 1 and waited < CATCH_UP_WAIT_SECONDS or behind == 1 and waited < EXACT_WAIT_SECONDS:
         return Wait(f"handing over once green is caught up (it is {behind} batch(es) behind)", 0.05)
-    if behind > 1:
-        raise ActionFailed(
-            f"The new version was still {behind} batches behind {job.name} after {CATCH_UP_WAIT_SECONDS} s: it does "
-            "not keep up, and nothing was handed over."
-        )
+    if behind > 1:  # on a host whose cores the job already fills, green runs no faster than the job
+        memo_save(action, abort_reason=f"green was still {behind} batches behind after {CATCH_UP_WAIT_SECONDS} s: "
+                  "it does not catch up on this host's cores; nothing was handed over")  # fmt: skip
+        return Next("abort")
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(id=job.id)
         blue = locked.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()  # a restart of blue, pending, included
         after = blue_last(locked)
+        if after is None:
+            raise ActionFailed(f"{job.name}'s checkpoint has no committed batch to hand over after; nothing changed.")
         token = int(locked.lease_token or 0) + 1
         now = timezone.now()
         if blue is not None:
