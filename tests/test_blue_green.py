@@ -15,7 +15,7 @@ import pytest
 
 from dashboard.models import Action, ActionKind, ActionStatus, Checkpoint, GreenBatch, Job, Run, RunStatus
 from dashboard.services.actions import action_request
-from dashboard.services.blue_green import green_request
+from dashboard.services.blue_green import green_request, green_view
 from dashboard.services.runs import job_request_start
 from tests.conftest import wait_for
 from tests.support import Orders, every_sink_exact, finished, running_with_progress
@@ -180,9 +180,11 @@ def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_an
         assert Run.objects.get(id=first.id).status == RunStatus.FAILED
         changed = wait_for(lambda: GreenBatch.objects.filter(action=action, changed__gt=0).first(), 120, 0.5, "a diff")
         assert any("average" in (s.get("after") or {}) for s in changed.samples), "v2's rows carry the average"
+        # green started again far behind (its driver's start): it catches up before the operator promotes it
+        wait_for(lambda: (green_view(action)["behind"] or 99) <= 2, 900, 1, "green to catch up")
         green_request(action, "promote")
         try:
-            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 120, 0.2, "the handover")
+            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 300, 0.2, "the handover")
         except TimeoutError:
             raise AssertionError(state(action)) from None
         os.killpg(again.pid, signal.SIGKILL)

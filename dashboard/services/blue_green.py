@@ -67,7 +67,7 @@ GREEN_STARTS = 3  # a green that dies before the handover is started again this 
 CATCH_UP_SECONDS = 1800  # how long an automatic promotion waits for green to catch up and pass its rules
 OWN_DRIVER_BYTES = 1_300_000_000  # what a driver of its own holds (bench.memory), for the memory check
 HEAP_HEADROOM = 0.8  # a shared driver takes green while its heap, with green's state, stays under this share
-CATCH_UP_WAIT_SECONDS = 300  # how long a promotion waits for green to come within a batch of blue
+CATCH_UP_WAIT_SECONDS = 1200  # how long a promotion waits for green to come within a batch of blue
 EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
 BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
 
