@@ -92,7 +92,7 @@ def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_
     assert time.monotonic() - began < 3, "the visit returns while a reader starts and reads"
     # the reader is killed with the request in hand: the step's next visit hands it back to a new reader
     pid = wait_for(state_reader_pid, 60, 0.2, "the reader to start")
-    spool = settings.STATE_READER_SOCKET.parent / "spool"
+    spool = settings.STATE_READER_SOCKET.with_suffix(".spool")
     (spool / f"action-{action.id}-rows.request").rename(spool / f"action-{action.id}-rows.taken")
     os.killpg(pid, signal.SIGKILL)
     wait_for(lambda: state_reader_pid() is None, 30, what="the reader to die")

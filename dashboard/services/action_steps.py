@@ -429,7 +429,8 @@ def _read_apart(
 
 
 def _spool_file(key: str, action: Action, kind: str) -> Path:
-    return settings.STATE_READER_SOCKET.parent / "spool" / f"action-{action.id}-{key}.{kind}"
+    # the reader's own spool, beside its socket (workers/spark/state_reader.py ``spool_of``): one per deployment
+    return settings.STATE_READER_SOCKET.with_suffix(".spool") / f"action-{action.id}-{key}.{kind}"
 
 
 def _spool_put(key: str, action: Action, request: dict[str, Any]) -> None:
