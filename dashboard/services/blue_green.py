@@ -97,6 +97,7 @@ def green_view(action: Action) -> dict[str, Any]:
     green_at = batches[0].batch_id if batches else action.params.get("bg_batch")
     return {
         "action": action.id, "status": action.status, "target": action.params.get("plan", {}).get("target"),
+        "outcome": action.outcome, "progress": action.progress,
         "run": run.id if run else None, "run_status": run.status if run else None,
         "blue_batch": blue, "green_batch": green_at,
         "behind": (blue - green_at) if isinstance(blue, int) and isinstance(green_at, int) else None,
