@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -484,7 +485,7 @@ def job_restore(request: HttpRequest, name: str, savepoint_id: int) -> HttpRespo
     if request.method == "POST" and not preview.refusal:
         return _request(request, job, ActionKind.RESTORE, {"savepoint": savepoint.id})
     context = {"job": job, "title": f"Restore savepoint #{savepoint.id}", "preview": preview, "savepoint": savepoint,
-               "sinks": fork_consequences(job, preview.batch_id)}  # fmt: skip
+               "sinks": fork_consequences(job, preview.batch_id, Path(savepoint.path or "-") / "checkpoint")}  # fmt: skip
     return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
 
 
@@ -500,7 +501,7 @@ def job_rollback(request: HttpRequest, name: str) -> HttpResponse:
     if request.method == "POST" and not preview.refusal:
         return _request(request, job, ActionKind.ROLLBACK, {"batch": batch})
     context = {"job": job, "title": f"Roll back to batch {batch}", "preview": preview, "batch": batch,
-               "sinks": fork_consequences(job, batch)}  # fmt: skip
+               "sinks": fork_consequences(job, batch, job.checkpoint_location)}  # fmt: skip
     return render(request, "dashboard/action_preview.html", context, status=409 if request.method == "POST" else 200)
 
 

@@ -26,7 +26,7 @@ from django.utils import timezone
 from pyspark.sql import DataFrame, Row
 from statekeeper_sdk import FileSink, Pipeline, Rejected, Result, ResultsTable, TableSink
 
-from dashboard.checkpoint_dir.files import committed_batches, handed_over_after
+from dashboard.checkpoint_dir.files import committed_batches, handed_over_after, lineage_base
 from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
     COMMITS,
     COMPACT_INTERVAL,
@@ -325,6 +325,8 @@ def batch_writer(
     values = dict(parameters or {})
     # a blue/green upgrade's old version wrote the sinks up to this batch of the checkpoint (checkpoint_dir/files.py)
     written_before = handed_over_after(Path(checkpoint)) if checkpoint else None
+    # a migrated line's batch 0 is the sinks' batch ``base`` (checkpoint_dir/files.py: write_lineage)
+    base = lineage_base(Path(checkpoint)) if checkpoint else 0
     sinks = SinkSet(
         job_id=job_id, job_name=job_name or str(job_id), token=token, pipeline=pipeline,
         parameters=dict(sink_parameters if sink_parameters is not None else values),
@@ -337,14 +339,15 @@ def batch_writer(
             if close_connection:
                 connection.close()
 
-    def write_batch(frame: DataFrame, batch_id: int) -> None:
+    def write_batch(frame: DataFrame, spark_batch: int) -> None:
         # before the frame is computed: computing it runs the stateful operators, which write the batch's state files
         with connection.cursor() as cursor:
-            lease_hold(cursor, job_id=job_id, token=token, batch_id=batch_id)
-        if written_before is not None and batch_id <= written_before:
-            log.info("job %s batch %s: written by the version it took over from; no sink written", job_id, batch_id)
+            lease_hold(cursor, job_id=job_id, token=token, batch_id=spark_batch)
+        if written_before is not None and spark_batch <= written_before:
+            log.info("job %s batch %s: written by the version it took over from; no sink written", job_id, spark_batch)
             return
-        digest = lineage_digest(batch_offsets_bytes(checkpoint, batch_id), code, values)
+        batch_id = base + spark_batch
+        digest = lineage_digest(batch_offsets_bytes(checkpoint, spark_batch), code, values)
         rejected: list[Rejected] = []
         with persisted(frame):
             written = sinks.write(frame, batch_id, digest, rejected)
@@ -357,7 +360,7 @@ def batch_writer(
                 client.append(redis.Redis.from_url(redis_url, socket_timeout=10))
             dead_letter(client[0], dead_letters, rejected)  # each once: a replayed batch rejects the same results
 
-        if batch_id and batch_id % TRIM_EVERY == 0:
+        if spark_batch and spark_batch % TRIM_EVERY == 0:
             sinks.trim(reachable_floor(job_id, checkpoint))
 
     write.sinks = sinks  # type: ignore[attr-defined]
@@ -375,8 +378,12 @@ def reachable_floor(job_id: int, checkpoint: str) -> int | None:
     kept = Savepoint.objects.filter(job_id=job_id, batch_id__isnull=False).exclude(
         status__in=(SavepointStatus.DISPOSED, SavepointStatus.FAILED)
     )
-    oldest = kept.order_by("batch_id").values_list("batch_id", flat=True).first()
-    floors = [b for b in (retained[0] if retained else None, oldest) if b is not None]
+    # in the sinks' numbers: a savepoint of a migrated line counts from its line's base, as the live checkpoint does
+    floors = [
+        (lineage_base(Path(p) / "checkpoint") if p else 0) + int(b) for b, p in kept.values_list("batch_id", "path")
+    ]
+    if retained:
+        floors.append(lineage_base(Path(checkpoint)) + retained[0])
     return min(floors) if floors else None
 
 

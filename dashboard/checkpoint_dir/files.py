@@ -294,3 +294,38 @@ def handed_over_after(checkpoint: Path) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return int(found) if isinstance(found, int) else None
+
+
+LINEAGE = "statekeeper-lineage.json"
+
+
+def write_lineage(checkpoint: Path, base: int, **about: Any) -> None:
+    """Start a new line of the job's batches in this (new, empty) checkpoint: Spark numbers its batches from 0 again,
+    and the job's sinks number them from ``base`` on (``base`` is the batch after the old line's last, N + 1), so a
+    state migration or an empty-state upgrade continues the sinks' history rather than rewinding it. Inside the
+    checkpoint directory, so a savepoint, a restore and a blue/green fork of the new line keep it."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    path = checkpoint / LINEAGE
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(json.dumps({"base": int(base), **about}, sort_keys=True, default=str))
+    scratch.replace(path)
+
+
+def lineage(checkpoint: Path) -> dict[str, Any]:
+    """What ``write_lineage`` wrote in this checkpoint ({}: a line numbered as Spark numbers it)."""
+    try:
+        found = json.loads((checkpoint / LINEAGE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) and isinstance(found.get("base"), int) else {}
+
+
+def lineage_base(checkpoint: Path) -> int:
+    """The sinks' number of this checkpoint's batch 0 (0 unless a migration or an empty-state upgrade began it)."""
+    return int(lineage(checkpoint).get("base", 0))
+
+
+def seed_dir(checkpoint: Path) -> Path:
+    """A state migration's output (Parquet), beside the new checkpoint it seeds: the new version's first batch reads
+    it as its transformWithState operator's initial state; Spark keeps it in the state from then on."""
+    return checkpoint.parent / f"{checkpoint.name}.seed"

@@ -5,13 +5,14 @@ manifest."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.db.models import Max
 from statekeeper_sdk import FileSink, ResultsTable, TableSink
 
 from dashboard import pipelines
-from dashboard.checkpoint_dir.files import latest_committed
+from dashboard.checkpoint_dir.files import latest_committed, lineage_base
 from dashboard.engine.sinks import FileLog, Position, TableWriter
 from dashboard.models import Job, ResultRow
 
@@ -62,7 +63,8 @@ def sink_position(job: Job, sink: Any) -> Position:
 
 
 def job_sinks(job: Job) -> list[SinkState]:
-    """Each sink of the job's pipeline with the job's parameter values, where it stands, and the checkpoint's batch."""
+    """Each sink of the job's pipeline with the job's parameter values, where it stands, and the checkpoint's batch in
+    the sinks' numbers."""
     if pipelines.find(job.pipeline) is None:
         return []
     values = pipelines.values_or_stored(job.pipeline, job.parameters or {})
@@ -70,8 +72,8 @@ def job_sinks(job: Job) -> list[SinkState]:
         sinks = pipelines.bound_sinks(job.pipeline, values)
     except ValueError:
         return []
-    try:
-        checkpoint: int | None = latest_committed(job.checkpoint_location)
+    try:  # in the sinks' numbers (a migrated line's batch 0 is its base)
+        checkpoint: int | None = lineage_base(job.checkpoint_location) + latest_committed(job.checkpoint_location)
     except Exception:
         checkpoint = None
     found = []
@@ -82,9 +84,13 @@ def job_sinks(job: Job) -> list[SinkState]:
     return found
 
 
-def fork_consequences(job: Job, batch: int) -> list[str]:
-    """What the job's own sinks do when it goes back to ``batch``: a sink holding later batches drops them (rows
-    deleted by batch id, files out of the log) at the first batch after it, and the replay writes them again."""
+def fork_consequences(job: Job, batch: int | None, checkpoint: Path) -> list[str]:
+    """What the job's own sinks do when it goes back to ``batch`` of ``checkpoint``: a sink holding later batches
+    drops them (rows deleted by batch id, files out of the log) at the first batch after it, and the replay writes
+    them again. The batches named are the sinks' (a migrated line's are counted from its base)."""
+    if batch is None:
+        return []
+    batch += lineage_base(checkpoint)
     lines = []
     for sink in job_sinks(job):
         if sink.off or sink.kind == "results":

@@ -38,6 +38,7 @@ from dashboard.services import (
     savepoints,
     shadow,
     skips,
+    state_migration,
     storage,
     upgrades,
 )
@@ -61,9 +62,9 @@ STEPS: dict[str, Steps] = {
     ActionKind.INSPECT_STATE: inspector.INSPECT_STEPS,
     ActionKind.SKIP_ENTRIES: one_step("skip", skips.skip_action),
     ActionKind.REDRIVE_DEAD_LETTERS: one_step("re-drive", dead_letters.redrive_action),
-    ActionKind.UPGRADE_PREVIEW: upgrades.PREVIEW_STEPS,
+    ActionKind.UPGRADE_PREVIEW: state_migration.PREVIEW_STEPS,
     ActionKind.UPGRADE_SHADOW: shadow.SHADOW_STEPS,
-    ActionKind.UPGRADE: upgrades.UPGRADE_STEPS,
+    ActionKind.UPGRADE: state_migration.UPGRADE_STEPS,
     ActionKind.UPGRADE_ROLLBACK: upgrades.UPGRADE_ROLLBACK_STEPS,
     ActionKind.BLUE_GREEN: blue_green.BLUE_GREEN_STEPS,
 }

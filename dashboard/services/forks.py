@@ -269,7 +269,8 @@ def old_checkpoints(job: Job) -> list[OldCheckpoint]:
         return []
     found = []
     for path in sorted(job.directory.iterdir()):
-        if path.is_dir() and path.name.startswith("checkpoint") and path.name != job.checkpoint_dir:
+        current = path.name in (job.checkpoint_dir, f"{job.checkpoint_dir}.seed")  # a migration's seed of the current
+        if path.is_dir() and path.name.startswith("checkpoint") and not current:
             found.append(OldCheckpoint(path.name, directory_bytes(path), len(committed_batches(path))))
     return found
 

@@ -11,6 +11,14 @@
    passed without failure), marked "running, not yet proven", and the watch goes on (``upgrades_watch``, every few
    seconds): the first batch proves it, and a failure before that still rolls it back by itself.
 3. "Roll back the upgrade" does the same on request, for the job's latest upgrade.
+
+An incompatible change is refused, unless the new version declares a *migration* from the job's pipeline
+(``statekeeper_sdk.Migration``) and the upgrade asks for it (``migrate``): the preview then also runs the migration
+on a scratch copy and the new version's first batch on its output (``migration_preview``); the upgrade stops the job
+with a savepoint at batch N, runs the migration on the savepoint's state, and starts the new version on a new
+checkpoint seeded with it, its source reading on after N's offsets and its sinks numbering its batches on from N + 1
+(``write_lineage``), so that they neither rewind the history before N nor write a batch twice. Rolling it back is
+the rollback of any upgrade: the old version from savepoint N, the sinks rewinding what the migrated line wrote.
 """
 
 from __future__ import annotations
@@ -26,7 +34,15 @@ from redis.exceptions import RedisError
 
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, refusal
-from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, remove_tree
+from dashboard.checkpoint_dir.files import (
+    CheckpointError,
+    committed_batches,
+    copy_checkpoint,
+    lineage_base,
+    remove_tree,
+    seed_dir,
+    write_lineage,
+)
 from dashboard.connections import redis_client
 from dashboard.models import (
     Action,
@@ -239,9 +255,11 @@ def upgrade_role_refusal(user: Any, job: Job, target: str, given: dict[str, Any]
     return f"{why}: {refused[0].lower()}{refused[1:]}" if why else refused  # why may start with a parameter's name
 
 
-def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None) -> str:
+def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None, migrate: bool = False) -> str:
     """Why ``target`` (with the ``given`` parameter values) cannot even be previewed for the job; empty when it
-    can. The same pipeline with other parameter values is an upgrade like any other."""
+    can. The same pipeline with other parameter values is an upgrade like any other. ``migrate``: a state migration
+    is asked for, which the target must declare from the job's pipeline, and which starts a new checkpoint (so a
+    memory job may move to a version that needs RocksDB: the migrated line runs on RocksDB)."""
     new = pipelines.find(target)
     if new is None:
         return f"There is no registered pipeline {target!r}; the registry has {', '.join(pipelines.names())}."
@@ -252,13 +270,36 @@ def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None) 
     if target == job.pipeline and values == current_parameters(job):
         shown = f" with {', '.join(f'{k}={v}' for k, v in values.items())}" if values else ""
         return f"{job.name} already runs {target}{shown}."
-    if new.needs_rocksdb and job.state_backend == StateBackend.MEMORY:  # either RocksDB kind will do
+    if migrate and (refused := migration_refusal(job, target)):
+        return refused
+    if new.needs_rocksdb and job.state_backend == StateBackend.MEMORY and not migrate:  # either RocksDB kind will do
+        way = (
+            f" {target} declares a state migration from {job.pipeline}: migrate the state, and the migrated job runs "
+            "on RocksDB."
+            if not migration_refusal(job, target)
+            else ""
+        )
         return (
             f"{target} keeps transformWithState state, which needs the RocksDB backend; {job.name} uses "
-            f"{job.state_backend}."
+            f"{job.state_backend}.{way}"
         )
     if problems := pipelines.sink_problems(target, values) + value_problems(target, values):
         return f"{target}'s output cannot be written: " + "; ".join(problems) + "."
+    return ""
+
+
+def migration_refusal(job: Job, target: str) -> str:
+    """Why the job cannot be migrated to ``target``: it declares no migration from the job's pipeline, or the job's
+    source cannot start a new checkpoint where the old one stopped. Empty when it can."""
+    new = pipelines.find(target)
+    if new is None or getattr(new, "migration_from", None) is None or new.migration_from(job.pipeline) is None:
+        declared = ", ".join(m.from_pipeline for m in getattr(new, "migrations", ()) or ()) or "none"
+        return (
+            f"{target} declares no state migration from {job.pipeline} (it declares {declared}): its state cannot be "
+            "built from this job's."
+        )
+    if not job.reads_redis:
+        return "A state migration starts a new checkpoint where the old one stopped, which needs a Redis stream source."
     return ""
 
 
@@ -268,7 +309,8 @@ def checked_target(action: Action) -> str:
     job = action.job
     target = str(action.params.get("pipeline", ""))
     given = action.params.get("parameters")
-    if refusal := upgrade_refusal(job, target, given):
+    migrate = bool(action.params.get("migrate")) and action.params.get("from_pipeline", job.pipeline) == job.pipeline
+    if refusal := upgrade_refusal(job, target, given, migrate=migrate):
         raise ActionFailed(refusal)
     if "from_parameters" not in action.params:
         remember(action, from_parameters=current_parameters(job), parameters=target_parameters(job, target, given))
@@ -382,23 +424,60 @@ def scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
     return job.run_values() | {"dead_letter": dead_letters, "parameters": job.parameters}
 
 
-def _start_empty(action: Action, savepoint: Savepoint) -> str:
-    """Point the job at a new, empty checkpoint directory that starts reading where the savepoint's batch ended."""
-    job = action.job
+def savepoint_offset(action: Action, savepoint: Savepoint) -> dict[str, Any]:
+    """Where the savepoint's batch ended in the job's stream: where a new checkpoint after it starts reading."""
     offset = (savepoint.manifest.get("source_offsets") or [None])[0]
     if not isinstance(offset, dict) or "id" not in offset:
-        raise ActionFailed(f"Savepoint #{savepoint.id} does not say where {job.source_stream} was read to.")
+        raise ActionFailed(f"Savepoint #{savepoint.id} does not say where {action.job.source_stream} was read to.")
+    return {"id": offset["id"], "n": int(offset["n"])}
+
+
+def next_line_base(savepoint: Savepoint) -> int:
+    """The sinks' number of the batch after the savepoint's: where a new line of batches after it starts."""
+    return lineage_base(Path(savepoint.path) / "checkpoint") + int(savepoint.batch_id or 0) + 1
+
+
+def _start_empty(action: Action, savepoint: Savepoint) -> str:
+    """Point the job at a new, empty checkpoint directory that starts reading where the savepoint's batch ended, its
+    batches numbered on from the savepoint's for the sinks."""
+    job = action.job
+    offset = savepoint_offset(action, savepoint)
     fork = fork_name(action, "upgrade")
     remove_tree(job.directory / fork)
+    write_lineage(job.directory / fork, next_line_base(savepoint), after_savepoint=savepoint.id, upgrade=action.id,
+                  reason="empty state")  # fmt: skip
     switch_to_fork(job, fork)
-    Job.objects.filter(id=job.id).update(start_offset={"id": offset["id"], "n": int(offset["n"])})
-    forget_undo(job)
+    Job.objects.filter(id=job.id).update(start_offset=offset)
     operators = sorted(
         {v["operator"] for v in action.params.get("plan", {}).get("verdicts", []) if v["operator"] != "query"}
     )
     return (
         f"; started with empty state ({', '.join(operators) or 'every operator'}) in {fork}, reading on from "
         f"entry {offset['id']}"
+    )
+
+
+def _start_migrated(action: Action, savepoint: Savepoint) -> str:
+    """Point the job at the new checkpoint the migration seeded (``state_migration``), reading on where the savepoint's
+    batch ended; a memory job's migrated line runs on RocksDB when the new version needs it."""
+    job = action.job
+    offset = savepoint_offset(action, savepoint)
+    fork = fork_name(action, "upgrade")
+    if not (seed_dir(job.directory / fork) / "_SUCCESS").exists():
+        raise ActionFailed(f"The migrated state of {fork} is missing; the job was not switched.")
+    switch_to_fork(job, fork)
+    update: dict[str, Any] = {"start_offset": offset}
+    new = pipelines.get(action.params["plan"]["target"])
+    if new.needs_rocksdb and job.state_backend == StateBackend.MEMORY:
+        remember(action, from_backend=job.state_backend)  # the way back runs the old version's memory state
+        update["state_backend"] = StateBackend.ROCKSDB
+        job.state_backend = StateBackend.ROCKSDB
+    Job.objects.filter(id=job.id).update(**update)
+    done = action.params.get("migration", {})
+    return (
+        f"; state migrated from batch {savepoint.batch_id} ({done.get('rows_in', '?')} rows → {done.get('rows_out', '?')} "
+        f"rows, {done.get('keys_out', '?')} keys) into {fork}, reading on from entry {offset['id']}; the sinks go on "
+        f"from batch {next_line_base(savepoint)}"
     )
 
 
@@ -422,20 +501,26 @@ PREVIEW_STEPS: Steps = {**plan_steps(), "gate": ("verdict", _preview_done)}
 
 
 def _gate(action: Action) -> Next:
-    """Refuse an incompatible change before anything stops (unless with empty state)."""
+    """Refuse an incompatible change before anything stops (unless with empty state, or migrated)."""
     job = action.job
     plan = action.params["plan"]
     source = action.params.get("from_pipeline") or job.pipeline
     empty = bool(action.params.get("empty_state"))
+    migrate = bool(action.params.get("migrate")) and plan["batch"] is not None
     remember(action, from_pipeline=source)
-    if plan["incompatible"] and not empty:
-        raise ActionFailed(
-            f"Refused before anything stopped. {plan['summary']}. To run it anyway, upgrade with empty state: the new "
-            f"version starts from where {source} stopped, with nothing in its state, and {source}'s state stays in "
-            "the savepoint."
+    if plan["incompatible"] and not (empty or migrate):
+        declared = pipelines.find(plan["target"])
+        way = (
+            f"migrate the state: {plan['target']} declares how to build its state from {source}'s"
+            if declared is not None and getattr(declared, "migration_from", lambda _: None)(source) is not None
+            else f"upgrade with empty state: the new version starts from where {source} stopped, with nothing in its "
+            f"state, and {source}'s state stays in the savepoint"
         )
+        raise ActionFailed(f"Refused before anything stopped. {plan['summary']}. To run it anyway, {way}.")
     if empty and not job.reads_redis:
         raise ActionFailed("Starting with empty state needs a Redis stream source (a start offset); nothing stopped.")
+    if migrate and (refused := migration_refusal(job, plan["target"])):
+        raise ActionFailed(f"{refused} Nothing stopped.")
     if "was_running" not in action.params:
         remember(action, was_running=alive_run(job) is not None)
     return Next("stop")
@@ -456,7 +541,9 @@ def _switch(action: Action) -> Outcome:
     emptied = ""
     if savepoint is not None:
         remember(action, from_deploy=savepoint.deploy_id)
-        if action.params.get("empty_state"):
+        if action.memo.get("migrated"):
+            emptied = _start_migrated(action, savepoint)
+        elif action.params.get("empty_state"):
             emptied = _start_empty(action, savepoint)
     values = action.params.get("parameters", job.parameters)
     Job.objects.filter(id=job.id).update(
@@ -508,7 +595,7 @@ def _input_waiting(action: Action) -> bool:
 
 def after_batch(action: Action) -> int | None:
     """The batch the new version's first own batch comes after (None: any batch proves it, a new checkpoint)."""
-    if action.params.get("empty_state"):
+    if action.params.get("empty_state") or action.memo.get("migrated"):
         return None
     savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
     return savepoint.batch_id if savepoint else None
@@ -576,16 +663,19 @@ def _put_back(action: Action, savepoint: Savepoint | None, to_pipeline: str) -> 
     """Put back the savepoint taken before the upgrade (in a fork, once), the old pipeline and its parameters."""
     job = action.job
     fork = fork_name(action, "upgrade-rollback")
-    if Job.objects.filter(id=job.id, start_offset__isnull=False).exists():  # leaving an empty-state line
+    if Job.objects.filter(id=job.id, start_offset__isnull=False).exists() and not lineage_base(
+        job.checkpoint_location
+    ):  # leaving an empty-state line numbered afresh (made before lines had a base): its undo records name its batches
         forget_undo(job)
     if savepoint is not None and job.checkpoint_dir != fork:
         savepoint_fork(action, savepoint, fork)
         switch_to_fork(job, fork)
     values = action.params.get("from_parameters", job.parameters)
+    backend = action.params.get("from_backend") or job.state_backend
     Job.objects.filter(id=job.id).update(
-        pipeline=to_pipeline, parameters=values, start_offset=None, updated_at=timezone.now()
+        pipeline=to_pipeline, parameters=values, start_offset=None, state_backend=backend, updated_at=timezone.now()
     )
-    job.pipeline, job.parameters = to_pipeline, values
+    job.pipeline, job.parameters, job.state_backend = to_pipeline, values, backend
     return f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning"
 
 
@@ -640,6 +730,7 @@ def _rollback_check(action: Action) -> Next:
     remember(
         action, savepoint=savepoint.id if savepoint else None, from_pipeline=upgrade.params["from_pipeline"],
         from_parameters=upgrade.params.get("from_parameters", job.parameters),
+        from_backend=upgrade.params.get("from_backend", ""),
         was_running=alive_run(job) is not None or bool(action.params.get("automatic")),
     )  # fmt: skip
     return Next("stop")

@@ -9,17 +9,18 @@ support, with the reason.
 """
 
 from statekeeper_sdk.events import Limits, Rejected, parse_entries, parse_id
+from statekeeper_sdk.migration import Migration, OldState
 from statekeeper_sdk.nested import SchemaError, parse_ddl
 from statekeeper_sdk.payload import Field, PayloadFormat
 from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultView, apply, resolve
 from statekeeper_sdk.samples import sample_events
 from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, TableSink
 
-__version__ = "1.3.0"
+__version__ = "1.4.0"
 MAJOR = 1
 
 __all__ = [
-    "MAJOR", "Field", "FileSink", "KafkaSink", "Limits", "Parameter", "Params", "PayloadFormat", "Pipeline",
+    "MAJOR", "Field", "FileSink", "KafkaSink", "Limits", "Migration", "OldState", "Parameter", "Params", "PayloadFormat", "Pipeline",
     "Rejected", "Result", "ResultView", "ResultsTable", "SchemaError", "TableSink", "__version__", "apply",
     "parse_ddl", "parse_entries", "parse_id", "resolve", "sample_events",
 ]  # fmt: skip

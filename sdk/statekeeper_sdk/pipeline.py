@@ -20,6 +20,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Row
 
+from statekeeper_sdk.migration import Migration, takes_initial_state
 from statekeeper_sdk.payload import PayloadFormat
 from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, Sink, TableSink, bound, targets_named
 
@@ -204,6 +205,9 @@ class Pipeline:
     # the pipeline this one is a later version of (``customer-spend-v2`` of ``customer-spend``): an operator may
     # upgrade a job to a version of its own pipeline; moving it to another pipeline takes an admin
     version_of: str = ""
+    # how this version builds its state from older versions' when their state cannot be read as it is (a new key, a
+    # new shape): statekeeper_sdk.migration
+    migrations: tuple[Migration, ...] = ()
 
     def __post_init__(self) -> None:
         if self.output_mode not in OUTPUT_MODES:
@@ -233,6 +237,20 @@ class Pipeline:
             )
         if self.version_of == self.name:
             raise ValueError(f"pipeline {self.name!r}: version_of names another pipeline, not itself")
+        if odd := [m for m in self.migrations if not isinstance(m, Migration)]:
+            raise ValueError(f"pipeline {self.name!r}: {odd[0]!r} is not a Migration (statekeeper_sdk)")
+        sources = [m.from_pipeline for m in self.migrations]
+        if duplicated := sorted({n for n in sources if sources.count(n) > 1}):
+            raise ValueError(f"pipeline {self.name!r}: two migrations read {duplicated[0]!r}")
+        if self.migrations and not takes_initial_state(self.transform):
+            raise ValueError(
+                f"pipeline {self.name!r}: it declares a migration, so its transform takes the migrated state as a "
+                "keyword argument initial_state (a DataFrame, or None when the job starts as usual)"
+            )
+
+    def migration_from(self, pipeline: str) -> Migration | None:
+        """The migration that builds this version's state from ``pipeline``'s, if it declares one."""
+        return next((m for m in self.migrations if m.from_pipeline == pipeline), None)
 
     def target_parameters(self) -> set[str]:
         """The parameters that say where the output goes: those a sink's target names."""
@@ -245,9 +263,13 @@ class Pipeline:
         return sinks if values is None else tuple(bound(sink, values) for sink in sinks)
 
 
-def apply(pipeline: Any, events: DataFrame, values: Mapping[str, Any]) -> DataFrame:
-    """The pipeline's output for these events, with its parameters' values when it declares any."""
+def apply(
+    pipeline: Any, events: DataFrame, values: Mapping[str, Any], initial_state: DataFrame | None = None
+) -> DataFrame:
+    """The pipeline's output for these events, with its parameters' values when it declares any, and with
+    ``initial_state`` (a migration's output, statekeeper_sdk.migration) when a migrated job starts on a new checkpoint."""
     declared = tuple(getattr(pipeline, "parameters", ()) or ())
+    extra = {"initial_state": initial_state} if initial_state is not None else {}
     if not declared:
-        return pipeline.transform(events)
-    return pipeline.transform(events, resolve(declared, values))
+        return pipeline.transform(events, **extra)
+    return pipeline.transform(events, resolve(declared, values), **extra)

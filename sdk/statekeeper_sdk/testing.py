@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from statekeeper_sdk.events import Limits, Rejected, parse_entries
+from statekeeper_sdk.migration import read_state
 from statekeeper_sdk.pipeline import Pipeline, Result, apply, resolve
 from statekeeper_sdk.sinks import ResultsTable
 
@@ -75,6 +77,13 @@ def _files_read(checkpoint: Path) -> dict[str, int]:
     return read
 
 
+def _session() -> SparkSession:
+    """The active session, else a local one whose Python workers run this interpreter (a transformWithState operator
+    imports the package's processor in a worker: the interpreter the package is installed in)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return SparkSession.getActiveSession() or SparkSession.builder.master("local[2]").getOrCreate()
+
+
 def run_batches(
     pipeline: Pipeline,
     batches: Sequence[Iterable[Event]],
@@ -84,16 +93,18 @@ def run_batches(
     workdir: str | Path | None = None,
     limits: Limits | None = None,
     shuffle_partitions: int = 2,
+    initial_state: DataFrame | None = None,
 ) -> list[Batch]:
     """Run ``pipeline`` over ``batches`` of events, one micro-batch each, and return every batch Spark ran, in order.
     ``parameters``: the job's values (the pipeline's defaults fill the rest; a bad value raises ValueError, as a job's
     form refuses it). ``spark``: the session (the active one, else a local one). ``workdir``: where the events and
     the checkpoint go (a new temporary directory by default). ``limits``: the job's bounds on an event (its text, its
-    event time ahead of its arrival), a console's defaults unless given."""
+    event time ahead of its arrival), a console's defaults unless given. ``initial_state``: a migration's output
+    (``migrate_state``), which the first batch starts from, as a migrated job's first batch does."""
     import pyarrow.parquet as pq
 
     values = dict(resolve(pipeline.parameters, parameters or {}))  # checked, the defaults filling the rest
-    session = spark or SparkSession.getActiveSession() or SparkSession.builder.master("local[2]").getOrCreate()
+    session = spark or _session()
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="statekeeper-test-"))
     inbox, checkpoint = root / "events", root / "checkpoint"
     inbox.mkdir(parents=True, exist_ok=True)
@@ -131,7 +142,7 @@ def run_batches(
         seen[batch_id] = batch
 
     query = (
-        apply(pipeline, frame, values)
+        apply(pipeline, frame, values, initial_state)
         .writeStream.outputMode(pipeline.output_mode)
         .foreachBatch(collect)
         .option("checkpointLocation", str(checkpoint))
@@ -149,3 +160,27 @@ def _table(batch: Any) -> Any:
     import pyarrow as pa
 
     return pa.Table.from_batches([batch], schema=batch.schema)
+
+
+def migrate_state(
+    pipeline: Pipeline,
+    checkpoint: str | Path,
+    from_pipeline: str,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    spark: SparkSession | None = None,
+) -> DataFrame:
+    """``pipeline``'s migration from ``from_pipeline``, run on the state of ``checkpoint`` (``run_batches``'s
+    ``workdir``/checkpoint of the old version) at its last committed batch, as the console runs it: the new version's
+    initial state, for ``run_batches(pipeline, ..., initial_state=...)``. ValueError when the pipeline declares no
+    such migration, or when its output lacks a key column or gives a key twice (the console refuses both)."""
+    session = spark or _session()
+    migration = pipeline.migration_from(from_pipeline)
+    if migration is None:
+        raise ValueError(f"{pipeline.name} declares no migration from {from_pipeline}")
+    built = migration.build(read_state(session, checkpoint), resolve(pipeline.parameters, parameters or {}))
+    if missing := [k for k in migration.key if k not in built.columns]:
+        raise ValueError(f"the migration's output lacks its key column {missing[0]!r}")
+    if built.groupBy(*migration.key).count().filter("count > 1").limit(1).count():
+        raise ValueError("the migration gives a key more than one row")
+    return built

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
 
+from dashboard.checkpoint_dir.files import committed_batches, lineage, seed_dir
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events
@@ -161,6 +162,18 @@ def session_settings(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> 
         spark.conf.set(key, value)
 
 
+def initial_state(spark: SparkSession, checkpoint: str) -> DataFrame | None:
+    """A state migration's output (``seed_dir``), for a checkpoint whose first batch has not committed: Spark seeds a
+    transformWithState operator with it at batch 0 and ignores it after (the state holds it)."""
+    root = Path(checkpoint.removeprefix("file:"))
+    seed = seed_dir(root)
+    if committed_batches(root) or not lineage(root).get("seeded"):
+        return None
+    if not (seed / "_SUCCESS").exists():  # never start a migrated line empty: that would lose the state quietly
+        raise FileNotFoundError(f"the migrated state {seed} is missing: the new version cannot start without it")
+    return spark.read.parquet(str(seed))
+
+
 def start_query(
     spark: SparkSession,
     spec: JobSpec,
@@ -172,12 +185,13 @@ def start_query(
     when it is spread (``spread_trigger``), None when it keeps Spark's tick (the interval's multiples)."""
     session_settings(spark, spec, pipeline)
     values = json.loads(spec.parameters)
-    output = apply(pipeline, events_frame(spark, spec, pipeline), values)
+    initial = initial_state(spark, spec.checkpoint)
+    output = apply(pipeline, events_frame(spark, spec, pipeline), values, initial)
     spread = spread_trigger(spec, output)
     if on_phase is not None:
         on_phase(spec.phase_seconds if spread else None)
     if spread:
-        output = apply(pipeline, events_frame(spark, spec, pipeline, spread=True), values)
+        output = apply(pipeline, events_frame(spark, spec, pipeline, spread=True), values, initial)
     writer = (
         output.writeStream.queryName(spec.name)
         .outputMode(pipeline.output_mode)

@@ -6,6 +6,9 @@
     python -m workers.spark.state_tool inspect PATH BATCH SPEC  -> JSON: variables, a page of keys, a lookup, or a diff
     python -m workers.spark.state_tool plan PATH BATCH SPEC     -> JSON: the state schemas before and after another
                                                                    pipeline re-ran the batch on this (scratch) copy
+    python -m workers.spark.state_tool migrate PATH BATCH SPEC  -> JSON: a state migration's output written as the seed
+                                                                   of a new checkpoint, its counts and samples, and
+                                                                   (a preview) the new version's first batch on it
     python -m workers.spark.state_tool shadow PATH BATCH SPEC   -> JSON: the results two pipelines produce from the
                                                                    same savepoint copies (PATH/old, PATH/new) over the
                                                                    same input range, and how they differ
@@ -20,13 +23,15 @@ import importlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from statekeeper_sdk import resolve
+from statekeeper_sdk.migration import read_state, state_frames
 
+from dashboard.checkpoint_dir.files import seed_dir, write_lineage
 from dashboard.engine.code import newest_change
 from workers.spark.query import JOB_SPEC_FIELDS, JobSpec, start_query
 from workers.spark.session import build_session
@@ -41,20 +46,7 @@ def _has_timers(props: dict[str, Any]) -> bool:
     return any(var.get("stateVariableType") == "TimerState" for var in props.get("stateVariables", []))
 
 
-def _readers(spark: Any, path: str, batch: int) -> Iterator[tuple[Any, str, Any]]:
-    """For each stateful operator in the checkpoint's metadata and each of its state variables: the operator's
-    metadata row, the state's name, and Spark's state reader on it at the batch."""
-    for row in spark.read.format("state-metadata").load(path).collect():
-        props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        for name in [var["stateName"] for var in _variables(props)] or [None]:
-            reader = (
-                spark.read.format("statestore")
-                .option("batchId", str(batch))
-                .option("operatorId", str(row["operatorId"]))
-            )
-            if name is not None:
-                reader = reader.option("stateVarName", name)
-            yield row, name or row["stateStoreName"], reader.load(path)
+_readers = state_frames  # each operator's state variables at a batch, with Spark's reader on each
 
 
 def state_counts(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
@@ -346,6 +338,124 @@ def shadow(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str,
     }
 
 
+def _leaves(schema: Any, prefix: str = "") -> dict[str, str]:
+    """A struct's leaf fields by their last name, with their path (``window.start`` for ``start``)."""
+    found: dict[str, str] = {}
+    for field in schema.fields:
+        path = f"{prefix}{field.name}"
+        if hasattr(field.dataType, "fields"):
+            found.update({k: v for k, v in _leaves(field.dataType, path + ".").items() if k not in found})
+        else:
+            found.setdefault(field.name, path)
+    return found
+
+
+def _shown(rows: list[Any], width: int = 300) -> list[str]:
+    return [json.dumps(row.asDict(recursive=True), default=str, sort_keys=True)[:width] for row in rows]
+
+
+MIGRATION_SAMPLES = 10
+
+
+def migrate(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the target version's migration from ``spec["from_pipeline"]`` on the state of the checkpoint copy at
+    ``path`` as of ``batch``, and write its output as the seed of the new checkpoint ``spec["checkpoint"]``
+    (``seed_dir``). Returns rows read per variable and written, keys in and out, the old keys that map to nothing
+    (compared on the key columns the old and new keys share), samples before and after; with ``first_batch``, the new
+    version's first batch on the seeded state from the batch's end offsets (``spec["starting"]``), its output rows and
+    the state it holds after."""
+    pipeline = _load_pipeline(spec["reference"])
+    migration = pipeline.migration_from(spec["from_pipeline"])
+    if migration is None:
+        raise ValueError(f"{pipeline.name} declares no migration from {spec['from_pipeline']}")
+    old = read_state(spark, path, batch)
+    params = resolve(pipeline.parameters, spec.get("parameters") or {})
+    built = migration.build(old, params)
+    if not isinstance(built, DataFrame):
+        raise TypeError(f"the migration returned {type(built).__name__}, not a DataFrame")
+    if missing := [k for k in migration.key if k not in built.columns]:
+        raise ValueError(
+            f"the migration's output lacks its key column {missing[0]!r} (it has {', '.join(built.columns)})"
+        )
+    checkpoint = Path(spec["checkpoint"])
+    seed = seed_dir(checkpoint)
+    built.write.mode("overwrite").parquet(str(seed))  # _SUCCESS last: query.initial_state reads only a whole seed
+    seeded = spark.read.parquet(str(seed))
+    key = [F.col(k) for k in migration.key]
+    twice = seeded.groupBy(*key).count().filter("count > 1")
+    if doubled := twice.limit(3).collect():
+        shown = "; ".join(", ".join(f"{k}={row[k]}" for k in migration.key) for row in doubled)
+        raise ValueError(f"the migration gives {twice.count()} keys more than one row ({shown}): one row a key")
+    variables = {name: frame.count() for name, frame in old.items()}
+    keys = [frame.select("key") for frame in old.values()]
+    same_keys = all(k.schema == keys[0].schema for k in keys)
+    old_keys = keys[0]
+    for other in keys[1:] if same_keys else []:
+        old_keys = old_keys.unionByName(other)
+    old_keys = old_keys.distinct()
+    result: dict[str, Any] = {
+        "from": spec["from_pipeline"], "target": pipeline.name, "description": migration.description,
+        "key": list(migration.key), "variables": variables, "rows_out": seeded.count(),
+        "keys_in": old_keys.count() if same_keys else None, "keys_out": seeded.select(*key).distinct().count(),
+        "before": _shown(next(iter(old.values())).limit(MIGRATION_SAMPLES).collect()),
+        "after": _shown(seeded.limit(MIGRATION_SAMPLES).collect()),
+    }  # fmt: skip
+    leaves = _leaves(old_keys.schema["key"].dataType)
+    shared = [k for k in migration.key if k in leaves]
+    if shared and same_keys:
+        before = old_keys.select(*[F.col(f"key.{leaves[k]}").alias(k) for k in shared]).distinct()
+        lost = before.join(seeded.select(*shared).distinct(), on=shared, how="left_anti")
+        result["dropped"] = {
+            "on": shared,
+            "keys": lost.count(),
+            "samples": _shown(lost.limit(MIGRATION_SAMPLES).collect()),
+        }
+    write_lineage(checkpoint, int(spec.get("base", batch + 1)), seeded=True, **(spec.get("lineage") or {}))
+    if spec.get("first_batch"):
+        result["first_batch"] = _first_batch(spark, spec, pipeline, checkpoint)
+    return result
+
+
+def _first_batch(spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Path) -> dict[str, Any]:
+    """The new version's first batch on the seeded checkpoint (a scratch one: a preview), from ``spec["starting"]`` up
+    to ``spec["ending"]``, one batch of at most ``spec["records"]`` entries: its output rows, a few results, and the
+    state it holds after. A new version with no transformWithState operator is refused: Spark seeds no other."""
+    job = _scratch_job(
+        spec, f"migrate-{checkpoint.name}-{int(time.time())}", str(checkpoint), pipeline,
+        starting_offset=json.dumps(spec["starting"]), ending_offset=json.dumps(spec["ending"]), available_now=True,
+        max_records=int(spec.get("records", 1000)),
+    )  # fmt: skip
+    outputs: list[dict[str, Any]] = []
+
+    def keep(frame: DataFrame, batch_id: int) -> None:
+        if batch_id == 0:
+            rows = frame.collect()
+            shown = [{"kind": k, "key": key, "value": v} for k, key, v in pipeline.results(rows)]
+            outputs.append({"rows": len(rows), "results": shown[:MIGRATION_SAMPLES]})
+
+    query = start_query(spark, job, pipeline, keep)
+    deadline = time.monotonic() + float(spec.get("timeout", 600))
+    try:
+        while query.isActive and not (checkpoint / "commits" / "0").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    if failure := query.exception():
+        raise RuntimeError(f"{pipeline.name}'s first batch on the migrated state failed: {describe(failure)}")
+    if not (checkpoint / "commits" / "0").exists():
+        return {"ran": False, "why": "no input after the batch to run a first batch on"}
+    operators = spark.read.format("state-metadata").load(str(checkpoint)).collect()
+    names = sorted({row["operatorName"] for row in operators})
+    if not any("transformWithState" in name for name in names):
+        raise ValueError(
+            f"{pipeline.name} has no transformWithState operator ({', '.join(names) or 'no stateful operator'}): "
+            "Spark seeds only a transformWithState operator with an initial state, so this state cannot be migrated "
+            "into it"
+        )
+    state = {name: frame.count() for name, frame in read_state(spark, checkpoint, 0).items()}
+    return {"ran": True, **(outputs[0] if outputs else {"rows": 0, "results": []}), "state": state}
+
+
 def describe(exc: Exception) -> str:
     """The message an operator can act on: for a JVM error, the Java exception, not Py4J's wrapper."""
     java = getattr(exc, "java_exception", None)
@@ -376,7 +486,7 @@ def checkpoint_format(root: Path) -> int:
 
 # What the long-lived state reader (workers/spark/state_reader.py) answers: the commands that only read, and the
 # upgrade plan, which re-runs one batch on a scratch copy the console made for it.
-READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan")
+READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate")
 
 
 def answer(spark: Any, command: str, path: str, number: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -393,6 +503,8 @@ def answer(spark: Any, command: str, path: str, number: int, spec: dict[str, Any
         return {"batch": number, **plan(spark, path, number, spec)}
     if command == "shadow":
         return {"batch": number, **shadow(spark, path, number, spec)}
+    if command == "migrate":
+        return {"batch": number, **migrate(spark, path, number, spec)}
     if command == "repartition":
         spark._streamingCheckpointManager.repartition(path, number)  # experimental in Spark 4.2+
         return {"repartitioned": number}

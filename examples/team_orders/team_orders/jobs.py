@@ -13,6 +13,11 @@ An order event::
   ``threshold`` is marked big.
 - ``customer-spend-v2``: the same state, and the average order value in the results (a code change the upgrade
   preview finds compatible).
+- ``customer-spend-daily``: spend per customer per UTC day, kept by a transformWithState operator keyed by (customer,
+  day). Its state cannot be read from ``customer-spend``'s (another operator, another key), so the upgrade preview
+  refuses the plain upgrade; it declares a *migration* instead: the hourly (or any length) windows in the old state
+  are summed into their days, and the job moves with its totals, not from zero. A window that crosses midnight
+  cannot be split between two days and maps to nothing (the preview counts them).
 
 Changing a parameter of a running job (a longer window, a lower threshold) is an upgrade: previewed on the job's
 state, savepointed, rolled back by itself if the new run fails.
@@ -20,13 +25,19 @@ state, savepointed, rolled back by itself if the new run fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from statekeeper_sdk import (
     FileSink,
+    Migration,
+    OldState,
     Parameter,
     Params,
     PayloadFormat,
@@ -164,6 +175,106 @@ CUSTOMER_SPEND_V2 = replace(
         replace(
             CUSTOMER_SPEND.views[0],
             columns=(*CUSTOMER_SPEND.views[0].columns, ("Average", "average")),
+        ),
+    ),
+)
+
+
+# customer-spend-daily: the day's totals per customer in a transformWithState value, dropped by an event-time timer
+# once the watermark passes the day's end (and the lateness allowed).
+DAY_STATE = f"orders bigint, items bigint, total {MONEY}"
+DAY_OUTPUT = f"customer string, start timestamp, end timestamp, orders bigint, items bigint, total {MONEY}, big boolean"
+DAY = timedelta(days=1)
+
+
+class DailySpend(StatefulProcessor):
+    def __init__(self, threshold: float, lateness: timedelta) -> None:
+        self.threshold, self.lateness = threshold, lateness
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.spend = handle.getValueState("spend", DAY_STATE)
+
+    def _expires(self, day: Any) -> None:
+        """Forget the day once the watermark has passed its end and the lateness allowed."""
+        self.handle.registerTimer(int((day + DAY + self.lateness).timestamp() * 1000))
+
+    def handleInitialState(self, key: Any, initialState: Row, timerValues: Any) -> None:
+        self.spend.update((initialState["orders"], initialState["items"], initialState["total"]))
+        self._expires(key[1])
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
+        saved = self.spend.get() if self.spend.exists() else None
+        orders, items, total = (saved[0], saved[1], saved[2]) if saved else (0, 0, Decimal("0.00"))
+        for row in rows:
+            orders, items, total = orders + 1, items + row["items"], total + row["value"]
+        self.spend.update((orders, items, total))
+        customer, day = key
+        self._expires(day)
+        yield Row(customer=customer, start=day, end=day + DAY, orders=orders, items=items, total=total,
+                  big=float(total) >= self.threshold)  # fmt: skip
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Row]:
+        self.spend.clear()
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+
+def daily(events: DataFrame, params: Params, initial_state: DataFrame | None = None) -> DataFrame:
+    orders = events.select(
+        F.col("customer.id").alias("customer"),
+        F.col("placed_at"),
+        F.date_trunc("day", "placed_at").alias("day"),
+        order_value(F.col("items")).alias("value"),
+        item_count(F.col("items")).alias("items"),
+    ).withWatermark("placed_at", f"{params.lateness_minutes} minutes")
+    return orders.groupBy("customer", "day").transformWithState(
+        statefulProcessor=DailySpend(params.threshold, timedelta(minutes=params.lateness_minutes)),
+        outputStructType=DAY_OUTPUT,
+        outputMode="Update",
+        timeMode="EventTime",
+        initialState=initial_state.groupBy("customer", "day") if initial_state is not None else None,
+    )
+
+
+OLD_SPEND = "struct<orders: bigint, items: bigint, total: decimal(28,2), empty: boolean>"
+
+
+def daily_from_windows(old: OldState, params: Params) -> DataFrame:
+    """customer-spend's windows (its aggregation's state: the key's window and customer, the count and the two sums)
+    summed into their UTC days. A window that ends on another day than it starts maps to nothing."""
+    spend = old["default"].select(
+        F.col("key.customer").alias("customer"),
+        F.col("key.window.start").alias("start"),
+        F.col("key.window.end").alias("end"),
+        F.col("value").cast(OLD_SPEND).alias("v"),  # by position: Spark names both sums "sum"
+    )
+    last = F.col("end") - F.expr("INTERVAL 1 MICROSECOND")
+    whole = spend.filter(~F.col("v.empty") & (F.date_trunc("day", "start") == F.date_trunc("day", last)))
+    return whole.groupBy("customer", F.date_trunc("day", "start").alias("day")).agg(
+        F.sum("v.orders").alias("orders"),
+        F.sum("v.items").alias("items"),
+        F.sum("v.total").cast(MONEY).alias("total"),
+    )
+
+
+CUSTOMER_SPEND_DAILY = replace(
+    CUSTOMER_SPEND,
+    name="customer-spend-daily",
+    version_of="customer-spend",
+    title="Spend per customer per day",
+    description="Nested JSON orders → orders, items and spend per customer per UTC day (a transformWithState "
+    "operator); moved to from customer-spend with a state migration.",
+    transform=daily,
+    needs_rocksdb=True,
+    migrations=(
+        Migration(
+            "customer-spend",
+            ("customer", "day"),
+            daily_from_windows,
+            "each window's orders, items and total summed into its UTC day; a window across midnight maps to nothing",
         ),
     ),
 )

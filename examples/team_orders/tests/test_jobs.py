@@ -5,8 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from statekeeper_sdk.testing import run_batches
-from team_orders.jobs import CUSTOMER_SPEND, CUSTOMER_SPEND_V2
+from statekeeper_sdk.testing import migrate_state, run_batches
+from team_orders.jobs import CUSTOMER_SPEND, CUSTOMER_SPEND_DAILY, CUSTOMER_SPEND_V2
 
 
 def order(order_id: str, customer: str, at: str, *prices: str) -> dict:
@@ -55,3 +55,33 @@ def test_the_lake_is_off_when_its_directory_is_left_empty():
                                       parameters={"orders_dsn": TARGETS["orders_dsn"]}) if b.rows]  # fmt: skip
     assert set(batch.sinks) == {"team-db"}
     assert [v["average"] for _, _, v in batch.results] == ["4.00"]
+
+
+def test_the_daily_version_starts_from_the_windows_totals_summed_into_days(tmp_path):
+    """The team's check of its state migration, before any console runs it: customer-spend's state after two
+    batches, migrated, then the daily version's first batch on it."""
+    run_batches(
+        CUSTOMER_SPEND,
+        [[order("o1", "c1", "2026-11-25T10:05:00Z", "10.00"), order("o2", "c1", "2026-11-25T13:20:00Z", "5.50"),
+          order("o3", "c2", "2026-11-25T10:07:00Z", "7.25")],
+         [order("o4", "c1", "2026-11-25T23:10:00Z", "1.00", "2.00")]],
+        parameters={"window_minutes": 60, "lateness_minutes": 1440},
+        workdir=tmp_path / "hourly",
+    )  # fmt: skip
+    seed = migrate_state(CUSTOMER_SPEND_DAILY, tmp_path / "hourly" / "checkpoint", "customer-spend",
+                         parameters={"lateness_minutes": 1440})  # fmt: skip
+    assert sorted((r["customer"], r["orders"], r["items"], str(r["total"])) for r in seed.collect()) == [
+        ("c1", 3, 4, "18.50"),
+        ("c2", 1, 1, "7.25"),
+    ]
+    [first] = [b for b in run_batches(CUSTOMER_SPEND_DAILY, [[order("o5", "c1", "2026-11-25T23:30:00Z", "100.00")]],
+                                      parameters={"lateness_minutes": 1440}, initial_state=seed,
+                                      workdir=tmp_path / "daily") if b.rows]  # fmt: skip
+    assert [(key, v["orders"], v["total"], v["big"]) for _, key, v in first.results] == [
+        ("c1|2026-11-25 00:00|2026-11-26 00:00", 4, "118.50", True)
+    ], "the day's total goes on from the migrated one"
+
+
+def test_a_migration_from_a_pipeline_it_does_not_declare_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="declares no migration from customer-spend-v2"):
+        migrate_state(CUSTOMER_SPEND_DAILY, tmp_path, "customer-spend-v2")

@@ -1,0 +1,218 @@
+"""State migrations: an upgrade to a version whose state cannot be read from the job's, built from it instead.
+
+The new version declares how (``statekeeper_sdk.Migration``: the old state per state variable in, its initial state
+out). The upgrade preview and the upgrade (``dashboard.services.upgrades``) take ``migrate``:
+
+- the preview, after the compatibility check, copies the checkpoint as of its newest batch, runs the migration on the
+  copy into a scratch checkpoint, and runs the new version's first batch there on the migrated state, from where that
+  batch ended, over the entries that came after it (``migrate`` of the state tool). Nothing stops. It shows the rows
+  read per state variable and written, keys in and out, the old keys that map to nothing, samples before and after,
+  and the first batch's output; a migration that raises, or output the new state refuses, is shown with the error.
+- the upgrade stops the job with a savepoint at batch N, runs the migration on the savepoint's state into the new
+  checkpoint's seed (``checkpoint_dir.files.seed_dir``), and starts the new version there: its transformWithState
+  operator takes the seed as its initial state at batch 0, its source reads on after N's offsets, and its sinks number
+  its batches from N + 1 (``write_lineage``). A failure before the new version's first batch rolls back by itself to
+  savepoint N, as any upgrade does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from dashboard import pipelines
+from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, copy_checkpoint, remove_tree, seed_dir
+from dashboard.connections import redis_client
+from dashboard.models import Action, Savepoint, StateBackend
+from dashboard.services.action_steps import (
+    Done,
+    Next,
+    Outcome,
+    Steps,
+    Wait,
+    action_progress,
+    memo_save,
+    remember,
+    state_read,
+)
+from dashboard.services.errors import ActionFailed
+from dashboard.services.forks import fork_name
+from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.upgrades import (
+    PREVIEW_STEPS as CHECK_STEPS,
+)
+from dashboard.services.upgrades import (
+    UPGRADE_STEPS as PLAIN_UPGRADE_STEPS,
+)
+from dashboard.services.upgrades import (
+    _preview_done,
+    next_line_base,
+    scratch_cleanup,
+    scratch_dead_letters,
+    scratch_dir,
+    scratch_spec,
+    target_shown,
+)
+
+PREVIEW_RECORDS = 1000  # entries after the batch the preview's first batch reads, at most
+
+
+def migration_spec(action: Action, checkpoint: Path, use: str) -> dict[str, Any]:
+    """What the state tool's ``migrate`` needs: the job's source (for a first batch), the new version and its values,
+    the pipeline the state is read from, and the new checkpoint it seeds."""
+    job = action.job
+    target = action.params["plan"]["target"]
+    rocksdb = pipelines.get(target).needs_rocksdb and job.state_backend == StateBackend.MEMORY
+    return scratch_spec(job, scratch_dead_letters(action, use)) | {
+        **({"backend": StateBackend.ROCKSDB.value} if rocksdb else {}),  # the migrated line's (_start_migrated)
+        "reference": pipelines.reference(target),
+        "from_pipeline": action.params.get("from_pipeline") or job.pipeline,
+        "parameters": action.params["parameters"],
+        "checkpoint": str(checkpoint),
+    }
+
+
+def migration_summary(done: dict[str, Any]) -> str:
+    """One sentence of what a migration read and made, as the preview and the upgrade's outcome say it."""
+    read = ", ".join(f"{rows} of {name}" for name, rows in sorted(done["variables"].items()))
+    keys = f"{done['keys_in']} keys in, " if done.get("keys_in") is not None else ""
+    dropped = done.get("dropped") or {}
+    lost = (
+        f"; {dropped['keys']} old {'/'.join(dropped['on'])} map to nothing" if dropped.get("keys") else
+        f"; every old {'/'.join(dropped['on'])} kept" if dropped else ""
+    )  # fmt: skip
+    return f"read {read} state rows; wrote {done['rows_out']} rows ({keys}{done['keys_out']} keys out){lost}"
+
+
+def _kept(result: dict[str, Any]) -> dict[str, Any]:
+    """The tool's answer as the action keeps it (its rows read summed as ``rows_in``)."""
+    return {k: v for k, v in result.items() if k != "batch"} | {"rows_in": sum(result["variables"].values())}
+
+
+# --- the preview ----------------------------------------------------------------------------------------------------
+
+
+def _preview_gate(action: Action) -> Outcome:
+    if not action.params.get("migrate") or action.params["plan"]["batch"] is None:
+        return _preview_done(action)
+    return Next("migration-copy")
+
+
+def _preview_copy(action: Action) -> Outcome:
+    job = action.job
+    batch = int(action.params["plan"]["batch"])
+    old, new = scratch_dir(action, "migration-old"), scratch_dir(action, "migration-new")
+    for path in (old, new, seed_dir(new)):
+        remove_tree(path)
+    action_progress(action, f"copying the checkpoint as of batch {batch} for the migration")
+    try:
+        copy_checkpoint(job.checkpoint_location, old, batch)
+        starting = batch_offsets(old, batch)["sources"][0]
+    except (CheckpointError, IndexError) as exc:
+        raise ActionFailed(f"The checkpoint cannot be copied for the migration's preview: {exc}") from None
+    if not isinstance(starting, dict) or "id" not in starting:
+        raise ActionFailed(f"Batch {batch}'s offsets do not say where {job.source_stream} was read to.")
+    memo_save(action, migration_start={"id": starting["id"], "n": int(starting["n"])},
+              migration_end=_ending(action, starting))  # fmt: skip
+    return Next("migration")
+
+
+def _ending(action: Action, start: dict[str, Any]) -> dict[str, Any] | None:
+    """The offset PREVIEW_RECORDS entries after ``start`` (or the stream's last), None when none came after it."""
+    try:
+        entries = redis_client().xrange(action.job.source_stream, min=f"({start['id']}", count=PREVIEW_RECORDS)
+    except RedisError as exc:
+        raise ActionFailed(f"Redis cannot be reached for the first batch's input: {exc}") from None
+    if not entries:
+        return None
+    last = entries[-1][0]
+    return {"id": last.decode() if isinstance(last, bytes) else str(last), "n": int(start["n"]) + len(entries)}
+
+
+def _preview_run(action: Action) -> Outcome:
+    batch = int(action.params["plan"]["batch"])
+    old, new = scratch_dir(action, "migration-old"), scratch_dir(action, "migration-new")
+    ending = action.memo.get("migration_end")
+    spec = migration_spec(action, new, "migration") | {
+        "first_batch": ending is not None, "starting": action.memo["migration_start"], "ending": ending,
+        "records": PREVIEW_RECORDS, "base": batch + 1,
+    }  # fmt: skip
+    action_progress(action, f"migrating the state of batch {batch} on a scratch copy")
+    try:
+        result = state_read(action, "migration", "migrate", old, batch, spec)
+    except ActionFailed as exc:
+        _preview_cleanup(action)
+        remember(action, migration={"error": str(exc).removeprefix("Spark could not migrate the state: ")})
+        raise ActionFailed(f"The migration failed on the state of batch {batch}; nothing stopped. {exc}") from None
+    if result is None:
+        return Wait(f"migrating the state of batch {batch} on a scratch copy", 1.0)
+    _preview_cleanup(action)
+    done = _kept(result)
+    remember(action, migration=done)
+    first = done.get("first_batch") or {}
+    after = (
+        f"; {target_shown(action)}'s first batch on it gave {first['rows']} output rows"
+        if first.get("ran") else "; no entry came after the batch, so no first batch ran on it"
+    )  # fmt: skip
+    return Done(f"Migration from batch {batch}: {migration_summary(done)}{after}. Nothing stopped.")
+
+
+def _preview_cleanup(action: Action) -> None:
+    new = scratch_dir(action, "migration-new")
+    for path in (scratch_dir(action, "migration-old"), new, seed_dir(new)):
+        remove_tree(path)
+    scratch_cleanup(action, "migration")
+
+
+PREVIEW_STEPS: Steps = {
+    **CHECK_STEPS,
+    "gate": ("verdict", _preview_gate),
+    "migration-copy": ("copy the checkpoint for the migration", _preview_copy),
+    "migration": ("migrate the state and run a first batch on it", _preview_run),
+}
+
+
+# --- the upgrade ----------------------------------------------------------------------------------------------------
+
+
+def _migrate(action: Action) -> Outcome:
+    """Run the migration on the savepoint's state into the seed of the new checkpoint the job will switch to."""
+    if not action.params.get("migrate") or action.memo.get("migrated"):
+        return Next("switch")
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    if savepoint is None:  # no state to migrate: a job with no committed batch starts the new version as it is
+        return Next("switch")
+    new = action.job.directory / fork_name(action, "upgrade")
+    if not action.memo.get("migration_begun"):
+        remove_tree(new)
+        remove_tree(seed_dir(new))
+        memo_save(action, migration_begun=True)
+    spec = migration_spec(action, new, "migration") | {
+        "base": next_line_base(savepoint),
+        "lineage": {"after_savepoint": savepoint.id, "upgrade": action.id, "reason": "state migration",
+                    "from": action.params.get("from_pipeline")},
+    }  # fmt: skip
+    action_progress(action, f"migrating the state of savepoint #{savepoint.id} (batch {savepoint.batch_id})")
+    result = state_read(action, "migration", "migrate", Path(savepoint.path) / "checkpoint", int(savepoint.batch_id),
+                        spec)  # fmt: skip
+    if result is None:
+        return Wait(f"migrating the state of savepoint #{savepoint.id} (batch {savepoint.batch_id})", 1.0)
+    remember(action, migration=_kept(result))
+    memo_save(action, migrated=True)
+    return Next("switch")
+
+
+def _before_switch(steps: Steps) -> Steps:
+    """The upgrade's steps with "migrate" listed before "switch" (the order the action's phases are shown in), and
+    the savepoint going on to it."""
+    placed: Steps = {}
+    for name, step in {**steps, **savepoint_steps("before-upgrade", then="migrate")}.items():
+        if name == "switch":
+            placed["migrate"] = ("migrate the state", _migrate)
+        placed[name] = step
+    return placed
+
+
+UPGRADE_STEPS: Steps = _before_switch(PLAIN_UPGRADE_STEPS)
