@@ -3,7 +3,8 @@ one exactly as the form does, archiving, drift, and the plan that says what appl
 
 A spec is flat: the job's settings by their field names, plus ``state`` (``running`` or ``suspended``), the
 ``upgrade_mode`` (``savepoint``: an upgrade keeps the state, and an incompatible change is refused; ``stateless``:
-an incompatible change starts from empty state) and, optionally, the ``package`` the pipeline must come from.
+an incompatible change starts from empty state; ``migrate``: the new version's state is built by the migration it
+declares from the job's pipeline; ``blue-green``) and, optionally, the ``package`` the pipeline must come from.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dashboard.connections import redis_client
 from dashboard.forms import JobForm
 from dashboard.models import ACTIVE_RUN_STATUSES, Job
 from dashboard.selectors.cluster import free_cores_warning
+from dashboard.services.upgrades import migration_refusal
 
 # settings of the job form, and the policies set elsewhere in the console
 POLICY_FIELDS = (
@@ -35,7 +37,7 @@ SETTINGS = (*JobForm.Meta.fields, *POLICY_FIELDS)
 SCALE = ("parallelism", "state_partitions")
 CODE = ("pipeline", "parameters")
 STATES = ("running", "suspended")
-UPGRADE_MODES = ("savepoint", "last-state", "stateless", "blue-green")
+UPGRADE_MODES = ("savepoint", "last-state", "stateless", "migrate", "blue-green")
 EXTRA = ("state", "upgrade_mode", "package")
 
 
@@ -63,8 +65,10 @@ EXTRA_REFERENCE = {
               "checkpoint), or stopped with a savepoint"),
     "upgrade_mode": (f"one of {', '.join(f'`{m}`' for m in UPGRADE_MODES)}", "`savepoint`",
                      "how `apply` upgrades a job with state: keeping it (an incompatible change is refused), "
-                     "`stateless`: an incompatible change starts from empty state, or `blue-green`: a running job's "
-                     "new version runs beside it and takes over at a committed batch, its output never stopped"),
+                     "`stateless`: an incompatible change starts from empty state, `migrate`: the new version's "
+                     "state is built from the job's by the migration it declares (previewed, then applied from a "
+                     "savepoint), or `blue-green`: a running job's new version runs beside it and takes over at a "
+                     "committed batch, its output never stopped"),
     "package": ("text: `<distribution> <version>`, as the Deploys tab shows it", "—",
                 "the installed package the pipeline must come from (`statekeeper-example-team-orders 1.0.0`); the "
                 "spec is refused when the console has another"),
@@ -346,6 +350,14 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
         if mode == "stateless":
             params["upgrade_mode"] = mode
             why = "previewed first; if incompatible, the new version starts with empty state (stateless)"
+        if mode == "migrate":
+            if refused := migration_refusal(job, target):
+                return JobPlan(name, "refused", refusal=refused)
+            params["upgrade_mode"] = mode
+            why = (
+                "previewed first with its state migration on a scratch copy; then a savepoint, the migration on its "
+                "state, and the new version started on the migrated state where the old one stopped"
+            )
         if mode == "blue-green" and running:
             steps.append(
                 Step(

@@ -223,6 +223,11 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
         return redirect("dashboard:job_deploys", name=job.name)
     if kind == ActionKind.UPGRADE and request.POST.get("empty_state"):
         params["empty_state"] = 1
+    if kind in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW) and request.POST.get("migrate"):
+        if params.get("empty_state"):
+            messages.error(request, "Choose one: migrate the state, or start with empty state.")
+            return redirect("dashboard:job_deploys", name=job.name)
+        params["migrate"] = 1
     if kind == ActionKind.BLUE_GREEN:
         params |= {"auto": int(bool(request.POST.get("auto"))), "no_removed": int(bool(request.POST.get("no_removed")))}
         if (percent := request.POST.get("max_changed_percent", "").strip()) != "":
@@ -238,7 +243,7 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
         if not 1 <= params["records"] <= 100_000:
             messages.error(request, "A shadow run reads 1 to 100,000 records.")
             return redirect("dashboard:job_deploys", name=job.name)
-    if refusal := upgrade_refusal(job, target, given):
+    if refusal := upgrade_refusal(job, target, given, migrate=bool(params.get("migrate"))):
         messages.error(request, refusal)
         return redirect("dashboard:job_deploys", name=job.name)
     if kind in (ActionKind.UPGRADE, ActionKind.BLUE_GREEN) and (

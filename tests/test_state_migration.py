@@ -6,6 +6,7 @@ rolls back with every sink exact again. Every figure is checked against the orde
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,37 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
     orders.send(10, seed=4)
     wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1,
              "every order in its hour after the rollback, in every sink")  # fmt: skip
+
+
+@pytest.mark.spark
+def test_two_state_variables_merged_into_one_keep_every_users_totals(spark, tmp_path):
+    """examples/user_sessions: user-sessions-timed keeps a user's open session and closed totals in two state
+    variables (the closed one with a TTL); user-sessions-merged keeps them in one. Its migration joins them per user;
+    the first batch after it goes on from every user's totals, checked against the events sent."""
+    from statekeeper_sdk.testing import migrate_state, run_batches
+    from user_sessions.timed import SESSIONS_MERGED, SESSIONS_TIMED
+
+    rng = random.Random(5)
+    before = [[{"user": f"u{rng.randrange(6)}", "region": "eu", "amount": rng.randrange(1, 100) / 4} for _ in range(30)]
+              for _ in range(2)]  # fmt: skip
+    # a gap of a second: the first batch's sessions are closed by their timers before the second batch's open again
+    values = {"gap_seconds": 1, "ttl_minutes": 60}
+    run_batches(SESSIONS_TIMED, [before[0], [], before[1]], parameters=values, workdir=tmp_path / "timed")
+    seed = migrate_state(SESSIONS_MERGED, tmp_path / "timed" / "checkpoint", "user-sessions-timed", parameters=values)
+    sent: dict[str, list[float]] = {}
+    for event in before[0] + before[1]:
+        sent.setdefault(event["user"], []).append(event["amount"])
+    migrated = {r["user"]: r for r in seed.collect()}
+    assert set(migrated) == set(sent), "every user, whether their session is open or closed"
+    for user, amounts in sent.items():
+        row = migrated[user]
+        assert row["events"] + row["open_events"] == len(amounts), user
+        assert abs(row["amount"] + row["open_amount"] - sum(amounts)) < 1e-9, user
+
+    after = [{"user": user, "region": "eu", "amount": 1.0} for user in sorted(sent)]
+    out = [b for b in run_batches(SESSIONS_MERGED, [after], parameters=values, initial_state=seed,
+                                  workdir=tmp_path / "merged") if b.rows]  # fmt: skip
+    got = {key: value for batch in out[:1] for _, key, value in batch.results}
+    assert {u: (v["events"], round(v["amount"], 6)) for u, v in got.items()} == {
+        u: (len(a) + 1, round(sum(a) + 1.0, 6)) for u, a in sent.items()
+    }, "each user's events and amount go on from the migrated state"

@@ -66,7 +66,7 @@ def test_a_team_job_with_nested_orders_and_parameters_counts_every_order_and_nam
     deploy = Deploy.objects.get(job=job)
     assert deploy.parameters == {"window_minutes": 30, "threshold": threshold, "lateness_minutes": 10,
                                  "orders_dsn": "", "lake_dir": ""}  # fmt: skip
-    assert deploy.package == "statekeeper-example-team-orders 1.1.0"
+    assert deploy.package == "statekeeper-example-team-orders 1.2.0"
 
 
 @pytest.mark.chaos  # savepoint, kill -9, rollback, restore, two upgrades and a rollback: several minutes

@@ -41,7 +41,7 @@ def test_the_example_package_registers_through_its_entry_points_only():
     assert {"user-sessions", "user-sessions-v2", "user-sessions-by-region"} <= set(pipelines.names())
     assert pipelines.reference("user-sessions") == "user_sessions.pipelines:SESSIONS"
     code = pipelines.code_version("user-sessions")
-    assert code.package == "statekeeper-example-user-sessions 1.0.0" and len(code.code_hash) == 64
+    assert code.package == "statekeeper-example-user-sessions 1.1.0" and len(code.code_hash) == 64
 
 
 def test_verdicts_per_state_variable():

@@ -15,7 +15,8 @@
     statekeeper secret delete NAME    delete a secret no job names (admin)
 
 A spec is a YAML or TOML file per job (a directory of them, or one file): the job's settings by name, ``state:
-running | suspended`` and ``upgrade_mode: savepoint | stateless | blue-green``. A spec never holds a password: a parameter
+running | suspended`` and ``upgrade_mode: savepoint | stateless | migrate |
+blue-green``. A spec never holds a password: a parameter
 names a secret instead (``postgres://team:${secret:team-db-password}@db/team_orders``), set once with ``statekeeper
 secret set``. ``--prune``: a job made from specs that no file
 names any more is archived. ``--json`` (before or after the command) prints machine-readable output on stdout. The console's address and token come from
@@ -108,6 +109,9 @@ def read_specs(path: Path) -> list[dict[str, Any]]:
 def preview_verdict(console: Console, job: str, step: dict[str, Any], say: Any, timeout: float) -> dict[str, Any]:
     """The upgrade's compatibility, from the console's preview on the job's state (a read-only action)."""
     body = {k: v for k, v in step["params"].items() if k in ("pipeline", "parameters")}
+    migrate = step["params"].get("upgrade_mode") == "migrate"
+    if migrate:
+        body["migrate"] = 1  # the preview runs the migration and the new version's first batch on a scratch copy
     try:
         requested = console.call("POST", f"jobs/{job}/upgrade-preview", body)["action"]
     except ApiFailure as exc:
@@ -116,6 +120,8 @@ def preview_verdict(console: Console, job: str, step: dict[str, Any], say: Any, 
     plan = (done.get("params") or {}).get("plan") or {}
     if done["status"] != "succeeded" or not plan:
         return {"verdict": "refused", "summary": done.get("outcome") or "the preview failed"}
+    if migrate:
+        return {"verdict": "migrated", "summary": f"{plan.get('summary', '')}. {done.get('outcome', '')}"}
     if plan.get("incompatible"):
         if step["params"].get("upgrade_mode") == "stateless":
             return {"verdict": "empty state", "summary": plan.get("summary", "")}
@@ -172,6 +178,8 @@ def apply_step(console: Console, job: str, step: dict[str, Any], say: Any, timeo
         mode = body.pop("upgrade_mode", "savepoint")
         if mode == "stateless" and (step.get("verdict") or {}).get("verdict") == "empty state":
             body["empty_state"] = 1
+        if mode == "migrate":
+            body["migrate"] = 1
     requested = console.call("POST", f"jobs/{job}/{action}", body)["action"]
     done = console.wait(requested, timeout, say)
     if done["status"] != "succeeded":

@@ -409,13 +409,19 @@ def schema() -> dict[str, Any]:
         "/api/v1/jobs/{name}/rollback": _write("rollback", "Roll back to a retained batch (job stopped)", "action"),
         "/api/v1/jobs/{name}/rescale": _write("rescale", "Change cores and/or state partitions", "action"),
         "/api/v1/jobs/{name}/upgrade-preview": _write(
-            "upgrade-preview", "Check another pipeline against the job's state, on a scratch copy", "action"
+            "upgrade-preview",
+            "Check another pipeline against the job's state, on a scratch copy (migrate: 1 also runs the target's "
+            "state migration and its first batch on the migrated state)",
+            "action",
         ),
         "/api/v1/jobs/{name}/upgrade-shadow": _write(
             "upgrade-shadow", "Run another pipeline beside the job from a savepoint and diff its results", "action"
         ),
         "/api/v1/jobs/{name}/upgrade": _write(
-            "upgrade", "Move the job to another pipeline with its state (refused when incompatible)", "action"
+            "upgrade",
+            "Move the job to another pipeline with its state (refused when incompatible, unless migrate: 1 builds the "
+            "new state with the target's declared migration, or empty_state: 1 starts without one)",
+            "action",
         ),
         "/api/v1/jobs/{name}/upgrade-rollback": _write(
             "upgrade-rollback", "Roll the job's latest upgrade back from the savepoint it took", "action"

@@ -502,7 +502,11 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     },  # fmt: skip
     # a string's bounds are its length
     # an object's bounds are its number of keys: the pipeline's parameter values, checked against what it declares
-    ActionKind.UPGRADE_PREVIEW: {"pipeline": (str, 1, 40, True), "parameters": (dict, 0, 100, False)},
+    ActionKind.UPGRADE_PREVIEW: {
+        "pipeline": (str, 1, 40, True),
+        "parameters": (dict, 0, 100, False),
+        "migrate": (int, 0, 1, False),  # also run the target's state migration and its first batch on it
+    },  # fmt: skip
     ActionKind.UPGRADE_SHADOW: {
         "pipeline": (str, 1, 40, True),
         "records": (int, 1, 100_000, False),
@@ -511,6 +515,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     ActionKind.UPGRADE: {
         "pipeline": (str, 1, 40, True),
         "empty_state": (int, 0, 1, False),
+        "migrate": (int, 0, 1, False),  # build the new version's state with its declared migration
         "parameters": (dict, 0, 100, False),
         "from_spec": (int, 0, 1, False),
     },  # fmt: skip
@@ -648,9 +653,11 @@ def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
         verb == ActionKind.ROLLBACK
         and (refused := rollback_preview(job, params["batch"]).refusal)
         or verb in UPGRADE_KINDS
-        and (refused := upgrade_refusal(job, params["pipeline"], params.get("parameters")))
+        and (refused := upgrade_refusal(job, params["pipeline"], params.get("parameters"), bool(params.get("migrate"))))
     ):
         raise ActionRefused(refused)
+    if params.get("migrate") and params.get("empty_state"):
+        raise ApiError(400, "Choose one: migrate (the state built by the target's migration) or empty_state.")
     if verb in UPGRADE_KINDS:
         params["parameters"] = target_parameters(job, params["pipeline"], params.get("parameters"))
 

@@ -44,6 +44,7 @@ class UpgradeView:
     history: list[Action]
     parameters: str  # the job's values now, as the upgrade form's text (name = value lines)
     declared: list[tuple[str, list[Any]]]  # (pipeline, its Parameter records) for every target that declares any
+    migrations: list[tuple[str, str]]  # (pipeline, what it does) for every target that migrates the job's state
 
 
 def upgrade_view(job: Job) -> UpgradeView:
@@ -75,6 +76,15 @@ def upgrade_view(job: Job) -> UpgradeView:
     values = pipelines.values_or_stored(job.pipeline, job.parameters)
     declared = [(name, list(found.pipelines[name].parameters)) for name, _ in targets
                 if tuple(getattr(found.pipelines[name], "parameters", None) or ())]  # fmt: skip
+    migrations = [(name, migration.description) for name in others
+                  if (migration := getattr(found.pipelines[name], "migration_from", lambda _: None)(job.pipeline))]  # fmt: skip
     return UpgradeView(
-        targets, plan, shadow, rollback, history, pipelines.format_parameters(values, job.pipeline), declared
+        targets,
+        plan,
+        shadow,
+        rollback,
+        history,
+        pipelines.format_parameters(values, job.pipeline),
+        declared,
+        migrations,
     )

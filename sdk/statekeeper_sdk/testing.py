@@ -72,7 +72,10 @@ def _files_read(checkpoint: Path) -> dict[str, int]:
         if log.name.startswith("."):
             continue
         for line in log.read_text().splitlines()[1:]:  # the first line is the log's version
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line Spark is writing now
+                continue
             read[Path(entry["path"].removeprefix("file:")).name] = int(entry["batchId"])
     return read
 
@@ -82,6 +85,27 @@ def _session() -> SparkSession:
     imports the package's processor in a worker: the interpreter the package is installed in)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return SparkSession.getActiveSession() or SparkSession.builder.master("local[2]").getOrCreate()
+
+
+SETTLE_SECONDS = 3.0  # after the last input's batch commits: time for the no-data batch a watermark's advance runs
+
+
+def _until_read(query: Any, checkpoint: Path, files: int) -> None:
+    """Wait for the query to read every input file; then for it to end, as an available-now query does, or stop it
+    SETTLE_SECONDS after the last file's batch committed: a query with processing-time timers or state with a time to
+    live runs batches without data for as long as any is left, and would not end by itself."""
+    settled_at: float | None = None
+    while not query.awaitTermination(0.2):
+        read = _files_read(checkpoint)
+        last = max(read.values(), default=-1)
+        if len(read) < files or not (checkpoint / "commits" / str(last)).exists():
+            continue
+        settled_at = settled_at or time.monotonic()
+        if time.monotonic() - settled_at > SETTLE_SECONDS:
+            query.stop()
+            break
+    if (failure := query.exception()) is not None:
+        raise failure
 
 
 def run_batches(
@@ -122,8 +146,23 @@ def run_batches(
         conf["spark.sql.streaming.stateStore.providerClass"] = (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         )
+    before = {key: session.conf.get(key, None) for key in conf}  # put back after: the session may run other pipelines
     for key, value in conf.items():
         session.conf.set(key, value)
+    try:
+        return _run(pipeline, session, inbox, checkpoint, values, refused, initial_state)
+    finally:
+        for key, value in before.items():
+            if value is None:
+                session.conf.unset(key)
+            else:
+                session.conf.set(key, value)
+
+
+def _run(
+    pipeline: Pipeline, session: SparkSession, inbox: Path, checkpoint: Path, values: dict[str, Any],
+    refused: dict[str, list[Rejected]], initial_state: DataFrame | None,
+) -> list[Batch]:  # fmt: skip
     frame = (
         session.readStream.schema(pipeline.payload.spark_schema()).option("maxFilesPerTrigger", 1).parquet(str(inbox))
     )
@@ -149,7 +188,7 @@ def run_batches(
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
+    _until_read(query, checkpoint, len(refused))
     for name, batch_id in _files_read(checkpoint).items():
         if batch_id in seen:
             seen[batch_id].dead_letters = refused.get(name, [])
