@@ -6,17 +6,21 @@ rolls back with every sink exact again. Every figure is checked against the orde
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dashboard.checkpoint_dir.files import committed_batches, lineage, seed_dir
-from dashboard.models import ActionKind, ActionStatus, Job, StateBackend
+from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, Run, StateBackend
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start
-from tests.conftest import wait_for
+from tests.conftest import grant, wait_for
 from tests.support import Orders, every_sink_exact, finished, lake_latest, lake_rows, sink, switched_to, team_rows
 
 SPEND = ("customer", "start", "end", "orders", "items", "total")
@@ -52,7 +56,7 @@ def migrated_exactly(spark: Any, job: Job, dsn: str, lake: Path, hourly: dict, d
     return True
 
 
-@pytest.mark.spark
+@pytest.mark.chaos  # a team job through preview, migration under load and its rollback, three sinks: four minutes
 @pytest.mark.django_db(transaction=True)
 def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_rolls_back_exact(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
@@ -148,3 +152,119 @@ def test_two_state_variables_merged_into_one_keep_every_users_totals(spark, tmp_
     assert {u: (v["events"], round(v["amount"], 6)) for u, v in got.items()} == {
         u: (len(a) + 1, round(sum(a) + 1.0, 6)) for u, a in sent.items()
     }, "each user's events and amount go on from the migrated state"
+
+
+class Sessions:
+    """Session events sent to a stream, kept so that each user's expected events and amount come from them."""
+
+    def __init__(self, redis: Any, stream: str) -> None:
+        self.redis, self.stream, self.sent = redis, stream, []
+
+    def send(self, count: int, seed: int) -> None:
+        rng, pipe = random.Random(seed), self.redis.pipeline(transaction=False)
+        for _ in range(count):
+            event = {"user": f"u{rng.randrange(12)}", "region": "eu", "amount": rng.randrange(1, 400) / 4}
+            self.sent.append(event)
+            pipe.xadd(self.stream, {"v": json.dumps(event)})
+        pipe.execute()
+
+    def expected(self) -> dict[str, tuple[int, float]]:
+        found: dict[str, tuple[int, float]] = {}
+        for event in self.sent:
+            events, amount = found.get(event["user"], (0, 0.0))
+            found[event["user"]] = (events + 1, amount + event["amount"])
+        return found
+
+
+def totals_exact(job: Job, sessions: Sessions) -> bool:
+    got = {r.key: (int(r.value["events"]), float(r.value["amount"])) for r in ResultRow.objects.filter(job=job)}
+    want = sessions.expected()
+    return set(got) == set(want) and all(got[u][0] == want[u][0] and abs(got[u][1] - want[u][1]) < 1e-6 for u in want)
+
+
+@pytest.mark.chaos  # kills during the migration and of the migrated driver: a few minutes
+@pytest.mark.django_db(transaction=True)
+def test_a_migration_through_a_worker_kill_and_a_driver_kill_ends_migrated_or_back_and_exact(
+    make_job, redis, stream_name, celery_worker
+):
+    """user-sessions-timed → user-sessions-merged with the Celery worker killed while the migration runs, and the
+    new version's driver killed with kill -9 once it is up: the job ends either migrated or back on the old version,
+    its totals exact for every user either way, never between."""
+    job = make_job(pipeline="user-sessions-timed", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1,
+                   restart_strategy="fixed-delay", restart_delay_seconds=1,
+                   parameters={"gap_seconds": 2, "ttl_minutes": 60})  # fmt: skip
+    sessions = Sessions(redis, stream_name)
+    sessions.send(120, seed=1)
+    job_request_start(job=job)
+    wait_for(lambda: totals_exact(job, sessions), 240, 1, "every user's first events")
+
+    upgrade = action_request(job=job, kind=ActionKind.UPGRADE,
+                             params={"pipeline": "user-sessions-merged", "migrate": 1})  # fmt: skip
+    wait_for(lambda: Action.objects.get(id=upgrade.id).step in ("migrate", "switch", "start", "up"), 300, 0.1,
+             "the migration to begin")  # fmt: skip
+    celery_worker.kill()
+    sessions.send(40, seed=2)  # while nothing runs the job: the new version (or the old one, back) reads them
+    time.sleep(2)
+    celery_worker.start()
+
+    def migrated_run() -> Run | None:
+        started = Action.objects.get(id=upgrade.id).params.get("run")
+        return Run.objects.filter(id=started, pid__isnull=False).first() if started else None
+
+    run = wait_for(migrated_run, 300, 0.2, "the migrated version's driver")
+    os.killpg(run.pid, signal.SIGKILL)
+    done = finished(Action.objects.get(id=upgrade.id), 600)
+    assert done.status in (ActionStatus.SUCCEEDED, ActionStatus.FAILED), done.outcome
+    job.refresh_from_db()
+    migrated = job.pipeline == "user-sessions-merged"
+    assert migrated == (done.status == ActionStatus.SUCCEEDED), (job.pipeline, done.outcome)
+    assert migrated or "rolled back by itself" in done.outcome, done.outcome
+    sessions.send(40, seed=3)
+    wait_for(lambda: totals_exact(job, sessions), 300, 1,
+             f"every user's events and amount, exact, on {job.pipeline} after the kills")  # fmt: skip
+    assert not redis.xlen(job.dead_letter_stream) if redis.exists(job.dead_letter_stream) else True
+
+
+@pytest.mark.django_db
+def test_a_migration_is_asked_for_only_where_the_target_declares_one(client, django_user_model, make_job):
+    """The API and the Deploys tab: a migration a target does not declare is refused before anything is requested,
+    with the migrations it does declare; migrate and empty state together are refused; a declared one is requested
+    (and a memory job may ask for it, the migrated line running on RocksDB)."""
+    from dashboard.api.tokens import token_create
+
+    make_job(name="spend", pipeline="customer-spend")
+    user = django_user_model.objects.create_user("op", password="pw")
+    grant(user, "operator")
+    bearer = "Bearer " + token_create(user=user, name="ci")[1]
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        return client.post(path, json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=bearer)
+
+    refused = post("/api/v1/jobs/spend/upgrade", {"pipeline": "customer-spend-v2", "migrate": 1})
+    assert refused.status_code == 409, refused.json()
+    assert (
+        "customer-spend-v2 declares no state migration from customer-spend (it declares none)"
+        in refused.json()["error"]
+    )
+    both = post("/api/v1/jobs/spend/upgrade", {"pipeline": "customer-spend-daily", "migrate": 1, "empty_state": 1})
+    assert both.status_code == 400 and "Choose one" in both.json()["error"]
+    plain = post("/api/v1/jobs/spend/upgrade", {"pipeline": "customer-spend-daily"})
+    assert plain.status_code == 409 and "declares a state migration from customer-spend" in plain.json()["error"]
+    asked = post("/api/v1/jobs/spend/upgrade-preview", {"pipeline": "customer-spend-daily", "migrate": 1})
+    assert asked.status_code == 202, asked.json()
+    assert Action.objects.get(id=asked.json()["action"]["id"]).params["migrate"] == 1
+
+    client.force_login(user)
+    page = client.get("/jobs/spend/deploys").content.decode()
+    assert "data-migrations" in page and "customer-spend-daily" in page and 'name="migrate"' in page
+
+
+def test_a_new_line_counts_its_batches_on_from_the_savepoint_for_the_sinks(tmp_path):
+    from dashboard.checkpoint_dir.files import CheckpointError, lineage_base, write_lineage
+
+    assert lineage_base(tmp_path / "checkpoint") == 0, "a checkpoint as Spark numbers it"
+    write_lineage(tmp_path / "checkpoint", 42, reason="state migration")
+    assert lineage_base(tmp_path / "checkpoint") == 42
+    (tmp_path / "checkpoint" / "statekeeper-lineage.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="damaged"):  # read as 0, the sinks would rewind the whole history
+        lineage_base(tmp_path / "checkpoint")

@@ -380,7 +380,8 @@ def reachable_floor(job_id: int, checkpoint: str) -> int | None:
     )
     # in the sinks' numbers: a savepoint of a migrated line counts from its line's base, as the live checkpoint does
     floors = [
-        (lineage_base(Path(p) / "checkpoint") if p else 0) + int(b) for b, p in kept.values_list("batch_id", "path")
+        (lineage_base(Path(p) / "checkpoint") if p else 0) + int(b or 0)
+        for b, p in kept.values_list("batch_id", "path")
     ]
     if retained:
         floors.append(lineage_base(Path(checkpoint)) + retained[0])

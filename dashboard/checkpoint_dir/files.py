@@ -312,12 +312,19 @@ def write_lineage(checkpoint: Path, base: int, **about: Any) -> None:
 
 
 def lineage(checkpoint: Path) -> dict[str, Any]:
-    """What ``write_lineage`` wrote in this checkpoint ({}: a line numbered as Spark numbers it)."""
+    """What ``write_lineage`` wrote in this checkpoint ({}: a line numbered as Spark numbers it). CheckpointError when
+    the file is there and damaged."""
+    path = checkpoint / LINEAGE
     try:
-        found = json.loads((checkpoint / LINEAGE).read_text())
-    except (OSError, ValueError):
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
-    return found if isinstance(found, dict) and isinstance(found.get("base"), int) else {}
+    except (OSError, ValueError) as exc:
+        found = exc
+    if not isinstance(found, dict) or not isinstance(found.get("base"), int):
+        # read as no base, the sinks would take the line's batch 0 for a rollback to before their whole history
+        raise CheckpointError(f"{path} is damaged ({found}): the sinks cannot tell which batches this line's are")
+    return found
 
 
 def lineage_base(checkpoint: Path) -> int:

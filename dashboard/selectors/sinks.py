@@ -12,7 +12,7 @@ from django.db.models import Max
 from statekeeper_sdk import FileSink, ResultsTable, TableSink
 
 from dashboard import pipelines
-from dashboard.checkpoint_dir.files import latest_committed, lineage_base
+from dashboard.checkpoint_dir.files import CheckpointError, latest_committed, lineage_base
 from dashboard.engine.sinks import FileLog, Position, TableWriter
 from dashboard.models import Job, ResultRow
 
@@ -90,7 +90,10 @@ def fork_consequences(job: Job, batch: int | None, checkpoint: Path) -> list[str
     them again. The batches named are the sinks' (a migrated line's are counted from its base)."""
     if batch is None:
         return []
-    batch += lineage_base(checkpoint)
+    try:
+        batch += lineage_base(checkpoint)
+    except CheckpointError as exc:
+        return [f"The sinks' batches cannot be told: {exc}."]
     lines = []
     for sink in job_sinks(job):
         if sink.off or sink.kind == "results":

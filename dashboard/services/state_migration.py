@@ -195,8 +195,8 @@ def _migrate(action: Action) -> Outcome:
                     "from": action.params.get("from_pipeline")},
     }  # fmt: skip
     action_progress(action, f"migrating the state of savepoint #{savepoint.id} (batch {savepoint.batch_id})")
-    result = state_read(action, "migration", "migrate", Path(savepoint.path) / "checkpoint", int(savepoint.batch_id),
-                        spec)  # fmt: skip
+    result = state_read(action, "migration", "migrate", Path(savepoint.path) / "checkpoint",
+                        int(savepoint.batch_id or 0), spec)  # fmt: skip
     if result is None:
         return Wait(f"migrating the state of savepoint #{savepoint.id} (batch {savepoint.batch_id})", 1.0)
     remember(action, migration=_kept(result))

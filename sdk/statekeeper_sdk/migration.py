@@ -97,7 +97,8 @@ def state_frames(spark: Any, checkpoint: str | Path, batch: int) -> Iterator[tup
     path = str(checkpoint)
     for row in spark.read.format("state-metadata").load(path).collect():
         properties = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        for name in _variables(properties) or [None]:
+        names: list[str | None] = [*_variables(properties)] or [None]
+        for name in names:
             reader = (
                 spark.read.format("statestore")
                 .option("batchId", str(batch))

@@ -237,8 +237,8 @@ class Pipeline:
             )
         if self.version_of == self.name:
             raise ValueError(f"pipeline {self.name!r}: version_of names another pipeline, not itself")
-        if odd := [m for m in self.migrations if not isinstance(m, Migration)]:
-            raise ValueError(f"pipeline {self.name!r}: {odd[0]!r} is not a Migration (statekeeper_sdk)")
+        if strays := [m for m in self.migrations if not isinstance(m, Migration)]:
+            raise ValueError(f"pipeline {self.name!r}: {strays[0]!r} is not a Migration (statekeeper_sdk)")
         sources = [m.from_pipeline for m in self.migrations]
         if duplicated := sorted({n for n in sources if sources.count(n) > 1}):
             raise ValueError(f"pipeline {self.name!r}: two migrations read {duplicated[0]!r}")

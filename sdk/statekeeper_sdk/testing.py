@@ -146,17 +146,19 @@ def run_batches(
         conf["spark.sql.streaming.stateStore.providerClass"] = (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         )
-    before = {key: session.conf.get(key, None) for key in conf}  # put back after: the session may run other pipelines
+    before: dict[str, str | None] = {
+        key: session.conf.get(key, None) for key in conf
+    }  # put back after: the session may run other pipelines
     for key, value in conf.items():
         session.conf.set(key, value)
     try:
         return _run(pipeline, session, inbox, checkpoint, values, refused, initial_state)
     finally:
-        for key, value in before.items():
-            if value is None:
+        for key, was in before.items():
+            if was is None:
                 session.conf.unset(key)
             else:
-                session.conf.set(key, value)
+                session.conf.set(key, was)
 
 
 def _run(

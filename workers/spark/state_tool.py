@@ -196,7 +196,7 @@ def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
              "partitions": row["numPartitions"], "variables": {}, "time_mode": props.get("timeMode", ""),
              "timers": _has_timers(props)},
         )  # fmt: skip
-        fields = {f.name: f.dataType for f in state.schema.fields}
+        fields: dict[str, Any] = {f.name: f.dataType for f in state.schema.fields}
         value = fields.get("value")
         declared = next((var for var in _variables(props) if var["stateName"] == name), {})
         ttl = bool(declared.get("ttlEnabled"))

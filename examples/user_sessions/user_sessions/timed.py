@@ -182,7 +182,8 @@ def merged(events: DataFrame, params: Params, initial_state: DataFrame | None = 
 
 def _value(frame: DataFrame) -> DataFrame:
     """A state variable's value, without the expiry Spark keeps beside a value with a TTL."""
-    fields = [f.name for f in frame.schema["value"].dataType.fields]
+    value: Any = frame.schema["value"].dataType
+    fields = [f.name for f in value.fields]
     return frame.select(F.col("key.user").alias("user"),
                         F.col("value.value" if "ttlExpirationMs" in fields else "value").alias("v"))  # fmt: skip
 
