@@ -31,7 +31,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, forbidden, may, requires
-from dashboard.checkpoint_dir.files import committed_batches
+from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, lineage
 from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
 from dashboard.models import (
@@ -176,8 +176,17 @@ def job_checkpoints(request: HttpRequest, name: str) -> HttpResponse:
         "retention_hours": settings.CHECKPOINT_RAW_RETENTION_HOURS,
         "frozen": checkpoints.frozen_configuration(job),
         "pipeline_conf": getattr(pipeline, "conf", {}) or {},
+        "line": _line(job),
     }
     return _job_tab(request, job, "checkpoints", context)
+
+
+def _line(job: Job) -> dict[str, Any]:
+    """What began the job's checkpoint when a migration or an empty-state upgrade did (``write_lineage``)."""
+    try:
+        return lineage(job.checkpoint_location)
+    except CheckpointError as exc:
+        return {"base": "unknown", "reason": str(exc)}
 
 
 @login_required
