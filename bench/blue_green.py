@@ -38,10 +38,8 @@ from bench.database import migrated  # noqa: E402
 
 migrated()
 
-import redis  # noqa: E402
-from django.conf import settings  # noqa: E402
 
-from bench.busy import feed, make_job, start_beside, start_worker  # noqa: E402
+from bench.busy import busy_stack, feed, make_job  # noqa: E402
 from dashboard.models import Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
@@ -178,12 +176,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="handovers (and savepoint upgrades) in the shared driver")
     parser.add_argument("--own-rounds", type=int, default=3, help="the same with a driver of its own")
     args = parser.parse_args()
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
-    (ROOT / "logs").mkdir(parents=True, exist_ok=True)
-    start_worker(ROOT)
-    halt = threading.Event()
-    start_beside(client, halt)
+    client, halt = busy_stack(ROOT)
     print(f"busy stack up (two jobs beside, 200 events/s); subject fed {SUBJECT_RATE} events/s", flush=True)
     rows: list[dict[str, Any]] = []
     common = {"trigger_interval_seconds": 2}

@@ -75,3 +75,18 @@ def start_worker(root: Path) -> subprocess.Popen[bytes]:
     atexit.register(kill_group, worker.pid)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return worker
+
+
+def busy_stack(root: Path) -> tuple[Any, threading.Event]:
+    """The benchmark's Redis database emptied, its Celery worker started (logging under ``root``) and the jobs beside
+    running and fed until the event returned is set; with the Redis client."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    start_worker(root)
+    halt = threading.Event()
+    start_beside(client, halt)
+    return client, halt

@@ -23,11 +23,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import redis  # noqa: E402, I001
-from django.conf import settings  # noqa: E402
-
 from bench.blue_green import ROOT, finished, gap_after, pct  # the same busy stack's settings (Redis database 13)
-from bench.busy import make_job, start_beside, start_worker  # noqa: E402
+from bench.busy import busy_stack, make_job  # noqa: E402
 from dashboard.models import ActionKind, Checkpoint, Job, RunStatus  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
@@ -79,12 +76,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000, help="hourly windows in the subject's state")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
-    (ROOT / "logs").mkdir(parents=True, exist_ok=True)
-    start_worker(ROOT)
-    halt = threading.Event()
-    start_beside(client, halt)
+    client, halt = busy_stack(ROOT)
     job = make_job("migrate", "customer-spend", "rocksdb", driver="own", max_records_per_batch=20_000)
     fill(client, job, args.rows)
     job_request_start(job=job)

@@ -76,7 +76,7 @@ def migration_spec(action: Action, checkpoint: Path, use: str) -> dict[str, Any]
 
 def migration_summary(done: dict[str, Any]) -> str:
     """One sentence of what a migration read and made, as the preview and the upgrade's outcome say it."""
-    read = ", ".join(f"{rows} of {name}" for name, rows in sorted(done["variables"].items()))
+    read = f"{sum(done['variables'].values())} ({', '.join(f'{n}: {r}' for n, r in sorted(done['variables'].items()))})"
     keys = f"{done['keys_in']} keys in, " if done.get("keys_in") is not None else ""
     dropped = done.get("dropped") or {}
     lost = (

@@ -210,7 +210,8 @@ class DailySpend(StatefulProcessor):
             orders, items, total = orders + 1, items + row["items"], total + row["value"]
         self.spend.update((orders, items, total))
         customer, day = key
-        self._expires(day)
+        if saved is None:  # a day seen for the first time: its timer (registered once; Spark warns of a second)
+            self._expires(day)
         yield Row(customer=customer, start=day, end=day + DAY, orders=orders, items=items, total=total,
                   big=float(total) >= self.threshold)  # fmt: skip
 
