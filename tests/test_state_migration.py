@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from dashboard.checkpoint_dir.files import committed_batches, lineage, seed_dir
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, Run, StateBackend
@@ -268,3 +270,40 @@ def test_a_new_line_counts_its_batches_on_from_the_savepoint_for_the_sinks(tmp_p
     (tmp_path / "checkpoint" / "statekeeper-lineage.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="damaged"):  # read as 0, the sinks would rewind the whole history
         lineage_base(tmp_path / "checkpoint")
+
+
+def _raises(old: Any, params: Any) -> Any:
+    raise RuntimeError("no such customer table")
+
+
+def _twice(old: Any, params: Any) -> Any:
+    frame = old["default"].select(F.col("key.customer").alias("customer"), F.lit(None).cast("timestamp").alias("day"))
+    return frame.unionByName(frame)
+
+
+@pytest.mark.spark
+def test_a_migration_that_raises_or_gives_a_key_twice_is_refused_with_the_reason(spark, tmp_path):
+    """What the preview shows (and the upgrade refuses before switching): the migration's own error, or the keys it
+    gives more than one row; the old checkpoint is only read."""
+    from dataclasses import replace
+
+    from statekeeper_sdk import Migration
+    from statekeeper_sdk.testing import run_batches
+    from team_orders.jobs import CUSTOMER_SPEND, CUSTOMER_SPEND_DAILY
+
+    from workers.spark import state_tool
+
+    order = {"order_id": "o1", "customer": {"id": "c1"}, "placed_at": "2026-11-25T10:00:00Z",
+             "items": [{"sku": "a", "qty": 1, "price": "1.00"}]}  # fmt: skip
+    run_batches(CUSTOMER_SPEND, [[order]], workdir=tmp_path / "old", spark=spark)
+    old = tmp_path / "old" / "checkpoint"
+    files = sorted(p.name for p in old.rglob("*"))
+    for build, reason in ((_raises, "no such customer table"), (_twice, "1 keys more than one row (customer=c1")):
+        broken = replace(CUSTOMER_SPEND_DAILY, migrations=(Migration("customer-spend", ("customer", "day"), build),))
+        state_tool._LOADED.clear()
+        globals()["BROKEN"] = broken
+        spec = {"reference": f"{__name__}:BROKEN", "from_pipeline": "customer-spend", "parameters": {},
+                "checkpoint": str(tmp_path / f"new-{build.__name__}")}  # fmt: skip
+        with pytest.raises(Exception, match=re.escape(reason)):
+            state_tool.migrate(spark, str(old), 0, spec)
+    assert sorted(p.name for p in old.rglob("*")) == files, "the old checkpoint is only read"
