@@ -88,9 +88,10 @@ def action_progress(action: Action, text: str) -> None:
     action.progress = text
 
 
-# The commands the warm state reader answers (a plan re-runs one batch on a scratch copy in a session of its own); the
-# others (shadow, repartition) run longer queries or write, each in a process of its own.
-READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan")
+# The commands the warm state reader answers (a plan re-runs one batch on a scratch copy, a migration writes a new
+# checkpoint's seed and may run its first batch, each in a session of its own: no JVM to start while a job waits); the
+# others (shadow, repartition) run longer queries or write into a job's checkpoint, each in a process of its own.
+READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate")
 
 
 def run_state_tool(

@@ -7,7 +7,7 @@ ten to fifteen a new JVM costs.
 One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out; or the
 same request left as a file in the spool beside the socket, answered into a file there (how an action step asks
 without holding its worker, see ``serve_spool``). An
-upgrade's plan is answered too (one batch re-run on a scratch copy, in a session of its own); when the pipeline's
+upgrade's plan and a state migration are answered too (each in a session of its own); when the pipeline's
 module changed on disk since the reader imported it, the answer is {"stale": …} and the reader ends. Each
 request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
 damaged copy is caught as a new process would catch it; verification never asks the job's own driver. The reader
@@ -84,7 +84,7 @@ def serve(path: Path, idle_seconds: float) -> int:
             if command not in READER_COMMANDS:
                 raise ValueError(f"the state reader only reads; {command!r} runs in a process of its own")
             # a plan runs the pipeline's query: in a session of its own, so its Spark settings stay with it
-            where = spark.newSession() if command == "plan" else spark
+            where = spark.newSession() if command in ("plan", "migrate") else spark  # a query's settings, apart
             result = answer(where, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
         except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
             result = {"stale": str(exc)}
