@@ -260,6 +260,22 @@ def test_a_migration_is_asked_for_only_where_the_target_declares_one(client, dja
     page = client.get("/jobs/spend/deploys").content.decode()
     assert "data-migrations" in page and "customer-spend-daily" in page and 'name="migrate"' in page
 
+    # the preview's answer, as the Deploys tab shows it (the figures are the state tool's, kept in the action)
+    preview = Action.objects.get(id=asked.json()["action"]["id"])
+    preview.params |= {
+        "plan": {"target": "customer-spend-daily", "batch": 3, "verdicts": [], "incompatible": True,
+                 "summary": "Incompatible with customer-spend-daily: operator replaced"},
+        "migration": {"from": "customer-spend", "key": ["customer", "day"], "variables": {"default": 12},
+                      "rows_in": 12, "rows_out": 6, "keys_in": 12, "keys_out": 6,
+                      "dropped": {"on": ["customer"], "keys": 1, "samples": ['{"customer": "c-9"}']},
+                      "before": ['{"key": 1}'], "after": ['{"customer": "c-1"}'],
+                      "first_batch": {"ran": True, "rows": 4, "results": [], "state": {"spend": 7}}},
+    }  # fmt: skip
+    preview.save()
+    page = client.get("/jobs/spend/deploys").content.decode()
+    assert 'data-migration="12/6/6"' in page and "So the state is not read across" in page
+    assert "c-9" in page and "4 output rows" in page, "the old key mapped to nothing, and the first batch's output"
+
 
 def test_a_new_line_counts_its_batches_on_from_the_savepoint_for_the_sinks(tmp_path):
     from dashboard.checkpoint_dir.files import CheckpointError, lineage_base, write_lineage
