@@ -25,12 +25,9 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import DataFrame
-
-if TYPE_CHECKING:
-    from statekeeper_sdk.pipeline import Params
 
 
 class OldState(dict[str, DataFrame]):
@@ -61,7 +58,7 @@ class Migration:
 
     from_pipeline: str
     key: tuple[str, ...]
-    build: Callable[[OldState, Params], DataFrame]
+    build: Callable[[OldState, Any], DataFrame]  # (old state, the new version's Params)
     description: str = ""
 
     def __post_init__(self) -> None:
