@@ -7,6 +7,7 @@ message says "(no cause message)"."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,4 +133,29 @@ def test_a_source_runner_that_dies_fails_the_run_naming_where_it_broke(make_job,
         lambda: Run.objects.filter(id=run.id, status=RunStatus.FAILED).first(), 60, 0.5, "the run to fail"
     )
     assert "no cause message" not in failed.message, failed.message
-    assert "EOFException: (no message) thrown in PythonStreamingSourceRunner." in failed.message, failed.message
+    # the JVM finds the runner gone at its next read (EOF) or in the middle of one (the socket reset): either names it
+    assert re.search(
+        r"(EOFException: \(no message\) thrown in|SocketException: .* \(in) PythonStreamingSourceRunner\.",
+        failed.message,
+    ), failed.message
+
+
+def test_a_java_io_cause_is_named_with_where_it_was_thrown():
+    """What a run's failure says for a cause whose message names no place (a socket reset, an end of file)."""
+    from workers.driver import failure_text
+
+    class Cause:
+        def __init__(self, desc: str, trace: str, cause=None) -> None:
+            self._desc, self._stackTrace, self._cause = desc, trace, cause
+
+    trace = ("\tat java.net.SocketInputStream.read(SocketInputStream.java:1)\n"
+             "\tat org.apache.spark.sql.execution.python.PythonStreamingSourceRunner.readOffset(X.scala:2)\n")  # fmt: skip
+    reset = Cause("java.net.SocketException: Connection reset", trace)
+    error = Cause("[STREAM_FAILED] (no cause message)", "", reset)
+    assert failure_text(error).splitlines()[-1] == (
+        "Caused by: java.net.SocketException: Connection reset (in PythonStreamingSourceRunner.readOffset)"
+    )
+    eof = Cause("java.io.EOFException", trace)
+    assert failure_text(Cause("x", "", eof)).splitlines()[-1] == (
+        "Caused by: java.io.EOFException: (no message) thrown in PythonStreamingSourceRunner.readOffset"
+    )

@@ -421,10 +421,13 @@ def failure_text(error: Any) -> str:
             name, message = type(cause).__name__, str(getattr(cause, "_desc", "") or "")
         else:  # any other: the Java exception's toString(), "class: message"
             name, _, message = str(getattr(cause, "_desc", None) or cause).partition(": ")
+        frames = re.findall(r"^\s*at ([\w.$]+)\.([\w$<>]+)\(", str(getattr(cause, "_stackTrace", "") or ""), re.M)
+        ours = next((f for f in frames if not f[0].startswith(("java.", "jdk.", "sun.", "scala."))), None)
+        where = f"{ours[0].rsplit('.', 1)[-1]}.{ours[1]}" if ours else ""
         if not message:
-            frames = re.findall(r"^\s*at ([\w.$]+)\.([\w$<>]+)\(", str(getattr(cause, "_stackTrace", "") or ""), re.M)
-            ours = next((f for f in frames if not f[0].startswith(("java.", "jdk.", "sun.", "scala."))), None)
-            message = f"(no message) thrown in {ours[0].rsplit('.', 1)[-1]}.{ours[1]}" if ours else ""
+            message = f"(no message) thrown in {where}" if where else ""
+        elif where and name.strip().startswith(("java.io.", "java.net.")):  # "Connection reset" alone says not where
+            message = f"{message.splitlines()[0]} (in {where})"
         text += f"\nCaused by: {name.strip()}{': ' + message.splitlines()[0] if message else ''}"
         cause, depth = getattr(cause, "_cause", None), depth + 1
     return text
