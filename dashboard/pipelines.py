@@ -140,6 +140,12 @@ def get(name: str) -> Any:
     return pipeline
 
 
+def migration(target: str, source: str) -> Any | None:
+    """The state migration ``target`` declares from ``source``'s state (``statekeeper_sdk.Migration``), or None."""
+    found = getattr(find(target), "migration_from", None)
+    return found(source) if found is not None else None
+
+
 def reference(name: str) -> str:
     get(name)
     return registry().references[name]

@@ -77,7 +77,7 @@ def upgrade_view(job: Job) -> UpgradeView:
     declared = [(name, list(found.pipelines[name].parameters)) for name, _ in targets
                 if tuple(getattr(found.pipelines[name], "parameters", None) or ())]  # fmt: skip
     migrations = [(name, migration.description) for name in others
-                  if (migration := getattr(found.pipelines[name], "migration_from", lambda _: None)(job.pipeline))]  # fmt: skip
+                  if (migration := pipelines.migration(name, job.pipeline)) is not None]  # fmt: skip
     return UpgradeView(
         targets,
         plan,

@@ -94,7 +94,9 @@ def _range(action: Action) -> Outcome:
             )
         return Wait(f"waiting for input: {job.source_stream} has no record after the job's state to compare on", 2.0)
     start = next((p for p in usable if added - p["n"] >= records), usable[-1])
-    ending = _ending(job, start, records)
+    ending = range_end(job, start, records, "so the shadow run's input cannot be fixed")
+    if ending is None:
+        raise ActionFailed(f"{job.source_stream} was trimmed while the shadow run fixed its input; request it again.")
     remember(action, start=start, ending=ending, records=ending["n"] - start["n"])
     if start["kind"] == "batch":
         return Next("savepoint")
@@ -103,14 +105,15 @@ def _range(action: Action) -> Outcome:
     return Next("run")
 
 
-def _ending(job: Job, start: dict[str, Any], records: int) -> dict[str, Any]:
-    """The source offset ``records`` entries after the start (or the stream's head, if nearer)."""
+def range_end(job: Job, start: dict[str, Any], records: int, why: str) -> dict[str, Any] | None:
+    """The source offset ``records`` entries after the start (or the stream's head, if nearer); None when no entry
+    comes after it. ``why``: what an unreachable Redis keeps from being done, for its error."""
     try:
         entries = redis_client().xrange(job.source_stream, min=f"({start['id']}" if start["id"] else "-", count=records)
     except RedisError as exc:
-        raise ActionFailed(f"Redis cannot be reached, so the shadow run's input cannot be fixed: {exc}") from None
+        raise ActionFailed(f"Redis cannot be reached, {why}: {exc}") from None
     if not entries:
-        raise ActionFailed(f"{job.source_stream} was trimmed while the shadow run fixed its input; request it again.")
+        return None
     last = entries[-1][0]
     return {"id": last.decode() if isinstance(last, bytes) else str(last), "n": int(start["n"]) + len(entries)}
 

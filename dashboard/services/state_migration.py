@@ -20,11 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, copy_checkpoint, remove_tree, seed_dir
-from dashboard.connections import redis_client
 from dashboard.models import Action, Savepoint, StateBackend
 from dashboard.services.action_steps import (
     Done,
@@ -40,6 +37,7 @@ from dashboard.services.action_steps import (
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name
 from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.shadow import range_end
 from dashboard.services.upgrades import (
     PREVIEW_STEPS as CHECK_STEPS,
 )
@@ -115,20 +113,8 @@ def _preview_copy(action: Action) -> Outcome:
     if not isinstance(starting, dict) or "id" not in starting:
         raise ActionFailed(f"Batch {batch}'s offsets do not say where {job.source_stream} was read to.")
     memo_save(action, migration_start={"id": starting["id"], "n": int(starting["n"])},
-              migration_end=_ending(action, starting))  # fmt: skip
+              migration_end=range_end(job, starting, PREVIEW_RECORDS, "so the first batch's input cannot be fixed"))  # fmt: skip
     return Next("migration")
-
-
-def _ending(action: Action, start: dict[str, Any]) -> dict[str, Any] | None:
-    """The offset PREVIEW_RECORDS entries after ``start`` (or the stream's last), None when none came after it."""
-    try:
-        entries = redis_client().xrange(action.job.source_stream, min=f"({start['id']}", count=PREVIEW_RECORDS)
-    except RedisError as exc:
-        raise ActionFailed(f"Redis cannot be reached for the first batch's input: {exc}") from None
-    if not entries:
-        return None
-    last = entries[-1][0]
-    return {"id": last.decode() if isinstance(last, bytes) else str(last), "n": int(start["n"]) + len(entries)}
 
 
 def _preview_run(action: Action) -> Outcome:

@@ -291,9 +291,8 @@ def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None, 
 def migration_refusal(job: Job, target: str) -> str:
     """Why the job cannot be migrated to ``target``: it declares no migration from the job's pipeline, or the job's
     source cannot start a new checkpoint where the old one stopped. Empty when it can."""
-    new = pipelines.find(target)
-    if new is None or getattr(new, "migration_from", None) is None or new.migration_from(job.pipeline) is None:
-        declared = ", ".join(m.from_pipeline for m in getattr(new, "migrations", ()) or ()) or "none"
+    if pipelines.migration(target, job.pipeline) is None:
+        declared = ", ".join(m.from_pipeline for m in getattr(pipelines.find(target), "migrations", ()) or ()) or "none"
         return (
             f"{target} declares no state migration from {job.pipeline} (it declares {declared}): its state cannot be "
             "built from this job's."
@@ -309,8 +308,7 @@ def checked_target(action: Action) -> str:
     job = action.job
     target = str(action.params.get("pipeline", ""))
     given = action.params.get("parameters")
-    migrate = bool(action.params.get("migrate")) and action.params.get("from_pipeline", job.pipeline) == job.pipeline
-    if refusal := upgrade_refusal(job, target, given, migrate=migrate):
+    if refusal := upgrade_refusal(job, target, given, migrate=bool(action.params.get("migrate"))):
         raise ActionFailed(refusal)
     if "from_parameters" not in action.params:
         remember(action, from_parameters=current_parameters(job), parameters=target_parameters(job, target, given))
@@ -509,10 +507,9 @@ def _gate(action: Action) -> Next:
     migrate = bool(action.params.get("migrate")) and plan["batch"] is not None
     remember(action, from_pipeline=source)
     if plan["incompatible"] and not (empty or migrate):
-        declared = pipelines.find(plan["target"])
         way = (
             f"migrate the state: {plan['target']} declares how to build its state from {source}'s"
-            if declared is not None and getattr(declared, "migration_from", lambda _: None)(source) is not None
+            if pipelines.migration(plan["target"], source) is not None
             else f"upgrade with empty state: the new version starts from where {source} stopped, with nothing in its "
             f"state, and {source}'s state stays in the savepoint"
         )
