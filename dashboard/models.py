@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models, transaction
 from django.utils import timezone
+from statekeeper_sdk.compatibility import parameter_changes
 from statekeeper_sdk.events import MAX_FUTURE_SECONDS
 
 JOB_NAME = RegexValidator(
@@ -632,8 +633,6 @@ class Action(models.Model):
         """An upgrade's (or its preview's, or shadow run's) parameter changes, as ``name: old → new``."""
         if "from_parameters" not in self.params or "parameters" not in self.params:
             return []
-        from dashboard.pipelines import parameter_changes
-
         return parameter_changes(self.params["from_parameters"], self.params["parameters"])
 
 

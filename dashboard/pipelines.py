@@ -272,15 +272,6 @@ def under_roots(path: Path, roots: list[Path]) -> bool:
     return any(resolved == root or root in resolved.parents for root in roots)
 
 
-def parameter_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Each parameter whose value differs, as ``name: old → new`` (``—`` where one side has none)."""
-    return [
-        f"{name}: {before.get(name, '—')} → {after.get(name, '—')}"
-        for name in sorted(set(before) | set(after))
-        if before.get(name) != after.get(name)
-    ]
-
-
 def parse_parameters(text: str) -> dict[str, Any]:
     """Parameter values as an operator types them: ``name = value`` lines (``#`` starts a comment; the value is
     checked against the parameter's type later) or a JSON object. ValueError naming what is wrong."""

@@ -27,4 +27,4 @@ def test_the_example_teams_tests_run_in_a_venv_without_the_console(tmp_path):
          "--rootdir", str(tmp_path), str(ROOT / "examples" / "team_orders" / "tests")],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )  # fmt: skip
-    assert ran.returncode == 0 and "5 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-2000:]
+    assert ran.returncode == 0 and "7 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-2000:]

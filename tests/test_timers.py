@@ -7,12 +7,12 @@ import copy
 import time
 
 import pytest
+from statekeeper_sdk.compatibility import COMPATIBLE, INCOMPATIBLE, compare, operator_schemas
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
-from dashboard.services.upgrades import COMPATIBLE, INCOMPATIBLE, compare
 from tests.conftest import run_through, send_events
-from workers.spark.state_tool import inspect, operator_schemas
+from workers.spark.state_tool import inspect
 
 
 @pytest.fixture

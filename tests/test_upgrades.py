@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 from django.utils import timezone
+from statekeeper_sdk.compatibility import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
 
 from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop
-from dashboard.services.upgrades import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
 from tests.conftest import wait_for
 from tests.support import events_counted, finished, running_with_progress, send, switched_to
 
@@ -77,6 +77,24 @@ def test_verdicts_per_state_variable():
     assert (INCOMPATIBLE, "state variable removed: its state would be lost") in removed_variable
     refused = compare({"replay_error": "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"}, None, pipelines.get("user-sessions"))
     assert refused[0].verdict == INCOMPATIBLE and "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE" in refused[0].reason
+
+
+@pytest.mark.spark
+def test_the_test_kit_checks_an_upgrade_offline_with_the_consoles_verdict_and_words(spark, tmp_path):
+    """A team's pull request meets the verdicts the browser test above meets on a live job: the key renamed is
+    refused with the same reason, the value widened evolves."""
+    from statekeeper_sdk.testing import check_upgrade, run_batches
+    from user_sessions.pipelines import SESSIONS, SESSIONS_BY_REGION, SESSIONS_V2
+
+    events = [{"user": f"u{i % 3}", "region": "eu", "amount": i} for i in range(12)]
+    run_batches(SESSIONS, [events[:6], events[6:]], spark=spark, workdir=tmp_path)
+    by_region = check_upgrade(SESSIONS, tmp_path, SESSIONS_BY_REGION, spark=spark)
+    assert by_region.incompatible and by_region.summary.startswith("Incompatible with user-sessions-by-region: ")
+    assert "key schema changed (added region string; removed user)" in by_region.summary
+    v2 = check_upgrade(SESSIONS, tmp_path, SESSIONS_V2, spark=spark)
+    assert [v.verdict for v in v2.verdicts] == [EVOLVES] and not v2.incompatible
+    assert v2.summary.startswith(f"Compatible with user-sessions-v2 at batch {v2.batch} (1 state variable(s) ")
+    assert v2.migration is None and by_region.migration is None
 
 
 def caught_up(job: Job, sent: int) -> bool:

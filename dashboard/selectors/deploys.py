@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, Max, Min
+from statekeeper_sdk.compatibility import parameter_changes
 
 from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job
@@ -24,7 +25,7 @@ def deploy_history(job: Job) -> list[Deploy]:
             deploy.parameter_changes = pipelines.format_parameters(deploy.parameters, deploy.pipeline).splitlines()  # type: ignore[attr-defined]
         else:
             deploy.parameter_changes = [  # type: ignore[attr-defined]
-                *pipelines.parameter_changes(before.parameters, deploy.parameters),
+                *parameter_changes(before.parameters, deploy.parameters),
                 *secret_changes(before.secret_versions or {}, deploy.secret_versions or {}),
             ]
     return deploys

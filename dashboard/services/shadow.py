@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.exceptions import RedisError
+from statekeeper_sdk.compatibility import described
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, remove_tree
@@ -36,7 +37,6 @@ from dashboard.services.forks import restorable_batches
 from dashboard.services.savepoints import savepoint_steps
 from dashboard.services.upgrades import (
     checked_target,
-    described,
     scratch_cleanup,
     scratch_dead_letters,
     scratch_dir,

@@ -23,14 +23,14 @@ the rollback of any upgrade: the old version from savepoint N, the sinks rewindi
 
 from __future__ import annotations
 
-import json
 from contextlib import suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from django.utils import timezone
 from redis.exceptions import RedisError
+from statekeeper_sdk.compatibility import INCOMPATIBLE, compare, described, summary
 
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, refusal
@@ -81,119 +81,8 @@ from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
 from dashboard.services.savepoints import savepoint_steps
 from dashboard.services.secrets import value_problems
 
-COMPATIBLE, EVOLVES, INCOMPATIBLE = "compatible", "evolves", "incompatible"
 WATCH_MIN_SECONDS = 120  # how long an upgrade waits for the first batch when input is waiting (at least 10 triggers)
 QUIET_SECONDS = 3  # how long the new run of a job with no input waiting must stay up before the upgrade returns
-
-
-@dataclass
-class Verdict:
-    operator: str
-    variable: str
-    verdict: str
-    reason: str
-
-
-def _leaves(data_type: Any, path: str, found: dict[str, str]) -> dict[str, str]:
-    """Every leaf of a Spark type (its JSON form) by path: ``customer.id``, ``items[].price``, ``tags{}`` (a map's
-    values; its keys at ``tags{key}``), with the leaf's type."""
-    if isinstance(data_type, dict) and data_type.get("type") == "struct":
-        for field in data_type.get("fields", []):
-            _leaves(field["type"], f"{path}.{field['name']}" if path else field["name"], found)
-    elif isinstance(data_type, dict) and data_type.get("type") == "array":
-        _leaves(data_type.get("elementType"), f"{path}[]", found)
-    elif isinstance(data_type, dict) and data_type.get("type") == "map":
-        _leaves(data_type.get("keyType"), f"{path}{{key}}", found)
-        _leaves(data_type.get("valueType"), f"{path}{{}}", found)
-    else:
-        found[path] = data_type if isinstance(data_type, str) else json.dumps(data_type, sort_keys=True)
-    return found
-
-
-def _columns(schema: dict[str, Any] | None) -> dict[str, str]:
-    """A struct schema's leaves as path -> type, nested fields by their path (``window.start``, ``items[].qty``)."""
-    return _leaves(schema, "", {}) if schema else {}
-
-
-def _differences(old: dict[str, str], new: dict[str, str]) -> list[str]:
-    """What changed between two schemas' leaves, each named by its path."""
-    changes = [f"added {path} {new[path]}" for path in new if path not in old]
-    changes += [f"removed {path}" for path in old if path not in new]
-    changes += [f"{path} {old[path]} → {new[path]}" for path in old if path in new and old[path] != new[path]]
-    return changes or (["fields reordered"] if list(old) != list(new) else [])
-
-
-def _variable_verdict(operator: str, name: str, before: dict[str, Any], after: dict[str, Any]) -> Verdict:
-    if bool(before.get("ttl")) != bool(after.get("ttl")):
-        change = "a TTL added" if after.get("ttl") else "its TTL removed"
-        return Verdict(
-            operator, name, INCOMPATIBLE,
-            f"{change}: Spark stores a value with a TTL beside its expiry, so the stored values' layout changes",
-        )  # fmt: skip
-    old_key, new_key = _columns(before["key"]), _columns(after["key"])
-    if list(old_key.items()) != list(new_key.items()):
-        return Verdict(
-            operator, name, INCOMPATIBLE,
-            f"key schema changed ({'; '.join(_differences(old_key, new_key))}): the old state would be read under "
-            "new keys",
-        )  # fmt: skip
-    old_value, new_value = _columns(before["value"]), _columns(after["value"])
-    if list(old_value.items()) == list(new_value.items()):
-        ttl = " (values expire: TTL)" if after.get("ttl") else ""
-        return Verdict(operator, name, COMPATIBLE, f"same key and value schema{ttl}")
-    return Verdict(
-        operator, name, EVOLVES,
-        "Spark's schema evolution reads the old values: " + ", ".join(_differences(old_value, new_value)),
-    )  # fmt: skip
-
-
-def compare(result: dict[str, Any], old: Any, new: Any) -> list[Verdict]:
-    """Verdicts per operator and state variable, from the state tool's plan and the two pipelines."""
-    verdicts = []
-    if old is not None and old.output_mode != new.output_mode:
-        verdicts.append(
-            Verdict("query", "", INCOMPATIBLE, f"output mode changed: {old.output_mode} → {new.output_mode}")
-        )
-    if error := result.get("replay_error"):
-        verdicts.append(Verdict("query", "", INCOMPATIBLE, f"Spark refused the new version on this state: {error}"))
-        return verdicts
-    before = {op["id"]: op for op in result["before"]}
-    after = {op["id"]: op for op in result["after"]}
-    for op_id in sorted(before.keys() | after.keys()):
-        label = f"{op_id} {(before.get(op_id) or after[op_id])['name']}"
-        if op_id not in after:
-            verdicts.append(Verdict(label, "", INCOMPATIBLE, "operator removed: its state would be left behind"))
-            continue
-        if op_id not in before:
-            verdicts.append(Verdict(label, "", INCOMPATIBLE, "operator added: it has no state to start from"))
-            continue
-        if before[op_id]["name"] != after[op_id]["name"]:
-            verdicts.append(
-                Verdict(label, "", INCOMPATIBLE, f"operator replaced by {after[op_id]['name']} at the same place")
-            )
-            continue
-        old_mode, new_mode = before[op_id].get("time_mode", ""), after[op_id].get("time_mode", "")
-        if old_mode != new_mode:
-            verdicts.append(
-                Verdict(label, "timers", INCOMPATIBLE, f"time mode changed: {old_mode or 'none'} → {new_mode or 'none'}; "
-                        "the registered timers are kept in the old mode's index and would never fire")
-            )  # fmt: skip
-        elif before[op_id].get("timers") or after[op_id].get("timers"):
-            kept = before[op_id].get("timers") and after[op_id].get("timers")
-            verdicts.append(
-                Verdict(label, "timers", COMPATIBLE,
-                        f"{new_mode} timers: the registered ones are kept and fire in the new version"
-                        if kept else f"{new_mode} timers: the new version registers its first ones")
-            )  # fmt: skip
-        old_vars, new_vars = before[op_id]["variables"], after[op_id]["variables"]
-        for name in sorted(old_vars.keys() | new_vars.keys()):
-            if name not in new_vars:
-                verdicts.append(Verdict(label, name, INCOMPATIBLE, "state variable removed: its state would be lost"))
-            elif name not in old_vars:
-                verdicts.append(Verdict(label, name, COMPATIBLE, "new state variable: it starts empty"))
-            else:
-                verdicts.append(_variable_verdict(label, name, old_vars[name], new_vars[name]))
-    return verdicts
 
 
 def current_parameters(job: Job) -> dict[str, Any]:
@@ -207,12 +96,6 @@ def target_parameters(job: Job, target: str, given: dict[str, Any] | None = None
     declared = {p.name for p in getattr(pipelines.get(target), "parameters", ()) or ()}
     kept = {name: value for name, value in job.parameters.items() if name in declared}
     return pipelines.parameter_values(target, kept | (given or {}))
-
-
-def described(pipeline: str, before: dict[str, Any], after: dict[str, Any]) -> str:
-    """The target as an operator reads it: the pipeline, and the parameters that change."""
-    changes = pipelines.parameter_changes(before, after)
-    return f"{pipeline} ({', '.join(changes)})" if changes else pipeline
 
 
 def upgrade_role(job: Job, target: str, given: dict[str, Any] | None = None) -> tuple[str, str]:
@@ -372,20 +255,9 @@ def _plan(action: Action) -> Outcome:
     scratch_cleanup(action, "preview")
     old, new = pipelines.find(job.pipeline), pipelines.get(target)
     verdicts = compare(result, old, new)
-    bad = [v for v in verdicts if v.verdict == INCOMPATIBLE]
-    if bad:
-        summary = f"Incompatible with {shown}: " + "; ".join(
-            f"{' '.join(filter(None, (v.operator, v.variable)))}: {v.reason}" for v in bad
-        )
-    else:
-        evolving = sum(v.verdict == EVOLVES for v in verdicts)
-        summary = (
-            f"Compatible with {shown} at batch {batch}"
-            + (f" ({evolving} state variable(s) through Spark's schema evolution)" if evolving else "")
-            + f"; the replayed batch produced {result.get('output_rows', 0)} result rows."
-        )
-    plan = {"target": target, "batch": batch,
-            "verdicts": [asdict(v) for v in verdicts], "incompatible": bool(bad), "summary": summary}  # fmt: skip
+    bad = any(v.verdict == INCOMPATIBLE for v in verdicts)
+    plan = {"target": target, "batch": batch, "verdicts": [asdict(v) for v in verdicts], "incompatible": bad,
+            "summary": summary(verdicts, shown, batch, int(result.get("output_rows", 0)))}  # fmt: skip
     remember(action, plan=plan)
     return Next("gate")
 

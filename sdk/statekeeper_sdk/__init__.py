@@ -16,7 +16,7 @@ from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, Result
 from statekeeper_sdk.samples import sample_events
 from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, TableSink
 
-__version__ = "1.4.0"
+__version__ = "1.5.0"
 MAJOR = 1
 
 __all__ = [

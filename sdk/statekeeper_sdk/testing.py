@@ -20,18 +20,30 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, Row, SparkSession
 
+from statekeeper_sdk.compatibility import (
+    INCOMPATIBLE,
+    Verdict,
+    compare,
+    describe,
+    described,
+    forget_batch,
+    operator_schemas,
+    summary,
+)
 from statekeeper_sdk.events import Limits, Rejected, parse_entries
-from statekeeper_sdk.migration import read_state
+from statekeeper_sdk.migration import check_columns, check_keys, migration_figures, read_state
 from statekeeper_sdk.pipeline import Pipeline, Result, apply, resolve
 from statekeeper_sdk.sinks import ResultsTable
 
@@ -141,18 +153,24 @@ def run_batches(
         os.utime(inbox / name, ns=(time.time_ns(), (now_ms + number) * 1_000_000))  # read in the order given
         refused[name] = dead
 
+    with _settings(session, pipeline, shuffle_partitions):
+        return _run(pipeline, session, inbox, checkpoint, values, refused, initial_state)
+
+
+@contextmanager
+def _settings(session: SparkSession, pipeline: Pipeline, shuffle_partitions: int) -> Iterator[None]:
+    """The pipeline's session settings (and RocksDB where it needs it) while it runs, put back after: the session
+    may run other pipelines."""
     conf = {"spark.sql.shuffle.partitions": str(shuffle_partitions), **pipeline.conf}
     if pipeline.needs_rocksdb:
         conf["spark.sql.streaming.stateStore.providerClass"] = (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         )
-    before: dict[str, str | None] = {
-        key: session.conf.get(key, None) for key in conf
-    }  # put back after: the session may run other pipelines
+    before: dict[str, str | None] = {key: session.conf.get(key, None) for key in conf}
     for key, value in conf.items():
         session.conf.set(key, value)
     try:
-        return _run(pipeline, session, inbox, checkpoint, values, refused, initial_state)
+        yield
     finally:
         for key, was in before.items():
             if was is None:
@@ -220,8 +238,119 @@ def migrate_state(
     if migration is None:
         raise ValueError(f"{pipeline.name} declares no migration from {from_pipeline}")
     built = migration.build(read_state(session, checkpoint), resolve(pipeline.parameters, parameters or {}))
-    if missing := [k for k in migration.key if k not in built.columns]:
-        raise ValueError(f"the migration's output lacks its key column {missing[0]!r}")
-    if built.groupBy(*migration.key).count().filter("count > 1").limit(1).count():
-        raise ValueError("the migration gives a key more than one row")
+    check_columns(migration, built)
+    check_keys(migration, built)
     return built
+
+
+@dataclass
+class UpgradeCheck:
+    """An upgrade checked offline, as a console's preview checks it: the verdict per operator and state variable,
+    the preview's sentence (``summary``, the console's words), and, where the new version declares a migration from
+    the old, what the migration gives (``migration``: its figures, as the console's preview shows them, and the
+    built ``state`` to start ``run_batches(..., initial_state=...)`` from)."""
+
+    target: str
+    batch: int | None  # the old version's last committed batch, re-run by the new version; None: no state yet
+    verdicts: list[Verdict]
+    summary: str
+    migration: dict[str, Any] | None = None
+
+    @property
+    def incompatible(self) -> bool:
+        return any(v.verdict == INCOMPATIBLE for v in self.verdicts)
+
+
+def check_upgrade(
+    pipeline: Pipeline,
+    workdir: str | Path,
+    to: Pipeline,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    to_parameters: Mapping[str, Any] | None = None,
+    spark: SparkSession | None = None,
+    shuffle_partitions: int = 2,
+    timeout: float = 300,
+) -> UpgradeCheck:
+    """Whether ``to`` can take over ``pipeline``'s state, from the state ``run_batches(pipeline, ...,
+    workdir=workdir)`` left: the console's upgrade preview, offline. ``to`` re-runs the last committed batch on a
+    copy of the checkpoint (Spark checks the new code against the old state as a restart would); the state schemas
+    before and after are compared by the console's own rules (``statekeeper_sdk.compatibility``). ``parameters``:
+    the old version's values (as given to ``run_batches``); ``to_parameters``: the values that change, the old ones
+    kept for the parameters ``to`` declares too, as an upgrade keeps them. The re-run reads the batch's events as
+    the old version's checks parsed them."""
+    session = spark or _session()
+    root = Path(workdir)
+    checkpoint = root / "checkpoint"
+    before = dict(resolve(pipeline.parameters, parameters or {}))
+    declared = {p.name for p in to.parameters}
+    after = dict(resolve(to.parameters, {k: v for k, v in before.items() if k in declared} | dict(to_parameters or {})))
+    shown = described(to.name, before, after)
+    commits = checkpoint / "commits"
+    done = sorted(int(n) for n in os.listdir(commits) if n.isdigit()) if commits.is_dir() else []
+    if not done:
+        return UpgradeCheck(
+            to.name, None, [], f"{pipeline.name} has no committed state yet: {shown} starts from the beginning of "
+            "the source.",
+        )  # fmt: skip
+    batch = done[-1]
+    result: dict[str, Any] = {"before": operator_schemas(session, checkpoint, batch)}
+    with tempfile.TemporaryDirectory(prefix="statekeeper-upgrade-") as scratch_root:
+        scratch = Path(scratch_root) / "checkpoint"
+        shutil.copytree(checkpoint, scratch)
+        forget_batch(scratch, batch)
+        with _settings(session, to, shuffle_partitions):
+            rows, error = _replay(to, session, root / "events", scratch, batch, after, timeout)
+        result["output_rows"] = rows
+        if error:
+            result["replay_error"] = error
+        else:
+            result["after"] = operator_schemas(session, scratch, batch)
+    verdicts = compare(result, pipeline, to)
+    check = UpgradeCheck(to.name, batch, verdicts, summary(verdicts, shown, batch, rows))
+    if (migration := to.migration_from(pipeline.name)) is not None:
+        old = read_state(session, checkpoint, batch)
+        built = migration.build(old, resolve(to.parameters, after))
+        check_columns(migration, built)
+        check_keys(migration, built)
+        check.migration = {"from": pipeline.name, "target": to.name, **migration_figures(migration, old, built),
+                           "state": built}  # fmt: skip
+    return check
+
+
+def _replay(
+    pipeline: Pipeline, session: SparkSession, inbox: Path, checkpoint: Path, batch: int, values: dict[str, Any],
+    timeout: float,
+) -> tuple[int, str]:  # fmt: skip
+    """Re-run ``batch`` of the checkpoint copy with ``pipeline``; the rows it produced, and why Spark refused it."""
+    rows: list[int] = []
+
+    def count(frame: DataFrame, batch_id: int) -> None:
+        rows.append(frame.count())
+
+    frame = (
+        session.readStream.schema(pipeline.payload.spark_schema()).option("maxFilesPerTrigger", 1).parquet(str(inbox))
+    )
+    query = (
+        apply(pipeline, frame, values)
+        .writeStream.outputMode(pipeline.output_mode)
+        .foreachBatch(count)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    deadline = time.monotonic() + timeout
+    error = ""
+    try:
+        while not (checkpoint / "commits" / str(batch)).exists():
+            if not query.isActive:
+                failure = query.exception()
+                error = describe(failure) if failure is not None else "the query stopped"
+                break
+            if time.monotonic() > deadline:
+                error = f"the batch did not commit within {timeout:g} s"
+                break
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    return sum(rows), error

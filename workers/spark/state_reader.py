@@ -37,9 +37,10 @@ from typing import Any
 
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from statekeeper_sdk.compatibility import describe
 
 from workers.spark.fork_server import ForkServer
-from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, describe, session
+from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, session
 
 MAX_REQUESTS = 1000  # a fresh JVM now and then bounds whatever a long life would accumulate
 LINE_LIMIT = 1 << 20

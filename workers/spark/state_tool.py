@@ -29,22 +29,22 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from statekeeper_sdk import resolve
-from statekeeper_sdk.migration import read_state, state_frames
+from statekeeper_sdk.compatibility import describe, forget_batch, operator_schemas
+from statekeeper_sdk.migration import (
+    MIGRATION_SAMPLES,
+    check_columns,
+    check_keys,
+    declared_variables,
+    has_timers,
+    migration_figures,
+    read_state,
+    state_frames,
+)
 
 from dashboard.checkpoint_dir.files import seed_dir, write_lineage
 from dashboard.engine.code import newest_change
 from workers.spark.query import JOB_SPEC_FIELDS, JobSpec, start_query
 from workers.spark.session import build_session
-
-
-def _variables(props: dict[str, Any]) -> list[dict[str, Any]]:
-    """A transformWithState operator's own state variables (Spark's timer indexes, named ``$...``, are not one)."""
-    return [var for var in props.get("stateVariables", []) if not str(var.get("stateName", "")).startswith("$")]
-
-
-def _has_timers(props: dict[str, Any]) -> bool:
-    return any(var.get("stateVariableType") == "TimerState" for var in props.get("stateVariables", []))
-
 
 _readers = state_frames  # each operator's state variables at a batch, with Spark's reader on each
 
@@ -103,7 +103,7 @@ def inspect(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     operators = []
     for row in spark.read.format("state-metadata").load(path).collect():
         props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        variables = _variables(props)
+        variables = declared_variables(props)
         operators.append(
             {"id": row["operatorId"], "name": row["operatorName"], "partitions": row["numPartitions"],
              "variables": [var["stateName"] for var in variables], "min_batch": row["minBatchId"],
@@ -111,7 +111,7 @@ def inspect(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
              "details": [{"name": var["stateName"], "type": var.get("stateVariableType", ""),
                           "ttl": bool(var.get("ttlEnabled"))} for var in variables]}
         )  # fmt: skip
-        if mode == "variables" and _has_timers(props):
+        if mode == "variables" and has_timers(props):
             timers = _timers(spark, path, batch, row["operatorId"])
             first = timers.agg(F.count(F.lit(1)).alias("n"), F.min("expiration_timestamp_ms").alias("next")).first()
             operators[-1]["timers"] = {"count": first["n"], "next_ms": first["next"]}
@@ -181,36 +181,6 @@ def _moment(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}"
 
 
-TTL_FIELDS = ("value", "ttlExpirationMs")  # how Spark stores a value with a time to live: the value, its expiry
-
-
-def operator_schemas(spark: Any, path: str, batch: int) -> list[dict[str, Any]]:
-    """Each stateful operator with its output mode and, per state variable, the key and value schemas Spark reads
-    its state with at the batch."""
-    operators: dict[int, dict[str, Any]] = {}
-    for row, name, state in _readers(spark, path, batch):
-        props = json.loads(row["operatorProperties"]) if row["operatorProperties"] else {}
-        entry = operators.setdefault(
-            row["operatorId"],
-            {"id": row["operatorId"], "name": row["operatorName"], "output_mode": props.get("outputMode", ""),
-             "partitions": row["numPartitions"], "variables": {}, "time_mode": props.get("timeMode", ""),
-             "timers": _has_timers(props)},
-        )  # fmt: skip
-        fields: dict[str, Any] = {f.name: f.dataType for f in state.schema.fields}
-        value = fields.get("value")
-        declared = next((var for var in _variables(props) if var["stateName"] == name), {})
-        ttl = bool(declared.get("ttlEnabled"))
-        if ttl and value is not None and tuple(f.name for f in value.fields) == TTL_FIELDS:
-            value = value["value"].dataType  # the value itself, without the expiry Spark keeps beside it
-        entry["variables"][name] = {
-            "key": fields["key"].jsonValue() if "key" in fields else None,
-            "value": value.jsonValue() if value is not None else None,
-            "type": declared.get("stateVariableType", ""),
-            "ttl": ttl,
-        }
-    return list(operators.values())
-
-
 def _scratch_job(spec: dict[str, Any], name: str, checkpoint: str, pipeline: Any, **extra: Any) -> JobSpec:
     """A query on a scratch copy that reads the job's source as the job does (the dashboard's ``scratch_spec``), with
     its rejects kept apart."""
@@ -229,11 +199,7 @@ def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, A
     root = Path(path)
     before = operator_schemas(spark, path, batch)
     pipeline = _load_pipeline(spec["reference"])
-    # The batch is planned again, not committed; its operator metadata (which names the state schema files) is
-    # written again by the new code.
-    for folder in [root / "commits", *root.glob("state/*/_metadata/v2")]:
-        for name in (str(batch), f".{batch}.crc"):
-            (folder / name).unlink(missing_ok=True)
+    forget_batch(root, batch)  # planned again by the new code, its schemas written again
     job = _scratch_job(spec, f"upgrade-plan-{int(time.time())}", path, pipeline)
     rows: list[int] = []
 
@@ -338,25 +304,6 @@ def shadow(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str,
     }
 
 
-def _leaves(schema: Any, prefix: str = "") -> dict[str, str]:
-    """A struct's leaf fields by their last name, with their path (``window.start`` for ``start``)."""
-    found: dict[str, str] = {}
-    for field in schema.fields:
-        path = f"{prefix}{field.name}"
-        if hasattr(field.dataType, "fields"):
-            found.update({k: v for k, v in _leaves(field.dataType, path + ".").items() if k not in found})
-        else:
-            found.setdefault(field.name, path)
-    return found
-
-
-def _shown(rows: list[Any], width: int = 300) -> list[str]:
-    return [json.dumps(row.asDict(recursive=True), default=str, sort_keys=True)[:width] for row in rows]
-
-
-MIGRATION_SAMPLES = 10
-
-
 def migrate(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
     """Run the target version's migration from ``spec["from_pipeline"]`` on the state of the checkpoint copy at
     ``path`` as of ``batch``, and write its output as the seed of the new checkpoint ``spec["checkpoint"]``
@@ -371,45 +318,13 @@ def migrate(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     old = read_state(spark, path, batch)
     params = resolve(pipeline.parameters, spec.get("parameters") or {})
     built = migration.build(old, params)
-    if not isinstance(built, DataFrame):
-        raise TypeError(f"the migration returned {type(built).__name__}, not a DataFrame")
-    if missing := [k for k in migration.key if k not in built.columns]:
-        raise ValueError(
-            f"the migration's output lacks its key column {missing[0]!r} (it has {', '.join(built.columns)})"
-        )
+    check_columns(migration, built)
     checkpoint = Path(spec["checkpoint"])
     seed = seed_dir(checkpoint)
     built.write.mode("overwrite").parquet(str(seed))  # _SUCCESS last: query.initial_state reads only a whole seed
     seeded = spark.read.parquet(str(seed))
-    key = [F.col(k) for k in migration.key]
-    twice = seeded.groupBy(*key).count().filter("count > 1")
-    if doubled := twice.limit(3).collect():
-        shown = "; ".join(", ".join(f"{k}={row[k]}" for k in migration.key) for row in doubled)
-        raise ValueError(f"the migration gives {twice.count()} keys more than one row ({shown}): one row a key")
-    variables = {name: frame.count() for name, frame in old.items()}
-    keys = [frame.select("key") for frame in old.values()]
-    same_keys = all(k.schema == keys[0].schema for k in keys)
-    old_keys = keys[0]
-    for other in keys[1:] if same_keys else []:
-        old_keys = old_keys.unionByName(other)
-    old_keys = old_keys.distinct()
-    result: dict[str, Any] = {
-        "from": spec["from_pipeline"], "target": pipeline.name, "description": migration.description,
-        "key": list(migration.key), "variables": variables, "rows_out": seeded.count(),
-        "keys_in": old_keys.count() if same_keys else None, "keys_out": seeded.select(*key).distinct().count(),
-        "before": _shown(next(iter(old.values())).limit(MIGRATION_SAMPLES).collect()),
-        "after": _shown(seeded.limit(MIGRATION_SAMPLES).collect()),
-    }  # fmt: skip
-    leaves = _leaves(old_keys.schema["key"].dataType)
-    shared = [k for k in migration.key if k in leaves]
-    if shared and same_keys:
-        before = old_keys.select(*[F.col(f"key.{leaves[k]}").alias(k) for k in shared]).distinct()
-        lost = before.join(seeded.select(*shared).distinct(), on=shared, how="left_anti")
-        result["dropped"] = {
-            "on": shared,
-            "keys": lost.count(),
-            "samples": _shown(lost.limit(MIGRATION_SAMPLES).collect()),
-        }
+    check_keys(migration, seeded)
+    result = {"from": spec["from_pipeline"], "target": pipeline.name, **migration_figures(migration, old, seeded)}
     write_lineage(checkpoint, int(spec.get("base", batch + 1)), seeded=True, **(spec.get("lineage") or {}))
     if spec.get("first_batch"):
         result["first_batch"] = _first_batch(spark, spec, pipeline, checkpoint)
@@ -454,18 +369,6 @@ def _first_batch(spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Pa
         )
     state = {name: frame.count() for name, frame in read_state(spark, checkpoint, 0).items()}
     return {"ran": True, **(outputs[0] if outputs else {"rows": 0, "results": []}), "state": state}
-
-
-def describe(exc: Exception) -> str:
-    """The message an operator can act on: for a JVM error, the Java exception, not Py4J's wrapper."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        cause, text = java, str(java.toString())
-        while cause.getCause() is not None:  # the root cause names the file or setting at fault
-            cause = cause.getCause()
-            text = str(cause.toString())
-        return text[:2000]
-    return (str(exc).splitlines() or [repr(exc)])[0][:2000]
 
 
 FORMAT_VERSION = "spark.sql.streaming.stateStore.checkpointFormatVersion"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from statekeeper_sdk.testing import migrate_state, run_batches
+from statekeeper_sdk.testing import check_upgrade, migrate_state, run_batches
 from team_orders.jobs import CUSTOMER_SPEND, CUSTOMER_SPEND_DAILY, CUSTOMER_SPEND_V2
 
 
@@ -85,3 +85,41 @@ def test_the_daily_version_starts_from_the_windows_totals_summed_into_days(tmp_p
 def test_a_migration_from_a_pipeline_it_does_not_declare_is_refused(tmp_path):
     with pytest.raises(ValueError, match="declares no migration from customer-spend-v2"):
         migrate_state(CUSTOMER_SPEND_DAILY, tmp_path, "customer-spend-v2")
+
+
+@pytest.fixture(scope="module")
+def hourly(tmp_path_factory) -> tuple:
+    """customer-spend's state after two batches: what an upgrade would start from."""
+    workdir = tmp_path_factory.mktemp("hourly")
+    params = {"window_minutes": 60, "lateness_minutes": 1440}
+    run_batches(
+        CUSTOMER_SPEND,
+        [[order("o1", "c1", "2026-11-25T10:05:00Z", "10.00"), order("o2", "c2", "2026-11-25T10:07:00Z", "7.25")],
+         [order("o3", "c1", "2026-11-25T11:10:00Z", "1.00")]],
+        parameters=params, workdir=workdir,
+    )  # fmt: skip
+    return workdir, params
+
+
+def test_the_average_version_takes_over_the_state_as_the_console_would_let_it(hourly):
+    """The pull request's check of a code upgrade: v2 adds a column to the output, not to the state."""
+    workdir, params = hourly
+    check = check_upgrade(CUSTOMER_SPEND, workdir, CUSTOMER_SPEND_V2, parameters=params)
+    assert not check.incompatible, check.summary
+    assert check.summary.startswith(f"Compatible with customer-spend-v2 at batch {check.batch}"), check.summary
+    assert check.migration is None
+
+
+def test_the_daily_version_is_refused_the_old_state_and_its_migration_previewed(hourly):
+    workdir, params = hourly
+    check = check_upgrade(CUSTOMER_SPEND, workdir, CUSTOMER_SPEND_DAILY, parameters=params)
+    assert check.incompatible
+    assert check.summary.startswith("Incompatible with customer-spend-daily:"), check.summary
+    assert "Spark refused the new version on this state: [STREAMING_STATEFUL_OPERATOR_NOT_MATCH" in check.summary, (
+        "the aggregation's place is taken by another operator"
+    )
+    assert check.migration is not None
+    assert (check.migration["keys_out"], check.migration["rows_out"]) == (2, 2), "c1 and c2, one day each"
+    assert sorted((r["customer"], r["orders"], str(r["total"])) for r in check.migration["state"].collect()) == [
+        ("c1", 2, "11.00"), ("c2", 1, "7.25"),
+    ]  # fmt: skip
