@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from statekeeper_sdk import ResultView
+from statekeeper_sdk import ResultRecord, ResultView
 
 from dashboard.models import Action, ActionKind, AuditEntry, Job, ResultRow, ResultUndo, Run, RunStatus
 from dashboard.pipelines import get as get_pipeline
@@ -21,7 +21,7 @@ from dashboard.services.errors import ActionRefused
 from dashboard.services.lease import lease_acquire, lease_renew
 from dashboard.services.runs import job_request_start, job_request_stop, run_launch, runs_supervise
 from tests.conftest import grant
-from workers.sink import Fenced, SinkSet, batch_writer, write_results
+from workers.sink import Fenced, SinkSet, batch_writer, results_rows, write_results
 
 pytestmark = pytest.mark.django_db
 
@@ -103,6 +103,33 @@ def test_a_fenced_driver_cannot_write_results(make_job):
     with pytest.raises(Fenced):
         write_results(job_id=job.id, token=old, batch_id=1, results=[("url", "/a", {"requests": 99})])
     assert job.results.get().value == {"requests": 1}
+
+
+def test_a_result_the_pipelines_views_do_not_show_goes_to_the_dead_letters_and_the_rest_is_stored(make_job):
+    """Results are typed records: a kind no view shows (stored, it would never be seen), a value that is not a dict,
+    an item that is not (kind, key, value) are each refused with the reason, and the batch's other results stored."""
+    job = make_job()
+    token = lease_acquire(job_id=job.id)
+    assert token is not None
+
+    def results(rows):
+        yield ResultRecord("url", "/a", {"requests": 2})
+        yield "url", "/b", {"requests": 1}
+        yield "urls", "/c", {"requests": 5}
+        yield "url", "/d", 7
+        yield ("url", "/e")
+
+    pipeline = replace(get_pipeline("url-counts"), results=results)
+    rejected: list = []
+    write_results(job_id=job.id, token=token, batch_id=0, results=results_rows(pipeline, iter([{}])), rejected=rejected)
+    assert sorted((r.key, r.value["requests"]) for r in job.results.all()) == [("/a", 2), ("/b", 1)]
+    reasons = [r.reason for r in rejected]
+    assert reasons[0].startswith("the kind 'urls' has no view in url-counts (its views show 'url')"), reasons
+    assert reasons[1:] == [
+        "a url result's value is a dict, not int",
+        "a result is (kind, key, value), not tuple ('url', '/e')",
+    ]
+    assert {r.stage for r in rejected} == {"sink"} and all(r.entry.startswith("batch-0:results:") for r in rejected)
 
 
 def test_a_replayed_batch_changes_nothing_in_the_sink(make_job):

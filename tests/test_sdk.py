@@ -212,3 +212,21 @@ def test_a_field_and_a_parameter_take_one_type_vocabulary():
     assert flat.columns() == "`url` string, `ms` bigint"
     with pytest.raises(SchemaError, match="a flat field is string, long or double, not 'date'"):
         PayloadFormat("json", fields=(Field("d", "date"),))
+
+
+@pytest.mark.spark
+def test_the_test_kit_puts_a_result_no_view_shows_among_the_dead_letters_as_the_console_does(spark, tmp_path):
+    from statekeeper_sdk.testing import run_batches
+    from user_sessions.pipelines import SESSIONS
+
+    def results(rows):
+        yield from SESSIONS.results(rows)
+        yield "everyone", "all", {"events": len(rows)}
+
+    [batch] = [b for b in run_batches(replace(SESSIONS, results=results),
+                                      [[{"user": "u1", "region": "eu", "amount": 2}]], spark=spark,
+                                      workdir=tmp_path) if b.rows]  # fmt: skip
+    [(kind, key, value)] = batch.results
+    assert (kind, key, value["events"]) == ("totals", "u1", 1) and batch.results[0].kind == "totals"
+    [refused] = batch.dead_letters
+    assert refused.stage == "sink" and refused.reason.startswith("the kind 'everyone' has no view in user-sessions")

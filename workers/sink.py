@@ -15,6 +15,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from django.db.models import Subquery
 from django.utils import timezone
 from pyspark.sql import DataFrame, Row
 from statekeeper_sdk import FileSink, Pipeline, Rejected, Result, ResultsTable, TableSink
+from statekeeper_sdk.pipeline import ResultRecord
 
 from dashboard.checkpoint_dir.files import committed_batches, handed_over_after, lineage_base
 from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
@@ -83,7 +85,12 @@ def lease_hold(cursor: Any, *, job_id: int, token: int, batch_id: int) -> None:
 
 
 def write_results(
-    *, job_id: int, token: int, batch_id: int, results: Iterable[Result], rejected: list[Rejected] | None = None
+    *,
+    job_id: int,
+    token: int,
+    batch_id: int,
+    results: Iterable[Result | BadResult],
+    rejected: list[Rejected] | None = None,
 ) -> int:
     """Upsert the results, in chunks, in one transaction; the ones that cannot be stored are appended to ``rejected``
     instead. A key given twice keeps its last value. Returns how many distinct keys each chunk wrote, summed."""
@@ -178,11 +185,25 @@ def _copy_upsert(cursor: Any, job_id: int, batch_id: int, latest: dict[tuple[str
     )
 
 
-def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]) -> dict[tuple[str, str], str]:
+@dataclass(frozen=True)
+class BadResult:
+    """An item a pipeline's ``results`` yielded that ``Pipeline.record`` refused, with the reason."""
+
+    result: Any
+    reason: str
+
+
+def _storable(
+    batch_id: int, results: Iterable[Result | BadResult], rejected: list[Rejected]
+) -> dict[tuple[str, str], str]:
     """The results that can be stored, one per key (the last: an upsert cannot change a row twice in one statement),
     as JSON text; the others go to ``rejected``."""
     latest: dict[tuple[str, str], str] = {}
-    for kind, key, value in results:
+    for result in results:
+        if isinstance(result, BadResult):
+            rejected.append(rejected_output(batch_id, "results", result.result, result.result, result.reason))
+            continue
+        kind, key, value = result
         text, reason = encoded(key, value)
         if reason:
             rejected.append(rejected_output(batch_id, kind, (kind, key), (kind, key, value), reason))
@@ -191,10 +212,15 @@ def _storable(batch_id: int, results: Iterable[Result], rejected: list[Rejected]
     return latest
 
 
-def results_rows(pipeline: Pipeline, rows: Iterator[Row]) -> Iterator[Result]:
-    """The pipeline's results for the output rows, handed to it a chunk at a time."""
+def results_rows(pipeline: Pipeline, rows: Iterator[Row]) -> Iterator[ResultRecord | BadResult]:
+    """The pipeline's results for the output rows, handed to it a chunk at a time, each checked (``Pipeline.record``:
+    its kind among the views', a text key, a dict value); a refused one says why."""
     for chunk in chunked(rows, CHUNK):
-        yield from pipeline.results(chunk)
+        for result in pipeline.results(chunk):
+            try:
+                yield pipeline.record(result)
+            except ValueError as exc:
+                yield BadResult(result, str(exc))
 
 
 def output_rows(frame: DataFrame, at_once: bool) -> Iterator[Row]:
@@ -243,9 +269,10 @@ class SinkSet:
         self.on_driver = any(isinstance(s, (ResultsTable, TableSink)) for s in self.sinks)
         self.kinds = {view.kind for view in pipeline.views}  # the results' kinds, to be kept to their bounds
 
-    def _noted(self, results: Iterable[Result]) -> Iterator[Result]:
+    def _noted(self, results: Iterable[Result | BadResult]) -> Iterator[Result | BadResult]:
         for result in results:
-            self.kinds.add(result[0])
+            if not isinstance(result, BadResult):
+                self.kinds.add(result[0])  # a pipeline without views: each kind it writes
             yield result
 
     def write(self, frame: DataFrame, batch_id: int, digest: str, rejected: list[Rejected]) -> dict[str, Written]:

@@ -12,7 +12,7 @@ from statekeeper_sdk.events import Limits, Rejected, parse_entries, parse_id
 from statekeeper_sdk.migration import Migration, OldState
 from statekeeper_sdk.nested import SchemaError, parse_ddl
 from statekeeper_sdk.payload import Field, PayloadFormat
-from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultView, apply, resolve
+from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultRecord, ResultView, apply, resolve
 from statekeeper_sdk.samples import sample_events
 from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, TableSink
 
@@ -21,6 +21,6 @@ MAJOR = 1
 
 __all__ = [
     "MAJOR", "Field", "FileSink", "KafkaSink", "Limits", "Migration", "OldState", "Parameter", "Params", "PayloadFormat", "Pipeline",
-    "Rejected", "Result", "ResultView", "ResultsTable", "SchemaError", "TableSink", "__version__", "apply",
+    "Rejected", "Result", "ResultRecord", "ResultView", "ResultsTable", "SchemaError", "TableSink", "__version__", "apply",
     "parse_ddl", "parse_entries", "parse_id", "resolve", "sample_events",
 ]  # fmt: skip

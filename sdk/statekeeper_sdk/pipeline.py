@@ -16,7 +16,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql import DataFrame, Row
 
@@ -26,6 +26,17 @@ from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, Sink, Table
 
 # A sink result: (kind, key, value). Rows are upserted on (job, kind, key), so a replayed batch changes nothing.
 Result = tuple[str, str, dict[str, Any]]
+
+
+class ResultRecord(NamedTuple):
+    """A result as the results table stores it, checked (``Pipeline.record``): a ``results`` function may yield these
+    or plain ``(kind, key, value)`` tuples (1.5)."""
+
+    kind: str  # one of the pipeline's views' kinds
+    key: str
+    value: dict[str, Any]
+
+
 PARAMETER_TYPES = ("int", "float", "str", "bool")
 PARAMETER_ALIASES = {"string": "str", "long": "int", "double": "float", "boolean": "bool"}  # a field's words
 OUTPUT_MODES = ("append", "update", "complete")  # Spark's, for the query's sink
@@ -247,6 +258,42 @@ class Pipeline:
                 f"pipeline {self.name!r}: it declares a migration, so its transform takes the migrated state as a "
                 "keyword argument initial_state (a DataFrame, or None when the job starts as usual)"
             )
+
+    def record(self, result: Any) -> ResultRecord:
+        """One item ``results`` yielded, as a checked record: a (kind, key, value) triple whose kind one of the
+        pipeline's views shows (any kind when it declares no view), with a text key and a dict value. ValueError with
+        the reason: the console sends such a result to the job's dead letters, and stores the others."""
+        try:
+            kind, key, value = result
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"a result is (kind, key, value), not {type(result).__name__} {repr(result)[:80]}"
+            ) from None
+        if not isinstance(kind, str):
+            raise ValueError(f"a result's kind is text, not {type(kind).__name__} {repr(kind)[:40]}")
+        if self.views and not any(view.kind == kind for view in self.views):
+            shown = ", ".join(repr(view.kind) for view in self.views)
+            raise ValueError(
+                f"the kind {kind[:80]!r} has no view in {self.name} (its views show {shown}): it would be stored and "
+                "never shown"
+            )
+        if not isinstance(key, str):
+            raise ValueError(f"a {kind} result's key is text, not {type(key).__name__} {repr(key)[:40]}")
+        if not isinstance(value, dict):
+            raise ValueError(f"a {kind} result's value is a dict, not {type(value).__name__}")
+        return ResultRecord(kind, key, value)
+
+    def checked_results(self, rows: list[Row]) -> tuple[list[ResultRecord], list[tuple[Any, str]]]:
+        """The results of these output rows as the results table would store them (``record``), and the ones refused,
+        each with its reason."""
+        stored: list[ResultRecord] = []
+        refused: list[tuple[Any, str]] = []
+        for result in self.results(rows):
+            try:
+                stored.append(self.record(result))
+            except ValueError as exc:
+                refused.append((result, str(exc)))
+        return stored, refused
 
     def migration_from(self, pipeline: str) -> Migration | None:
         """The migration that builds this version's state from ``pipeline``'s, if it declares one."""

@@ -44,7 +44,7 @@ from statekeeper_sdk.compatibility import (
 )
 from statekeeper_sdk.events import Limits, Rejected, parse_entries
 from statekeeper_sdk.migration import check_columns, check_keys, migration_figures, read_state
-from statekeeper_sdk.pipeline import Pipeline, Result, apply, resolve
+from statekeeper_sdk.pipeline import Pipeline, ResultRecord, apply, resolve
 from statekeeper_sdk.sinks import ResultsTable
 
 Event = bytes | str | Mapping[str, Any] | tuple[str, bytes | str | Mapping[str, Any]]
@@ -56,7 +56,7 @@ class Batch:
 
     batch_id: int
     rows: list[Row] = field(default_factory=list)
-    results: list[Result] = field(default_factory=list)  # what the console's results table would upsert
+    results: list[ResultRecord] = field(default_factory=list)  # what the console's results table would upsert
     sinks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # a declared sink's rows, by its name
     dead_letters: list[Rejected] = field(default_factory=list)
 
@@ -194,7 +194,13 @@ def _run(
         batch = Batch(batch_id, rows)
         for sink in outputs:
             if isinstance(sink, ResultsTable):
-                batch.results = list(pipeline.results(rows))
+                batch.results, refused = pipeline.checked_results(rows)
+                batch.dead_letters += [
+                    Rejected(
+                        f"batch-{batch_id}:results", "sink", reason, repr(result).encode("utf-8", "backslashreplace")
+                    )
+                    for result, reason in refused
+                ]  # as the console's results table refuses them
             else:
                 columns = list(getattr(sink, "columns", ()) or output.columns)
                 batch.sinks[sink.name] = [{c: row[c] for c in columns} for row in rows]
@@ -211,7 +217,7 @@ def _run(
     _until_read(query, checkpoint, len(refused))
     for name, batch_id in _files_read(checkpoint).items():
         if batch_id in seen:
-            seen[batch_id].dead_letters = refused.get(name, [])
+            seen[batch_id].dead_letters[:0] = refused.get(name, [])  # the events' first, then the outputs
     return [seen[b] for b in sorted(seen)]
 
 

@@ -258,7 +258,7 @@ def _results_over_range(spark: Any, path: Path, spec: dict[str, Any], reference:
     batches: list[int] = []
 
     def keep(frame: DataFrame, batch_id: int) -> None:
-        for kind, key, value in pipeline.results(frame.collect()):
+        for kind, key, value in pipeline.checked_results(frame.collect())[0]:
             rows[json.dumps([kind, key])] = value
         batches.append(batch_id)
 
@@ -345,7 +345,7 @@ def _first_batch(spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Pa
     def keep(frame: DataFrame, batch_id: int) -> None:
         if batch_id == 0:
             rows = frame.collect()
-            shown = [{"kind": k, "key": key, "value": v} for k, key, v in pipeline.results(rows)]
+            shown = [{"kind": k, "key": key, "value": v} for k, key, v in pipeline.checked_results(rows)[0]]
             outputs.append({"rows": len(rows), "results": shown[:MIGRATION_SAMPLES]})
 
     query = start_query(spark, job, pipeline, keep)
