@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from statekeeper_sdk import sample_events
-
+from dashboard.engine.samples import sample_events
 from dashboard.models import Checkpoint, Job
 from dashboard.pipelines import get as get_pipeline
 from dashboard.services.runs import job_request_start, kill_group

@@ -45,10 +45,10 @@ migrated()
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
-from statekeeper_sdk import sample_events  # noqa: E402
 
 from bench.busy import start_worker  # noqa: E402
 from bench.procs import process_tree, sizes  # noqa: E402
+from dashboard.engine.samples import sample_events  # noqa: E402
 from dashboard.models import Checkpoint, DriverHost, Job, Run, RunStatus, StandbyDriver  # noqa: E402
 from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.errors import ActionRefused  # noqa: E402

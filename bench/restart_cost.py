@@ -44,9 +44,9 @@ from bench.database import migrated  # noqa: E402
 migrated()
 
 import redis  # noqa: E402
-from statekeeper_sdk import sample_events  # noqa: E402
 
 from dashboard import pipelines  # noqa: E402
+from dashboard.engine.samples import sample_events  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
 from workers.sink import rehearse  # noqa: E402
 from workers.spark.query import JobSpec, start_query  # noqa: E402

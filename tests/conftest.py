@@ -18,8 +18,8 @@ import pytest
 import redis as redis_lib
 from django.conf import settings
 from django.db import connection
-from statekeeper_sdk import sample_events
 
+from dashboard.engine.samples import sample_events
 from dashboard.pipelines import get as get_pipeline
 from statekeeper.chromium import CHROMIUM_ARGS, CHROMIUM_PATH
 from statekeeper.polling import wait_for
@@ -59,6 +59,17 @@ def spark() -> Iterator[Any]:
     session = build_session("statekeeper-tests", "local[2]", partitions=2)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def kit_spark(spark: Any) -> Any:
+    """The shared session as a team's test kit would find it: without the raw local file system a memory job's
+    settings leave in the session's SQL settings (RocksDB cannot copy its files through it)."""
+    from workers.spark.session import RAW_LOCAL_FILES
+
+    for key in RAW_LOCAL_FILES:
+        spark.conf.unset(key)
+    return spark
 
 
 @pytest.fixture

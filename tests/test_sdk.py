@@ -163,8 +163,24 @@ def test_the_sdk_declares_and_the_consoles_engine_writes():
         assert statekeeper_sdk.code.code_version is engine_code.code_version
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         _ = statekeeper_sdk.sinks.nothing
+    import statekeeper_sdk.events
+    import statekeeper_sdk.samples
+
+    from dashboard.engine import samples as engine_samples
+
+    with pytest.warns(
+        DeprecationWarning, match="statekeeper_sdk.sample_events is deprecated since statekeeper-sdk 1.5"
+    ):
+        assert statekeeper_sdk.sample_events is engine_samples.sample_events
+    with pytest.warns(DeprecationWarning, match="statekeeper_sdk.samples.sample_events is deprecated since"):
+        assert statekeeper_sdk.samples.sample_events is engine_samples.sample_events
+    with pytest.warns(DeprecationWarning, match=r"the console's engine \(statekeeper_sdk.events\)"):
+        assert statekeeper_sdk.parse_entries is statekeeper_sdk.events.parse_entries
+    assert not {"parse_entries", "sample_events"} & set(statekeeper_sdk.__all__), "a star import warns of nothing"
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        _ = statekeeper_sdk.nothing
     imported = subprocess.run(
-        [sys.executable, "-c", "import sys, dashboard.engine.sinks, dashboard.engine.code; "
+        [sys.executable, "-c", "import sys, dashboard.engine.sinks, dashboard.engine.code, dashboard.engine.samples; "
          "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'statekeeper')))"],
         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
     )  # fmt: skip
@@ -215,7 +231,7 @@ def test_a_field_and_a_parameter_take_one_type_vocabulary():
 
 
 @pytest.mark.spark
-def test_the_test_kit_puts_a_result_no_view_shows_among_the_dead_letters_as_the_console_does(spark, tmp_path):
+def test_the_test_kit_puts_a_result_no_view_shows_among_the_dead_letters_as_the_console_does(kit_spark, tmp_path):
     from statekeeper_sdk.testing import run_batches
     from user_sessions.pipelines import SESSIONS
 
@@ -224,7 +240,7 @@ def test_the_test_kit_puts_a_result_no_view_shows_among_the_dead_letters_as_the_
         yield "everyone", "all", {"events": len(rows)}
 
     [batch] = [b for b in run_batches(replace(SESSIONS, results=results),
-                                      [[{"user": "u1", "region": "eu", "amount": 2}]], spark=spark,
+                                      [[{"user": "u1", "region": "eu", "amount": 2}]], spark=kit_spark,
                                       workdir=tmp_path) if b.rows]  # fmt: skip
     [(kind, key, value)] = batch.results
     assert (kind, key, value["events"]) == ("totals", "u1", 1) and batch.results[0].kind == "totals"

@@ -123,7 +123,7 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
 
 
 @pytest.mark.spark
-def test_two_state_variables_merged_into_one_keep_every_users_totals(spark, tmp_path):
+def test_two_state_variables_merged_into_one_keep_every_users_totals(kit_spark, tmp_path):
     """examples/user_sessions: user-sessions-timed keeps a user's open session and closed totals in two state
     variables (the closed one with a TTL); user-sessions-merged keeps them in one. Its migration joins them per user;
     the first batch after it goes on from every user's totals, checked against the events sent."""

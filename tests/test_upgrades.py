@@ -80,18 +80,18 @@ def test_verdicts_per_state_variable():
 
 
 @pytest.mark.spark
-def test_the_test_kit_checks_an_upgrade_offline_with_the_consoles_verdict_and_words(spark, tmp_path):
+def test_the_test_kit_checks_an_upgrade_offline_with_the_consoles_verdict_and_words(kit_spark, tmp_path):
     """A team's pull request meets the verdicts the browser test above meets on a live job: the key renamed is
     refused with the same reason, the value widened evolves."""
     from statekeeper_sdk.testing import check_upgrade, run_batches
     from user_sessions.pipelines import SESSIONS, SESSIONS_BY_REGION, SESSIONS_V2
 
     events = [{"user": f"u{i % 3}", "region": "eu", "amount": i} for i in range(12)]
-    run_batches(SESSIONS, [events[:6], events[6:]], spark=spark, workdir=tmp_path)
-    by_region = check_upgrade(SESSIONS, tmp_path, SESSIONS_BY_REGION, spark=spark)
+    run_batches(SESSIONS, [events[:6], events[6:]], spark=kit_spark, workdir=tmp_path)
+    by_region = check_upgrade(SESSIONS, tmp_path, SESSIONS_BY_REGION, spark=kit_spark)
     assert by_region.incompatible and by_region.summary.startswith("Incompatible with user-sessions-by-region: ")
     assert "key schema changed (added region string; removed user)" in by_region.summary
-    v2 = check_upgrade(SESSIONS, tmp_path, SESSIONS_V2, spark=spark)
+    v2 = check_upgrade(SESSIONS, tmp_path, SESSIONS_V2, spark=kit_spark)
     assert [v.verdict for v in v2.verdicts] == [EVOLVES] and not v2.incompatible
     assert v2.summary.startswith(f"Compatible with user-sessions-v2 at batch {v2.batch} (1 state variable(s) ")
     assert v2.migration is None and by_region.migration is None

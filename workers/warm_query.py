@@ -12,9 +12,9 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from statekeeper_sdk import sample_events
 
 from dashboard import pipelines
+from dashboard.engine.samples import sample_events
 from dashboard.models import Job, StateBackend
 from workers.sink import rehearse
 from workers.spark.query import JobSpec, start_query

@@ -8,12 +8,11 @@ Register a ``Pipeline`` under the ``statekeeper.pipelines`` entry-point group of
 support, with the reason.
 """
 
-from statekeeper_sdk.events import Limits, Rejected, parse_entries, parse_id
+from statekeeper_sdk.events import Limits, Rejected, parse_id
 from statekeeper_sdk.migration import Migration, OldState
 from statekeeper_sdk.nested import SchemaError, parse_ddl
 from statekeeper_sdk.payload import Field, PayloadFormat
 from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultRecord, ResultView, apply, resolve
-from statekeeper_sdk.samples import sample_events
 from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, TableSink
 
 __version__ = "1.5.0"
@@ -22,5 +21,18 @@ MAJOR = 1
 __all__ = [
     "MAJOR", "Field", "FileSink", "KafkaSink", "Limits", "Migration", "OldState", "Parameter", "Params", "PayloadFormat", "Pipeline",
     "Rejected", "Result", "ResultRecord", "ResultView", "ResultsTable", "SchemaError", "TableSink", "__version__", "apply",
-    "parse_ddl", "parse_entries", "parse_id", "resolve", "sample_events",
+    "parse_ddl", "parse_id", "resolve",
 ]  # fmt: skip
+
+_DEPRECATED = {  # name -> where it lives now (1.5): the console's and the test kit's, not what a pipeline declares
+    "parse_entries": "statekeeper_sdk.events",
+    "sample_events": "dashboard.engine.samples",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _DEPRECATED:
+        raise AttributeError(f"module 'statekeeper_sdk' has no attribute {name!r}")
+    from statekeeper_sdk._moved import moved
+
+    return moved(__name__, _DEPRECATED[name], frozenset({name}), name, since="1.5")

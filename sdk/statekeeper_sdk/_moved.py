@@ -1,4 +1,4 @@
-"""Names the console's engine used from the SDK before 1.3, deprecated here: they now live in the console
+"""Names the console's engine used from the SDK (before 1.3; ``samples`` before 1.5), deprecated here: they now live in the console
 (``dashboard.engine``), since a pipeline declares its sinks and never writes them. Inside a console they still
 resolve, with a DeprecationWarning; they leave the SDK in 2.0."""
 
@@ -9,12 +9,12 @@ import warnings
 from typing import Any
 
 
-def moved(module: str, engine: str, names: frozenset[str], name: str) -> Any:
+def moved(module: str, engine: str, names: frozenset[str], name: str, since: str = "1.3") -> Any:
     """A module ``__getattr__``'s answer for ``name`` of ``module``, which moved to the console's ``engine`` module."""
     if name not in names:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     warnings.warn(
-        f"{module}.{name} is deprecated since statekeeper-sdk 1.3 and leaves in 2.0: it is the console's engine "
+        f"{module}.{name} is deprecated since statekeeper-sdk {since} and leaves in 2.0: it is the console's engine "
         f"({engine}), not part of what a pipeline declares",
         DeprecationWarning,
         stacklevel=3,

@@ -9,9 +9,9 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from statekeeper_sdk import sample_events
 
 from dashboard import pipelines
+from dashboard.engine.samples import sample_events
 
 MALFORMED = ["GET /oops", '{"order_id": 42}', "not json at all", ""]
 

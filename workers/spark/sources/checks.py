@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from statekeeper_sdk import Limits, PayloadFormat, Rejected, parse_entries
+from statekeeper_sdk import Limits, PayloadFormat, Rejected
+from statekeeper_sdk.events import parse_entries
 
 from workers.spark.sources.redis_streams import dead_letter
 
