@@ -9,14 +9,17 @@ Spark's reader starts, a process of its own ends; the worker is freed and the st
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import fcntl
+import inspect
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +63,40 @@ Step = Callable[[Action], Outcome]
 Steps = dict[str, tuple[str, Step]]
 
 
+def branch_targets(step: Step) -> set[str]:
+    """The steps ``step`` may go on to: the names its ``Next(...)`` calls give (a conditional's both branches), and
+    the ``then`` a step factory bound it to (``stop_step(then="savepoint")``). Empty when its source is not at hand."""
+    found: set[str] = set()
+    code = getattr(step, "__code__", None)
+    for name, cell in zip(code.co_freevars if code else (), getattr(step, "__closure__", None) or (), strict=True):
+        if name == "then" and isinstance(cell.cell_contents, str):
+            found.add(cell.cell_contents)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(step)))
+    except (OSError, TypeError, SyntaxError):
+        return found
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Next" and node.args:
+            found |= _names(node.args[0])
+    return found
+
+
+def _names(node: ast.expr) -> set[str]:
+    """The step names an argument of ``Next`` may be: a literal, or either branch of a conditional."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.IfExp):
+        return _names(node.body) | _names(node.orelse)
+    return set()
+
+
+def check_steps(kind: str, steps: Steps) -> None:
+    """Refuse a table of steps one of whose steps may go on to a step the table lacks (ValueError, naming both)."""
+    for name, (_, step) in steps.items():
+        if missing := sorted(branch_targets(step) - steps.keys()):
+            raise ValueError(f"{kind}: step {name!r} may go on to {', '.join(map(repr, missing))}, which it lacks")
+
+
 def one_step(label: str, work: Callable[[Action], str]) -> Steps:
     """An action that is a single bounded piece of work (a disposal, a re-drive): one step, then done."""
     return {"run": (label, lambda action: Done(work(action)))}
@@ -71,14 +108,99 @@ def step_seconds(action: Action) -> float:
     return (timezone.now() - started).total_seconds() if started else 0.0
 
 
+NoneType = type(None)
+Kind = type | tuple[type, ...]
+
+# What a step leaves for its next visit or a later step (``memo_save``), each key with its type. A key not declared
+# here, or a value of another type, fails the step at once, naming the key: not a KeyError three steps later.
+MEMO: dict[str, Kind] = {
+    "abort_reason": str,  # blue/green: why it goes on to "abort"
+    "batch": int,  # the batch a partition count reads
+    "blue_missing_since": (str, NoneType),  # blue/green: since when blue has had no run (ISO time)
+    "failure": str,  # upgrade: why the new version failed, for "roll-back"
+    "forked": bool,  # blue/green: green's fork is made
+    "green_ended": str,  # blue/green: why green's run ended
+    "green_starts": int,  # blue/green: green's runs started, bounded
+    "input_waiting": bool,  # upgrade: records wait for the new version's first batch
+    "migrated": bool,  # upgrade: the migration wrote the new line's seed
+    "migration_begun": bool,
+    "migration_start": dict,  # migration preview: the input range of the first batch ({"id", "n"})
+    "migration_end": dict,
+    "plan_batch": int,  # upgrade preview: the batch the scratch copy re-runs
+    "previous": str,  # the checkpoint directory a fork replaced
+    "put_back": str,  # upgrade rollback: what was put back
+    "source": dict,  # state inspector: the copy read ({"path", "batch", "origin"})
+}
+# A Spark read's or a process's own record under its key (``state_read``, ``tool_process``): these keys, and each
+# with "-process" after it.
+TOOL_KEYS = ("check-state", "inspect", "migration", "plan", "rows", "verify", "repartition")
+MEMO.update({key: dict for name in TOOL_KEYS for key in (name, f"{name}-process")})
+
+# What the operator sees with the action (``remember``), each key with its type; the values an action is requested
+# with are checked where it is requested (the form, the API).
+PARAMS: dict[str, Kind] = {
+    "after": dict,
+    "before": dict,  # rescale: the scale after and before
+    "bg_batch": int,
+    "blue_run": (int, NoneType),
+    "green_run": int,
+    "fork": str,
+    "follow": str,  # blue/green
+    "handed_over": bool,
+    "handover_after": int,
+    "handover_at": str,
+    "gap_seconds": (float, int, NoneType),
+    "first_batch": int,
+    "ending": dict,
+    "start": dict,
+    "records": int,
+    "shadow": dict,  # shadow run
+    "from_backend": str,
+    "from_deploy": (int, NoneType),
+    "from_parameters": dict,
+    "from_pipeline": str,  # upgrade
+    "parameters": dict,
+    "plan": dict,
+    "migration": dict,
+    "proof": dict,
+    "kept": str,
+    "had_state": bool,
+    "stopped_at": str,
+    "was_running": bool,
+    "replay_records": (int, NoneType),  # restore and rollback: the records the replay reads
+    "run": int,
+    "rollback_run": int,  # the run an action started (``start_once``)
+    "savepoint": (int, NoneType),
+}
+
+
+def _checked(declared: dict[str, Kind], where: str, values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        if name not in declared:
+            raise TypeError(f"{where} key {name!r} is not declared (dashboard/services/action_steps.py)")
+        if not isinstance(value, declared[name]) or (isinstance(value, bool) and bool not in _kinds(declared[name])):
+            raise TypeError(f"{where} key {name!r} holds {type(value).__name__}, not {_named(declared[name])}")
+
+
+def _kinds(kind: Kind) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _named(kind: Kind) -> str:
+    return " or ".join("None" if k is NoneType else k.__name__ for k in _kinds(kind))
+
+
 def memo_save(action: Action, **values: Any) -> None:
-    """Keep values for the step's next visit (a process's pid, a run it requested)."""
+    """Keep values for the step's next visit (a process's pid, a run it requested): declared in ``MEMO``."""
+    _checked(MEMO, "memo", values)
     action.memo = {**action.memo, **values}
     Action.objects.filter(id=action.id).update(memo=action.memo)
 
 
 def remember(action: Action, **params: Any) -> None:
-    """Keep values the operator sees with the action (a plan, a savepoint, the run it started)."""
+    """Keep values the operator sees with the action (a plan, a savepoint, the run it started): declared in
+    ``PARAMS``."""
+    _checked(PARAMS, "params", params)
     action.params = {**action.params, **params}
     Action.objects.filter(id=action.id).update(params=action.params)
 

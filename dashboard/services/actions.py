@@ -42,7 +42,7 @@ from dashboard.services import (
     storage,
     upgrades,
 )
-from dashboard.services.action_steps import Done, Next, Steps, Wait, one_step
+from dashboard.services.action_steps import Done, Next, Steps, Wait, check_steps, one_step
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import RUN_ACTION, enqueue
 from dashboard.services.errors import ActionFailed, ActionRefused
@@ -68,6 +68,8 @@ STEPS: dict[str, Steps] = {
     ActionKind.UPGRADE_ROLLBACK: upgrades.UPGRADE_ROLLBACK_STEPS,
     ActionKind.BLUE_GREEN: blue_green.BLUE_GREEN_STEPS,
 }
+for _kind, _steps in STEPS.items():  # a step that may go on to a step its table lacks fails here, at start
+    check_steps(_kind, _steps)
 
 RESEND = timedelta(seconds=30)  # a queued visit no worker took is sent again after this (a lost message)
 CLAIM = timedelta(minutes=20)  # the longest a worker advances one action in one go (a copy of a large state)
