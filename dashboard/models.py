@@ -718,6 +718,9 @@ class Recovery(models.Model):
     recovered_at = models.DateTimeField(null=True, blank=True, help_text="first batch committed after the restart")
     batches_replayed = models.PositiveIntegerField(default=0)
     gave_up = models.BooleanField(default=False)
+    host_crash = models.BooleanField(
+        default=False, help_text="the shared driver it ran in died: not the job's own failure, so no back-off"
+    )
 
     class Meta:
         ordering = ["-id"]

@@ -39,8 +39,10 @@ def test_a_value_a_step_leaves_is_refused_unless_declared_with_its_type(make_job
         remember(action, run=True)
     action.refresh_from_db()
     assert action.memo == {} and action.params == {"pipeline": "url-counts"}, "nothing kept from a refused call"
-    memo_save(action, plan_batch=4, **{"plan-process": {"pid": 1}})
+    with pytest.raises(TypeError, match="memo key 'verify-12-proc' is not declared"):
+        memo_save(action, **{"verify-12-proc": {}})
+    memo_save(action, plan_batch=4, **{"plan-process": {"pid": 1}, "verify-12-process": {"pid": 2}})
     remember(action, savepoint=None, was_running=True)
     action.refresh_from_db()
-    assert action.memo == {"plan_batch": 4, "plan-process": {"pid": 1}}
+    assert action.memo == {"plan_batch": 4, "plan-process": {"pid": 1}, "verify-12-process": {"pid": 2}}
     assert action.params == {"pipeline": "url-counts", "savepoint": None, "was_running": True}

@@ -53,9 +53,12 @@ def test_a_lost_driver_is_restarted_after_the_delay_and_its_downtime_recorded(ma
     assert recovery.downtime_seconds == 13.5, "down until the first batch committed: its trigger plus its duration"
 
 
-def test_a_standby_job_whose_shared_driver_died_restarts_in_the_spare_at_once_and_others_after_their_delay(
+def test_a_crash_of_the_shared_driver_restarts_its_jobs_at_once_and_is_not_counted_as_each_jobs_failure(
     make_job, settings
 ):
+    """Every job in a shared driver that died is lost at once, by nothing of its own: each restarts at once (the
+    spare, or a new shared driver) and its back-off does not grow, round after round. A query that failed in a shared
+    driver that lives is the job's own failure: the strategy's delay, doubling."""
     serving = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.GONE, pid=2**22 + 1)
     DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SPARE, pid=os.getpid())  # a live spare
     standing_by, without = make_job(driver="shared", standby=True), make_job(driver="shared")
@@ -63,16 +66,26 @@ def test_a_standby_job_whose_shared_driver_died_restarts_in_the_spare_at_once_an
     lost = [failed_run(job, driver_host=serving) for job in (standing_by, without)]
     failed = failed_run(crashed, driver_host=serving, status=RunStatus.FAILED, message="The query failed: boom")
     recoveries_supervise()
-    waits = {r.job_id: r.restart_at - r.failed_at for r in Recovery.objects.filter(failed_run__in=[*lost, failed])}
-    assert waits[standing_by.id] == timedelta(0), "the spare takes over at once, as a standby would"
-    assert waits[without.id] == waits[crashed.id] == timedelta(seconds=5), "no standby, or a failed query: the delay"
-    assert Recovery.objects.get(failed_run=lost[0]).restart_run is not None, "restarted in the same round"
+    recoveries = {r.job_id: r for r in Recovery.objects.filter(failed_run__in=[*lost, failed])}
+    waits = {job_id: r.restart_at - r.failed_at for job_id, r in recoveries.items()}
+    assert waits[standing_by.id] == waits[without.id] == timedelta(0), "the shared driver died: at once"
+    assert waits[crashed.id] == timedelta(seconds=5), "its own query failed: the strategy's delay"
+    assert recoveries[without.id].host_crash and not recoveries[crashed.id].host_crash
+    assert all(Recovery.objects.get(failed_run=run).restart_run is not None for run in lost), "in the same round"
 
     DriverHost.objects.filter(status=HostStatus.SPARE).update(status=HostStatus.GONE)
-    again = failed_run(standing_by, driver_host=serving)
+    for _ in range(2):  # the shared driver dies twice more, no spare standing by: a cold start, at once, each time
+        again = failed_run(without, driver_host=serving)
+        recoveries_supervise()
+        recovery = Recovery.objects.get(failed_run=again)
+        assert recovery.restart_at == recovery.failed_at and recovery.attempt == 1, "no back-off from host crashes"
+    own = failed_run(without, message="The query failed: boom", status=RunStatus.FAILED)
     recoveries_supervise()
-    recovery = Recovery.objects.get(failed_run=again)
-    assert recovery.restart_at - recovery.failed_at == timedelta(seconds=10), "no spare: a cold start, after the delay"
+    recovery = Recovery.objects.get(failed_run=own)
+    assert (recovery.attempt, recovery.restart_at - recovery.failed_at) == (1, timedelta(seconds=5)), (
+        "the job's first failure of its own, after three crashes of its shared driver"
+    )
+    assert Job.objects.get(id=without.id).failed_reason == "", "within the failure-rate limit"
 
 
 def test_exponential_back_off_doubles_up_to_the_cap(make_job):

@@ -246,3 +246,21 @@ def test_the_test_kit_puts_a_result_no_view_shows_among_the_dead_letters_as_the_
     assert (kind, key, value["events"]) == ("totals", "u1", 1) and batch.results[0].kind == "totals"
     [refused] = batch.dead_letters
     assert refused.stage == "sink" and refused.reason.startswith("the kind 'everyone' has no view in user-sessions")
+
+
+def test_the_sdks_docstring_examples_run_as_written():
+    """Every ``>>>`` example in the SDK's modules, as an author would copy it."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import statekeeper_sdk
+
+    attempted = 0
+    for module in pkgutil.iter_modules(statekeeper_sdk.__path__):
+        result = doctest.testmod(
+            importlib.import_module(f"statekeeper_sdk.{module.name}"), optionflags=doctest.ELLIPSIS
+        )
+        assert result.failed == 0, f"statekeeper_sdk.{module.name}: {result.failed} example(s) failed"
+        attempted += result.attempted
+    assert attempted >= 10, "the SDK's examples were found"

@@ -15,6 +15,7 @@ import fcntl
 import inspect
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -131,10 +132,10 @@ MEMO: dict[str, Kind] = {
     "put_back": str,  # upgrade rollback: what was put back
     "source": dict,  # state inspector: the copy read ({"path", "batch", "origin"})
 }
-# A Spark read's or a process's own record under its key (``state_read``, ``tool_process``): these keys, and each
-# with "-process" after it.
-TOOL_KEYS = ("check-state", "inspect", "migration", "plan", "rows", "verify", "repartition")
-MEMO.update({key: dict for name in TOOL_KEYS for key in (name, f"{name}-process")})
+# A Spark read's or a process's own record under its key (``state_read``, ``tool_process``): these keys, each also
+# with a number after it (``verify-12``: savepoint 12's), "-process" after either (its process of its own).
+TOOL_KEYS = ("check-state", "inspect", "migration", "plan", "rows", "verify", "repartition", "shadow")
+MEMO.update(dict.fromkeys(TOOL_KEYS, dict))
 
 # What the operator sees with the action (``remember``), each key with its type; the values an action is requested
 # with are checked where it is requested (the form, the API).
@@ -176,10 +177,11 @@ PARAMS: dict[str, Kind] = {
 
 def _checked(declared: dict[str, Kind], where: str, values: dict[str, Any]) -> None:
     for name, value in values.items():
-        if name not in declared:
+        family = re.sub(r"(-\d+)?(-process)?$", "", name) if where == "memo" else name
+        if (kind := declared.get(name) or declared.get(family)) is None:
             raise TypeError(f"{where} key {name!r} is not declared (dashboard/services/action_steps.py)")
-        if not isinstance(value, declared[name]) or (isinstance(value, bool) and bool not in _kinds(declared[name])):
-            raise TypeError(f"{where} key {name!r} holds {type(value).__name__}, not {_named(declared[name])}")
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+            raise TypeError(f"{where} key {name!r} holds {type(value).__name__}, not {_named(kind)}")
 
 
 def _kinds(kind: Kind) -> tuple[type, ...]:

@@ -5,6 +5,7 @@ The dashboard never imports worker code: it names the tasks, as Celery beat's sc
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from celery import current_app
@@ -23,6 +24,12 @@ def enqueue(task: str, *args: Any) -> None:
     """Send ``task`` once the current transaction commits (at once outside one): a worker never sees a record that a
     rollback then removes."""
     transaction.on_commit(lambda: current_app.send_task(task, args=args))
+
+
+def enqueue_at(task: str, when: datetime, *args: Any) -> None:
+    """Send ``task`` to run at ``when`` (after the commit, as ``enqueue``): a wake-up at the moment something is due,
+    where the beat's period would add up to a period's delay."""
+    transaction.on_commit(lambda: current_app.send_task(task, args=args, eta=when))
 
 
 def host_queue(host: str) -> str:

@@ -10,12 +10,23 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches
-from dashboard.models import IN_FLIGHT_ACTIONS, Checkpoint, Job, Recovery, RestartStrategy, Run, RunStatus
+from dashboard.models import (
+    IN_FLIGHT_ACTIONS,
+    Checkpoint,
+    DriverHost,
+    HostStatus,
+    Job,
+    Recovery,
+    RestartStrategy,
+    Run,
+    RunStatus,
+)
 from dashboard.selectors.incidents import recovery_incidents
 from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.services.audit import audit_record
+from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_at
 from dashboard.services.errors import ActionRefused
-from dashboard.services.hosts import spare_ready
+from dashboard.services.hosts import host_alive, spare_ready
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.runs import job_request_start
 
@@ -49,10 +60,25 @@ def in_flight_batches(job: Job) -> int:
     return max(0, (max(offsets) if offsets else -1) - (commits[-1] if commits else -1))
 
 
+def host_crashed(run: Run) -> bool:
+    """Whether the run was lost because the shared driver it ran in died (every job in it lost at once), rather than
+    by anything of the job's own: its query failing, its own driver dying, its lease lapsing in a driver that lives."""
+    if run.status != RunStatus.LOST or run.driver_host_id is None:
+        return False
+    host = DriverHost.objects.filter(id=run.driver_host_id).first()
+    return host is not None and (host.status == HostStatus.GONE or not host_alive(host))
+
+
 def record_failure(job: Job, run: Run) -> Recovery:
+    """The failure of ``run`` under the job's restart strategy. A crash of the shared driver the job ran in is not
+    the job's own failure: it restarts at once, its back-off does not grow, and it does not count towards the next
+    own failure's delay; it still counts towards the failure-rate limit (a shared driver that crashes again and again
+    stops its jobs as any crash loop does)."""
     now = timezone.now()
     window_start = now - timedelta(minutes=job.failure_rate_window_minutes)
-    earlier = job.recoveries.filter(failed_at__gte=window_start).count()
+    within = job.recoveries.filter(failed_at__gte=window_start)
+    earlier = within.count()
+    crash = host_crashed(run)
     text = f"{run.message}\n{run.error}"
     recovery = Recovery(
         job=job,
@@ -60,8 +86,9 @@ def record_failure(job: Job, run: Run) -> Recovery:
         cause=run.message or f"The driver ended as {run.status}.",
         trace=run.error,
         failed_at=run.ended_at or now,
-        attempt=earlier + 1,
+        attempt=within.filter(host_crash=False).count() + 1,
         batches_replayed=in_flight_batches(job),
+        host_crash=crash,
     )
     if match := BROKEN_CHECKPOINT.search(text):
         retained = committed_batches(job.checkpoint_location)
@@ -84,7 +111,7 @@ def record_failure(job: Job, run: Run) -> Recovery:
             f"{job.failure_rate_max}): the job stays down. Last cause: {recovery.cause}"
         )
     else:
-        delay = 0.0 if spare_takes_over(job, run) else restart_delay(job, recovery.attempt)
+        delay = 0.0 if crash or spare_takes_over(job, run) else restart_delay(job, recovery.attempt)
         recovery.restart_at = recovery.failed_at + timedelta(seconds=delay)
     with transaction.atomic():
         recovery.save()
@@ -105,6 +132,8 @@ def recoveries_supervise() -> list[str]:
         if Recovery.objects.filter(failed_run=last).exists():
             continue
         recovery = record_failure(job, last)
+        if recovery.restart_at is not None and recovery.restart_at > now:
+            enqueue_at(SUPERVISE_JOBS, recovery.restart_at)  # restarted when due, not at the beat's next round
         notes.append(
             f"{job.name}: run {last.id} failed, "
             + ("gave up" if recovery.gave_up else f"restart at {recovery.restart_at:%H:%M:%S}")

@@ -177,7 +177,11 @@ def compare(result: dict[str, Any], old: Any, new: Any) -> list[Verdict]:
 
 
 def parameter_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Each parameter whose value differs, as ``name: old → new`` (``—`` where one side has none)."""
+    """Each parameter whose value differs, as ``name: old → new`` (``—`` where one side has none).
+
+    >>> parameter_changes({"window_minutes": 60}, {"window_minutes": 30, "threshold": 80.0})
+    ['threshold: — → 80.0', 'window_minutes: 60 → 30']
+    """
     return [
         f"{name}: {before.get(name, '—')} → {after.get(name, '—')}"
         for name in sorted(set(before) | set(after))
@@ -186,7 +190,11 @@ def parameter_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str
 
 
 def described(pipeline: str, before: dict[str, Any], after: dict[str, Any]) -> str:
-    """An upgrade's target as an operator reads it: the pipeline, and the parameters that change."""
+    """An upgrade's target as an operator reads it: the pipeline, and the parameters that change.
+
+    >>> described("customer-spend-v2", {"window_minutes": 60}, {"window_minutes": 30})
+    'customer-spend-v2 (window_minutes: 60 → 30)'
+    """
     changes = parameter_changes(before, after)
     return f"{pipeline} ({', '.join(changes)})" if changes else pipeline
 

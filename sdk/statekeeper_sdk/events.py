@@ -45,6 +45,13 @@ class Limits:
 
 
 def parse_id(entry_id: str) -> tuple[int, int]:
+    """A Redis stream entry id as (milliseconds, sequence), which sort as the stream orders its entries.
+
+    >>> parse_id("1700000000000-3")
+    (1700000000000, 3)
+    >>> sorted(["1700000000001-0", "1700000000000-12", "1700000000000-2"], key=parse_id)[0]
+    '1700000000000-2'
+    """
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
 

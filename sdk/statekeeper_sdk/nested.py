@@ -67,7 +67,12 @@ class Bad(ValueError):
 
 @cache
 def parse_ddl(text: str) -> StructType:
-    """``"a string NOT NULL, b array<struct<c: int>>"`` (or ``struct<...>``) as a StructType."""
+    """``"a string NOT NULL, b array<struct<c: int>>"`` (or ``struct<...>``) as a StructType.
+
+    >>> schema = parse_ddl("order_id string NOT NULL, items array<struct<sku: string, qty: int>>")
+    >>> [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
+    [('order_id', 'string', False), ('items', 'array<struct<sku:string,qty:int>>', True)]
+    """
     tokens = _tokens(text)
     if not tokens:
         raise SchemaError("a schema needs at least one field")

@@ -165,7 +165,15 @@ def _is_number(value: Any) -> bool:
 
 
 class Params(dict[str, Any]):
-    """A job's parameter values as a pipeline reads them: ``params.window_minutes`` or ``params["window_minutes"]``."""
+    """A job's parameter values as a pipeline reads them: ``params.window_minutes`` or ``params["window_minutes"]``.
+
+    >>> Params(window_minutes=30).window_minutes
+    30
+    >>> Params(window_minutes=30).windows
+    Traceback (most recent call last):
+    ...
+    AttributeError: no parameter 'windows'; the pipeline declares window_minutes
+    """
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -176,7 +184,18 @@ class Params(dict[str, Any]):
 
 def resolve(parameters: Iterable[Parameter], given: Mapping[str, Any]) -> Params:
     """Every declared parameter's value: the given one, checked, else its default. ValueError lists what is wrong
-    (an unknown name, a value out of bounds), one problem per line."""
+    (an unknown name, a value out of bounds), one problem per line.
+
+    >>> declared = (Parameter("window_minutes", "int", 60, minimum=1), Parameter("threshold", "float", 100.0))
+    >>> values = resolve(declared, {"window_minutes": 30})
+    >>> values.window_minutes, values["threshold"]
+    (30, 100.0)
+    >>> resolve(declared, {"window_minutes": 0, "windows": 2})
+    Traceback (most recent call last):
+    ...
+    ValueError: windows: the pipeline has no such parameter
+    window_minutes: must be at least 1, got 0
+    """
     declared = {p.name: p for p in parameters}
     problems = [f"{name}: the pipeline has no such parameter" for name in given if name not in declared]
     values = Params()
