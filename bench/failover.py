@@ -28,6 +28,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,19 @@ def batches_after_first(run: Any, count: int) -> list[Checkpoint] | None:
     return batches if len(batches) == count else None
 
 
-def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
+def first_commit_after(job: Job, run_id: int) -> float:
+    """When a later run of the job than ``run_id`` committed its first batch (a record's committed_at is its trigger's
+    start: the commit is its duration later), in seconds since the epoch."""
+    first = wait_for(
+        lambda: Checkpoint.objects.filter(job=job, run_id__gt=run_id).order_by("run_id", "batch_id").first(),
+        180, 0.05, f"{job.name}'s first batch after the crash",
+    )  # fmt: skip
+    return first.committed_at.timestamp() + first.duration_ms / 1000
+
+
+def one_failover(job: Job, client: Any, ready_for: float, beside: Sequence[Job] = ()) -> dict[str, float]:
+    """``beside``: the other jobs in the same shared driver, which its kill takes down too; the result's ``others`` is
+    the slowest of them to commit again (their restart strategy's path, no standby)."""
     run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 180, 0.2, "a running driver")
     wait_for(lambda: Checkpoint.objects.filter(run=run).exists(), 180, 0.2, "its first batch")
     time.sleep(3)
@@ -102,6 +115,11 @@ def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
     elif job.standby:  # a standby waits for hours in real life: kill once it has been ready for ``ready_for`` seconds
         ready = wait_for(lambda: job.standbys.filter(status=StandbyStatus.READY).first(), 300, 0.2, "a warm standby")
         time.sleep(max(0.0, ready.ready_at.timestamp() + ready_for - time.time()))
+    crashed = [
+        (other, last.id) for other in beside
+        if (last := other.runs.order_by("-id").first()) is not None and last.status == RunStatus.RUNNING
+        and run.driver_host_id is not None and last.driver_host_id == run.driver_host_id
+    ]  # fmt: skip
     killed = time.time()
     os.killpg(int(run.pid or 0), signal.SIGKILL)
     successor = wait_for(lambda: job.runs.filter(id__gt=run.id).first(), 180, 0.02, "the successor's run")
@@ -127,6 +145,7 @@ def one_failover(job: Job, client: Any, ready_for: float) -> dict[str, float]:
         **{f"stage:{name}": getattr(first, f"{name}_ms") / 1000 for name in STAGES},
         "standby": successor.message.startswith("Standby")
         or (spare is not None and successor.driver_host_id == spare.id),
+        **({"others": max(first_commit_after(other, last) for other, last in crashed) - killed} if crashed else {}),
     }
 
 
@@ -242,7 +261,7 @@ def main() -> None:
                         lambda: job.standbys.filter(status=StandbyStatus.READY).first(), 300, 0.2, "a standby"
                     )
                     memory.append(int(ready.rss_bytes or 0))
-                result = one_failover(job, client, args.ready_for)
+                result = one_failover(job, client, args.ready_for, beside if args.shared else [])
                 if result["standby"] != standby:
                     raise SystemExit(f"expected a {'standby' if standby else 'cold'} takeover, got {result}")
                 rows[standby].append(result)
@@ -309,11 +328,23 @@ def main() -> None:
     for name in STAGES:
         key = f"stage:{name}"
         print(f"| first batch: {name.replace('_', ' ')} | {med(True, key):.2f} | {med(False, key):.2f} | – | |")
+    others = [(standby, r["others"]) for standby in (True, False) for r in rows[standby] if "others" in r]
+    if others:
+        print(
+            "| **the other jobs in the crashed shared driver: the slowest's first batch committed again** | "
+            + " | ".join(
+                f"{statistics.median(t for s, t in others if s == arm):.2f}" if any(s == arm for s, _ in others)
+                else "nan" for arm in (True, False)
+            )
+            + " | – | ≤ 5 s (no standby of their own) |"
+        )  # fmt: skip
     rows_in = statistics.median(r["replayed"] for r in rows[True] + rows[False])
     print(f"\nrows in the successor's first batch (the replayed batch and what arrived since): median {rows_in:.0f}")
     for standby, label in ((True, "with a standby"), (False, "cold")):
         totals = ", ".join(f"{r['total']:.2f}" for r in rows[standby])
         print(f"per round, {label} (total s): {totals}")
+        if later := ", ".join(f"{r['others']:.2f}" for r in rows[standby] if "others" in r):
+            print(f"per round, {label}: the other jobs in the crash, the slowest committing again (s): {later}")
     if memory:
         print(
             f"standby memory (RSS of its Python, JVM and Python workers): median {statistics.median(memory) / 2**20:.0f} MB"
