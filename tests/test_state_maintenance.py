@@ -54,3 +54,50 @@ def test_the_maintenance_interval_is_given_to_spark_in_milliseconds(monkeypatch:
     assert state_maintenance_conf() == {"spark.sql.streaming.stateStore.maintenanceInterval": "2500ms"}
     monkeypatch.delenv("STATEKEEPER_STATE_MAINTENANCE_SECONDS")
     assert state_maintenance_conf() == {"spark.sql.streaming.stateStore.maintenanceInterval": "10000ms"}
+
+
+def test_a_rocksdb_query_reopens_its_stores_when_the_manifest_passes_its_limit_and_counts_on_exactly(
+    spark: Any, tmp_path: Path
+) -> None:
+    """RocksDB appends to its MANIFEST at every commit for as long as the store stays open, and every snapshot carries
+    it: the keeper has the query's stores reopened (a new, small MANIFEST) once it passes the limit, and the state
+    counts on through it."""
+    from workers.spark.manifest import UNLOAD_ON_COMMIT, ManifestKeeper, manifest_bytes
+
+    session = spark.newSession()
+    for key, value in backend_conf("rocksdb").items():
+        session.conf.set(key, value)
+    checkpoint = str(tmp_path / "checkpoint")
+    sizes: list[int] = []
+    totals: dict[int, int] = {}
+    sessions: list[Any] = []
+
+    def sink(frame: Any, batch_id: int) -> None:
+        totals.update({row["k"]: row["count"] for row in frame.collect()})
+        sessions.append(frame.sparkSession)
+        sizes.append(manifest_bytes(checkpoint))
+
+    keeper = ManifestKeeper(checkpoint, sink, limit=2_000, every=5)
+    query = (
+        session.readStream.format("rate").option("rowsPerSecond", 50).load()
+        .select((F.col("value") % 7).alias("k")).groupBy("k").count()
+        .writeStream.foreachBatch(keeper).outputMode("update").option("checkpointLocation", checkpoint)
+        .trigger(processingTime="0.2 seconds").start()
+    )  # fmt: skip
+    try:
+        ends = time.monotonic() + 90
+        while keeper.reopened < 2 and time.monotonic() < ends:
+            time.sleep(0.5)
+        rows = session.read.format("statestore").load(checkpoint)  # the state as of the last committed batch
+    finally:
+        query.stop()
+    assert keeper.reopened >= 2, f"reopened {keeper.reopened} times; MANIFEST sizes per batch: {sizes}"
+    assert any(later < earlier for earlier, later in zip(sizes, sizes[1:], strict=False)), sizes
+    assert max(sizes) < 4 * 2_000, f"bounded near its limit: {sizes}"
+    assert sessions[-1].conf.get(UNLOAD_ON_COMMIT) == "false", "off again after the reopening batch"
+    progress = query.recentProgress
+    assert len(progress) < 100, "every batch's progress is still kept: the input can be summed"
+    state = {row["key"]["k"]: row["value"]["count"] for row in rows.collect()}
+    assert state == totals and sum(state.values()) == sum(p["numInputRows"] for p in progress), (
+        "every row counted once through the reopenings"
+    )

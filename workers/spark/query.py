@@ -14,6 +14,7 @@ from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
 
 from dashboard.checkpoint_dir.files import committed_batches, lineage, seed_dir
+from workers.spark.manifest import ManifestKeeper
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events
@@ -192,6 +193,8 @@ def start_query(
         on_phase(spec.phase_seconds if spread else None)
     if spread:
         output = apply(pipeline, events_frame(spark, spec, pipeline, spread=True), values, initial)
+    if spec.backend != "memory" and not spec.available_now:  # a query that runs for long: its MANIFEST bounded
+        sink = ManifestKeeper(spec.checkpoint, sink)
     writer = (
         output.writeStream.queryName(spec.name)
         .outputMode(pipeline.output_mode)
