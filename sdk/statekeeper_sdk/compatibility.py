@@ -18,6 +18,7 @@ every user's state as a region's); the comparison refuses it.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,23 @@ def forget_batch(checkpoint: str | Path, batch: int) -> None:
     for folder in [root / "commits", *root.glob("state/*/_metadata/v2")]:
         for name in (str(batch), f".{batch}.crc"):
             (folder / name).unlink(missing_ok=True)
+
+
+def replayed(query: Any, checkpoint: str | Path, batch: int, timeout: float) -> str:
+    """Wait for a query started on a copy that ``forget_batch`` prepared to commit ``batch`` again, then stop it;
+    why it did not (Spark's refusal of the new code, the query's end, the time), or empty when it did."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not (Path(checkpoint) / "commits" / str(batch)).exists():
+            if not query.isActive:
+                failure = query.exception()
+                return describe(failure) if failure is not None else "the query stopped"
+            if time.monotonic() > deadline:
+                return f"the batch did not commit within {timeout:g} s"
+            time.sleep(0.2)
+        return ""
+    finally:
+        query.stop()
 
 
 def _leaves(data_type: Any, path: str, found: dict[str, str]) -> dict[str, str]:

@@ -36,10 +36,10 @@ from statekeeper_sdk.compatibility import (
     INCOMPATIBLE,
     Verdict,
     compare,
-    describe,
     described,
     forget_batch,
     operator_schemas,
+    replayed,
     summary,
 )
 from statekeeper_sdk.events import Limits, Rejected, parse_entries
@@ -345,18 +345,5 @@ def _replay(
         .trigger(availableNow=True)
         .start()
     )
-    deadline = time.monotonic() + timeout
-    error = ""
-    try:
-        while not (checkpoint / "commits" / str(batch)).exists():
-            if not query.isActive:
-                failure = query.exception()
-                error = describe(failure) if failure is not None else "the query stopped"
-                break
-            if time.monotonic() > deadline:
-                error = f"the batch did not commit within {timeout:g} s"
-                break
-            time.sleep(0.2)
-    finally:
-        query.stop()
+    error = replayed(query, checkpoint, batch, timeout)
     return sum(rows), error

@@ -29,7 +29,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from statekeeper_sdk import resolve
-from statekeeper_sdk.compatibility import describe, forget_batch, operator_schemas
+from statekeeper_sdk.compatibility import describe, forget_batch, operator_schemas, replayed
 from statekeeper_sdk.migration import (
     MIGRATION_SAMPLES,
     check_columns,
@@ -206,21 +206,7 @@ def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, A
     def count(frame: DataFrame, batch_id: int) -> None:
         rows.append(frame.count())
 
-    query = start_query(spark, job, pipeline, count)
-    deadline = time.monotonic() + float(spec.get("timeout", 600))
-    error = ""
-    try:
-        while not (root / "commits" / str(batch)).exists():
-            if not query.isActive:
-                failure = query.exception()
-                error = describe(failure) if failure is not None else "the query stopped"
-                break
-            if time.monotonic() > deadline:
-                error = f"the batch did not commit within {spec.get('timeout', 600)} s"
-                break
-            time.sleep(0.2)
-    finally:
-        query.stop()
+    error = replayed(start_query(spark, job, pipeline, count), root, batch, float(spec.get("timeout", 600)))
     result: dict[str, Any] = {"before": before, "output_rows": sum(rows), "output_mode": pipeline.output_mode}
     if error:
         result["replay_error"] = error
