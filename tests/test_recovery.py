@@ -54,7 +54,7 @@ def test_a_lost_driver_is_restarted_after_the_delay_and_its_downtime_recorded(ma
 
 
 def test_a_crash_of_the_shared_driver_restarts_its_jobs_at_once_and_is_not_counted_as_each_jobs_failure(
-    make_job, settings
+    make_job, settings, admin_client
 ):
     """Every job in a shared driver that died is lost at once, by nothing of its own: each restarts at once (the
     spare, or a new shared driver) and its back-off does not grow, round after round. A query that failed in a shared
@@ -86,6 +86,8 @@ def test_a_crash_of_the_shared_driver_restarts_its_jobs_at_once_and_is_not_count
         "the job's first failure of its own, after three crashes of its shared driver"
     )
     assert Job.objects.get(id=without.id).failed_reason == "", "within the failure-rate limit"
+    page = admin_client.get(f"/jobs/{without.name}/runs").content.decode()
+    assert page.count("data-host-crash") == 3, "the three crashes of its shared driver are told apart on the page"
 
 
 def test_exponential_back_off_doubles_up_to_the_cap(make_job):
