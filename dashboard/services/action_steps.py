@@ -126,7 +126,7 @@ MEMO: dict[str, Kind] = {
     "migrated": bool,  # upgrade: the migration wrote the new line's seed
     "migration_begun": bool,
     "migration_start": dict,  # migration preview: the input range of the first batch ({"id", "n"})
-    "migration_end": dict,
+    "migration_end": (dict, NoneType),  # None: no input after the batch to run a first batch on
     "plan_batch": int,  # upgrade preview: the batch the scratch copy re-runs
     "previous": str,  # the checkpoint directory a fork replaced
     "put_back": str,  # upgrade rollback: what was put back
@@ -142,13 +142,13 @@ MEMO.update(dict.fromkeys(TOOL_KEYS, dict))
 PARAMS: dict[str, Kind] = {
     "after": dict,
     "before": dict,  # rescale: the scale after and before
-    "bg_batch": int,
+    "bg_batch": (int, NoneType),
     "blue_run": (int, NoneType),
     "green_run": int,
     "fork": str,
     "follow": str,  # blue/green
     "handed_over": bool,
-    "handover_after": int,
+    "handover_after": (int, NoneType),
     "handover_at": str,
     "gap_seconds": (float, int, NoneType),
     "first_batch": int,
