@@ -216,11 +216,9 @@ def results_rows(pipeline: Pipeline, rows: Iterator[Row]) -> Iterator[ResultReco
     """The pipeline's results for the output rows, handed to it a chunk at a time, each checked (``Pipeline.record``:
     its kind among the views', a text key, a dict value); a refused one says why."""
     for chunk in chunked(rows, CHUNK):
-        for result in pipeline.results(chunk):
-            try:
-                yield pipeline.record(result)
-            except ValueError as exc:
-                yield BadResult(result, str(exc))
+        stored, refused = pipeline.checked_results(chunk)
+        yield from stored
+        yield from (BadResult(result, reason) for result, reason in refused)
 
 
 def output_rows(frame: DataFrame, at_once: bool) -> Iterator[Row]:

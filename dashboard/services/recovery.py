@@ -13,7 +13,6 @@ from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import (
     IN_FLIGHT_ACTIONS,
     Checkpoint,
-    DriverHost,
     HostStatus,
     Job,
     Recovery,
@@ -65,7 +64,7 @@ def host_crashed(run: Run) -> bool:
     by anything of the job's own: its query failing, its own driver dying, its lease lapsing in a driver that lives."""
     if run.status != RunStatus.LOST or run.driver_host_id is None:
         return False
-    host = DriverHost.objects.filter(id=run.driver_host_id).first()
+    host = run.driver_host
     return host is not None and (host.status == HostStatus.GONE or not host_alive(host))
 
 

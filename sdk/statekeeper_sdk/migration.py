@@ -111,14 +111,19 @@ def state_frames(spark: Any, checkpoint: str | Path, batch: int) -> Iterator[tup
             yield row, name or row["stateStoreName"], reader.load(path)
 
 
+def last_committed(checkpoint: str | Path) -> int | None:
+    """A checkpoint's newest committed batch, None before its first commit."""
+    commits = Path(checkpoint) / "commits"
+    done = [int(n) for n in os.listdir(commits) if n.isdigit()] if commits.is_dir() else []
+    return max(done, default=None)
+
+
 def read_state(spark: Any, checkpoint: str | Path, batch: int | None = None) -> OldState:
     """A checkpoint's state at a committed batch (its last by default), as a migration's ``build`` gets it."""
     if batch is None:
-        commits = Path(checkpoint) / "commits"
-        done = sorted(int(n) for n in os.listdir(commits) if n.isdigit()) if commits.is_dir() else []
-        if not done:
+        batch = last_committed(checkpoint)
+        if batch is None:
             raise ValueError(f"{checkpoint} has no committed batch: there is no state to read")
-        batch = done[-1]
     frames: dict[str, DataFrame] = {}
     for row, name, frame in state_frames(spark, checkpoint, batch):
         frames[name if name not in frames else f"{row['operatorId']}:{name}"] = frame
@@ -143,6 +148,14 @@ def check_keys(migration: Migration, built: DataFrame) -> None:
     if doubled := twice.limit(3).collect():
         shown = "; ".join(", ".join(f"{k}={row[k]}" for k in migration.key) for row in doubled)
         raise ValueError(f"the migration gives {twice.count()} keys more than one row ({shown}): one row a key")
+
+
+def built_state(migration: Migration, old: OldState, params: Any) -> DataFrame:
+    """The migration's output on ``old``, refused as the console refuses it (``check_columns``, ``check_keys``)."""
+    built = migration.build(old, params)
+    check_columns(migration, built)
+    check_keys(migration, built)
+    return built
 
 
 MIGRATION_SAMPLES = 10  # keys shown before and after, and of the old keys that map to nothing

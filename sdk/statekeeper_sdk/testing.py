@@ -43,7 +43,7 @@ from statekeeper_sdk.compatibility import (
     summary,
 )
 from statekeeper_sdk.events import Limits, Rejected, parse_entries
-from statekeeper_sdk.migration import check_columns, check_keys, migration_figures, read_state
+from statekeeper_sdk.migration import built_state, last_committed, migration_figures, read_state
 from statekeeper_sdk.pipeline import Pipeline, ResultRecord, apply, resolve
 from statekeeper_sdk.sinks import ResultsTable
 
@@ -183,9 +183,6 @@ def _run(
     pipeline: Pipeline, session: SparkSession, inbox: Path, checkpoint: Path, values: dict[str, Any],
     refused: dict[str, list[Rejected]], initial_state: DataFrame | None,
 ) -> list[Batch]:  # fmt: skip
-    frame = (
-        session.readStream.schema(pipeline.payload.spark_schema()).option("maxFilesPerTrigger", 1).parquet(str(inbox))
-    )
     outputs = [sink for sink in pipeline.outputs(values) if not sink.off()]  # a target left empty: off, as in a job
     seen: dict[int, Batch] = {}
 
@@ -206,19 +203,30 @@ def _run(
                 batch.sinks[sink.name] = [{c: row[c] for c in columns} for row in rows]
         seen[batch_id] = batch
 
-    query = (
-        apply(pipeline, frame, values, initial_state)
-        .writeStream.outputMode(pipeline.output_mode)
-        .foreachBatch(collect)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = _start(pipeline, session, inbox, checkpoint, values, collect, initial_state)
     _until_read(query, checkpoint, len(refused))
     for name, batch_id in _files_read(checkpoint).items():
         if batch_id in seen:
             seen[batch_id].dead_letters[:0] = refused.get(name, [])  # the events' first, then the outputs
     return [seen[b] for b in sorted(seen)]
+
+
+def _start(
+    pipeline: Pipeline, session: SparkSession, inbox: Path, checkpoint: Path, values: dict[str, Any],
+    sink: Any, initial_state: DataFrame | None = None,
+) -> Any:  # fmt: skip
+    """The pipeline as an available-now query over the event files in ``inbox``, one file a batch, into ``sink``."""
+    frame = (
+        session.readStream.schema(pipeline.payload.spark_schema()).option("maxFilesPerTrigger", 1).parquet(str(inbox))
+    )
+    return (
+        apply(pipeline, frame, values, initial_state)
+        .writeStream.outputMode(pipeline.output_mode)
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 def _table(batch: Any) -> Any:
@@ -243,10 +251,7 @@ def migrate_state(
     migration = pipeline.migration_from(from_pipeline)
     if migration is None:
         raise ValueError(f"{pipeline.name} declares no migration from {from_pipeline}")
-    built = migration.build(read_state(session, checkpoint), resolve(pipeline.parameters, parameters or {}))
-    check_columns(migration, built)
-    check_keys(migration, built)
-    return built
+    return built_state(migration, read_state(session, checkpoint), resolve(pipeline.parameters, parameters or {}))
 
 
 @dataclass
@@ -292,14 +297,11 @@ def check_upgrade(
     declared = {p.name for p in to.parameters}
     after = dict(resolve(to.parameters, {k: v for k, v in before.items() if k in declared} | dict(to_parameters or {})))
     shown = described(to.name, before, after)
-    commits = checkpoint / "commits"
-    done = sorted(int(n) for n in os.listdir(commits) if n.isdigit()) if commits.is_dir() else []
-    if not done:
+    if (batch := last_committed(checkpoint)) is None:
         return UpgradeCheck(
             to.name, None, [], f"{pipeline.name} has no committed state yet: {shown} starts from the beginning of "
             "the source.",
         )  # fmt: skip
-    batch = done[-1]
     result: dict[str, Any] = {"before": operator_schemas(session, checkpoint, batch)}
     with tempfile.TemporaryDirectory(prefix="statekeeper-upgrade-") as scratch_root:
         scratch = Path(scratch_root) / "checkpoint"
@@ -316,9 +318,7 @@ def check_upgrade(
     check = UpgradeCheck(to.name, batch, verdicts, summary(verdicts, shown, batch, rows))
     if (migration := to.migration_from(pipeline.name)) is not None:
         old = read_state(session, checkpoint, batch)
-        built = migration.build(old, resolve(to.parameters, after))
-        check_columns(migration, built)
-        check_keys(migration, built)
+        built = built_state(migration, old, resolve(to.parameters, after))
         check.migration = {"from": pipeline.name, "target": to.name, **migration_figures(migration, old, built),
                            "state": built}  # fmt: skip
     return check
@@ -334,16 +334,5 @@ def _replay(
     def count(frame: DataFrame, batch_id: int) -> None:
         rows.append(frame.count())
 
-    frame = (
-        session.readStream.schema(pipeline.payload.spark_schema()).option("maxFilesPerTrigger", 1).parquet(str(inbox))
-    )
-    query = (
-        apply(pipeline, frame, values)
-        .writeStream.outputMode(pipeline.output_mode)
-        .foreachBatch(count)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    error = replayed(query, checkpoint, batch, timeout)
+    error = replayed(_start(pipeline, session, inbox, checkpoint, values, count), checkpoint, batch, timeout)
     return sum(rows), error
