@@ -13,7 +13,7 @@ from django.db import connection
 
 from dashboard import pipelines
 from dashboard.access import login_lockout
-from dashboard.models import Job, SourceKind, StateBackend
+from dashboard.models import Job, RunStatus, SourceKind, StateBackend
 from dashboard.services.audit import audit_record, client_address
 from dashboard.services.rescale import MEMORY_REPARTITION
 from dashboard.services.secrets import value_problems
@@ -222,8 +222,14 @@ class JobForm(forms.ModelForm):
 class RescaleForm(forms.Form):
     parallelism = forms.IntegerField(min_value=1, max_value=64, help_text="cores: a restart, state untouched")
     state_partitions = forms.IntegerField(
-        min_value=1, max_value=1024, help_text="stop, savepoint, Spark's offline repartition on a copy, restart"
+        min_value=1, max_value=1024, help_text="Spark's offline repartition on a copy of the state"
     )
+    how = forms.ChoiceField(
+        choices=[("savepoint", "Stop, savepoint, repartition, restart"),
+                 ("blue-green", "Blue/green: the repartitioned job runs beside this one and takes over; the output "
+                                "never stops (state partitions only, a running job)")],
+        initial="savepoint", widget=forms.RadioSelect, required=False,
+    )  # fmt: skip
 
     def __init__(self, data: Any = None, *, job: Job) -> None:
         super().__init__(data)
@@ -237,6 +243,16 @@ class RescaleForm(forms.Form):
         changes_partitions = data.get("state_partitions") not in (None, self.job.state_partitions)
         if changes_partitions and self.job.state_backend == "memory" and self.job.has_state():
             self.add_error("state_partitions", MEMORY_REPARTITION)
+        if data.get("how") == "blue-green":
+            if data.get("parallelism") not in (None, self.job.parallelism):
+                self.add_error("how", "Blue/green changes the state partitions; the cores change by a restart.")
+            elif not changes_partitions:
+                self.add_error("how", "Blue/green changes the state partitions: give a new number of them.")
+            elif not self.job.runs.filter(status=RunStatus.RUNNING).exists():
+                self.add_error("how", f"{self.job.name} is not running: blue/green runs the new scale beside it.")
+            elif not self.job.reads_redis:
+                self.add_error("how", "Blue/green follows the job's batches on a Redis stream; this job reads another "
+                               "source.")  # fmt: skip
         return data
 
 

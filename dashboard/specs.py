@@ -374,7 +374,17 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
     if odd := [k for k in SCALE if k in spec and not _whole(spec[k])]:
         return JobPlan(name, "refused", refusal=f"{odd[0]}: a whole number, not {spec[odd[0]]!r}")
     scale = {k: int(spec[k]) for k in SCALE if k in spec and int(spec[k]) != current[k]}
-    if scale:
+    if set(scale) == {"state_partitions"} and spec.get("upgrade_mode") == "blue-green" and running and has_state:
+        green = next((step for step in steps if step.action == "blue-green"), None)
+        if green is not None:  # one blue/green does both: the new version starts on the repartitioned fork
+            green.params["state_partitions"] = scale["state_partitions"]
+        else:
+            steps.append(
+                Step("blue-green", {"state_partitions": scale["state_partitions"], "auto": 1},
+                     "the state repartitioned on a fork beside the job, which runs the same batches and takes over "
+                     "at a committed batch once caught up, the output never stopped"),
+            )  # fmt: skip
+    elif scale:
         steps.append(Step("rescale", scale, "from a savepoint, the state repartitioned" if has_state else ""))
     if want_running and not running:
         scaled = Job(name=job.name, parallelism=int(scale.get("parallelism", job.parallelism)))

@@ -524,7 +524,11 @@ def job_rescale(request: HttpRequest, name: str) -> HttpResponse:
     job = get_object_or_404(Job, name=name)
     form = RescaleForm(request.POST or None, job=job)
     if request.method == "POST" and form.is_valid():
-        return _request(request, job, ActionKind.RESCALE, form.cleaned_data)
+        scale = {k: v for k, v in form.cleaned_data.items() if k != "how"}
+        if form.cleaned_data.get("how") == "blue-green":
+            params = {"pipeline": job.pipeline, "state_partitions": scale["state_partitions"], "auto": 1}
+            return _request_to(request, job, ActionKind.BLUE_GREEN, params, "dashboard:job_deploys")
+        return _request(request, job, ActionKind.RESCALE, scale)
     context = {"job": job, "form": form, "backend_switch": BACKEND_SWITCH}
     return render(request, "dashboard/rescale.html", context, status=400 if form.errors else 200)
 

@@ -246,3 +246,50 @@ def test_blue_killed_as_the_handover_is_asked_for_leaves_every_sink_exact(
     wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
     assert lake_batches_once(spark, lake)
     assert job.runs.filter(status__in=("pending", "starting", "running", "stopping")).count() == 1
+
+
+@pytest.mark.chaos
+def test_a_rescale_by_blue_green_hands_over_on_repartitioned_state_through_a_worker_and_a_driver_kill(
+    make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
+):
+    """State partitions 2 → 3 without stopping the output: the Celery worker killed while Spark repartitions green's
+    fork (the rescale resumes in the next worker), an automatic promotion once caught up, and kill -9 of the shared
+    driver just after the handover (the job restarts on the repartitioned checkpoint). Green's batches run one number
+    ahead of the job's (the repartition's batch of no input); the sinks number them as the job's, so the batch the job
+    had in flight is replaced, never written twice."""
+    from dashboard.checkpoint_dir.files import batch_offsets, lineage_base
+
+    lake = tmp_path / "lake"
+    job, orders, blue, flow = running_team_job(make_job, redis, stream_name, team_database, lake, "shared")
+    assert job.state_partitions == 2
+    try:
+        action = action_request(job=job, kind=ActionKind.BLUE_GREEN,
+                                params={"pipeline": job.pipeline, "state_partitions": 3, "auto": 1})  # fmt: skip
+        try:
+            wait_for(lambda: Action.objects.get(id=action.id).step == "repartition", 240, 0.2, "the repartition")
+        except TimeoutError:
+            raise AssertionError(state(action)) from None
+        celery_worker.kill()
+        time.sleep(3)
+        celery_worker.start()
+        try:
+            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 600, 0.2, "the handover")
+        except TimeoutError:
+            raise AssertionError(state(action)) from None
+        action.refresh_from_db()
+        os.killpg(blue.pid, signal.SIGKILL)  # the shared driver: green, the job's run now, dies in it
+        action = ended(action, 240)
+    finally:
+        flow.stop()
+    assert action.params["shift"] == 1, action.params
+    job.refresh_from_db()
+    assert job.state_partitions == 3 and job.checkpoint_dir == action.params["fork"]
+    assert job.pipeline == "customer-spend" and blue.id != action.params["green_run"]
+    fork = job.directory / action.params["fork"]
+    assert lineage_base(fork) == -1, "the sinks number green's batch n as the job's n - 1"
+    wait_for(lambda: running_with_progress(job, action.params["green_run"]), 300, 1, "the job's restart")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    newest = max(int(p.name) for p in (fork / "commits").iterdir() if p.name.isdigit())
+    assert batch_offsets(fork, newest)["metadata"]["conf"]["spark.sql.shuffle.partitions"] == "3"
+    assert not (why := one_line(job, action)), why
+    assert lake_batches_once(spark, lake)

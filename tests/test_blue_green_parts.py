@@ -56,6 +56,52 @@ def test_green_reads_exactly_the_offsets_of_the_jobs_batch_of_its_number_once_th
     assert follower.next_end({"id": "4-0", "n": 4}) is None, "the numbers parted: green reads on by itself"
 
 
+def test_after_a_rescale_green_runs_the_jobs_batch_one_number_below_its_own(tmp_path):
+    """Spark's offline repartition wrote green's fork a batch of no input (batch 2 after blue's 1): green's batch 3
+    reads blue's batch 2, and so on, one number apart."""
+    blue, own = tmp_path / "checkpoint", tmp_path / "checkpoint-green-1"
+    for batch, (entry, n) in enumerate([("1-0", 1), ("5-0", 5), ("7-0", 7), ("9-0", 9)]):
+        offsets_file(blue, batch, entry, n)
+    for batch in (0, 1, 2):
+        commit_file(blue, batch)
+    offsets_file(own, 0, "1-0", 1)
+    offsets_file(own, 1, "5-0", 5)
+    offsets_file(own, 2, "5-0", 5)  # the repartition's batch: it reads nothing
+    follower = BatchFollower(str(blue), str(own), shift=1)
+    follower.RUNNING_WAIT_SECONDS = 0.2
+    assert follower.next_end({"id": "5-0", "n": 5}) == {"id": "7-0", "n": 7}, "green's 3 is blue's 2"
+    offsets_file(own, 3, "7-0", 7)
+    assert follower.next_end({"id": "7-0", "n": 7}) is None, "blue runs its 3 (green's 4), not committed yet"
+    assert follower.next_end({"id": "7-0", "n": 7}, planned=True) == {"id": "9-0", "n": 9}, "after the handover"
+    commit_file(blue, 3)
+    assert follower.next_end({"id": "7-0", "n": 7}) == {"id": "9-0", "n": 9}, "green's 4 is blue's 3, once committed"
+
+
+def test_green_follows_batches_spark_purged_from_the_jobs_checkpoint_through_the_consoles_copies(tmp_path):
+    from dashboard.checkpoint_dir.files import follow_mirror, mirror_committed
+
+    blue, own = tmp_path / "checkpoint", tmp_path / "checkpoint-green-1"
+    for batch, (entry, n) in enumerate([("1-0", 1), ("5-0", 5), ("7-0", 7), ("9-0", 9)]):
+        offsets_file(blue, batch, entry, n)
+    for batch in (0, 1, 2):
+        commit_file(blue, batch)
+    mirror = follow_mirror(own)
+    assert mirror_committed(blue, mirror, since=1) == 2, "batches 1 and 2: committed from the fork on"
+    assert mirror_committed(blue, mirror, since=1) == 0, "each copied once"
+    commit_file(blue, 3)
+    assert mirror_committed(blue, mirror, since=1) == 1
+    for batch in (0, 1, 2):  # Spark's retention purged them while green's driver started
+        (blue / "offsets" / str(batch)).unlink()
+        (blue / "commits" / str(batch)).unlink()
+    offsets_file(own, 0, "1-0", 1)
+    offsets_file(own, 1, "5-0", 5)
+    alone = BatchFollower(str(blue), str(own))
+    alone.idle_wait = 0.1
+    assert alone.next_end({"id": "5-0", "n": 5}) is None, "without the copies, green cannot run blue's batch 2"
+    follower = BatchFollower(str(blue), str(own), mirror=str(mirror))
+    assert follower.next_end({"id": "5-0", "n": 5}) == {"id": "7-0", "n": 7}, "blue's batch 2, from the copy"
+
+
 @pytest.mark.django_db
 def test_green_reads_the_stream_itself_after_the_jobs_last_batch_once_handed_over(tmp_path, redis, stream_name):
     blue, own = tmp_path / "checkpoint", tmp_path / "checkpoint-green-1"
@@ -163,3 +209,59 @@ def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job
     panel = as_role("viewer", "v2").get("/jobs/orders/blue-green").content.decode()
     assert 'data-green-diff="0/0/1/2"' in panel and "Promote (hand over)" not in panel, "a viewer sees, cannot act"
     assert json.loads(json.dumps(green_view(action)))["green_batch"] == 4, "the view is plain JSON"
+
+
+@pytest.mark.django_db
+def test_a_rescale_by_blue_green_is_asked_from_the_rescale_page_the_api_and_a_spec(
+    client,
+    token,
+    make_job,
+    as_role,  # noqa: F811
+):
+    from dashboard.services.blue_green import BLUE_GREEN_STEPS
+    from dashboard.services.errors import ActionFailed
+    from dashboard.specs import plan
+
+    def with_state(job):
+        (job.checkpoint_location / "commits").mkdir(parents=True, exist_ok=True)
+        (job.checkpoint_location / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+        return job
+
+    job = with_state(make_job(name="orders", pipeline="user-sessions", state_backend="rocksdb", state_partitions=2,
+                              applied_spec={"name": "orders"}))  # fmt: skip
+    operator = token("operator")
+    page = as_role("operator")
+    form = {"parallelism": job.parallelism, "state_partitions": 4, "how": "blue-green"}
+    refused = page.post("/jobs/orders/rescale", form).content.decode()
+    assert "orders is not running: blue/green runs the new scale beside it" in refused
+    Run.objects.create(job=job, status=RunStatus.RUNNING)
+    cores = page.post("/jobs/orders/rescale", form | {"parallelism": job.parallelism + 1}).content.decode()
+    assert "the cores change by a restart" in cores and not Action.objects.filter(job=job).exists()
+
+    nothing = call(client, "POST", "/api/v1/jobs/orders/blue-green", operator, {})
+    assert nothing.status_code == 400 and "Give what changes" in nothing.json()["error"]
+    asked = call(client, "POST", "/api/v1/jobs/orders/blue-green", operator, {"state_partitions": 4})
+    assert asked.status_code == 202, asked.content
+    action = Action.objects.get(id=asked.json()["action"]["id"])
+    assert (action.params["pipeline"], action.params["state_partitions"]) == ("user-sessions", 4)
+    what = BLUE_GREEN_STEPS["what"][1]
+    assert what(action).step == "gate", "a rescale alone needs no preview: its state is the job's, repartitioned"
+    assert "repartitioned 2 → 4" in action.params["plan"]["summary"] and not action.params["plan"]["incompatible"]
+    Action.objects.filter(id=action.id).delete()
+
+    assert page.post("/jobs/orders/rescale", form).status_code == 302
+    action = Action.objects.get(job=job)
+    assert action.kind == ActionKind.BLUE_GREEN and action.params["state_partitions"] == 4 and action.params["auto"]
+    Action.objects.filter(id=action.id).delete()
+
+    [found] = plan([{"name": "orders", "state_partitions": 4, "upgrade_mode": "blue-green"}])
+    assert [(s.action, s.params) for s in found.steps] == [("blue-green", {"state_partitions": 4, "auto": 1})]
+    [both] = plan(
+        [{"name": "orders", "state_partitions": 4, "upgrade_mode": "blue-green", "pipeline": "user-sessions-v2"}]
+    )
+    assert [(s.action, s.params["state_partitions"]) for s in both.steps] == [("blue-green", 4)], "one does both"
+
+    memory = with_state(make_job(name="mem", pipeline="url-counts", state_backend="memory", state_partitions=2))
+    action = Action.objects.create(job=memory, kind=ActionKind.BLUE_GREEN, params={"state_partitions": 4})
+    with pytest.raises(ActionFailed, match="memory-backend job cannot change"):
+        what(action)

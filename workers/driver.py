@@ -25,7 +25,13 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from dashboard import pipelines
-from dashboard.checkpoint_dir.files import handover_file, mark_handed_over, planned_batch
+from dashboard.checkpoint_dir.files import (
+    follow_mirror,
+    handover_file,
+    lineage_base,
+    mark_handed_over,
+    planned_batch,
+)
 from dashboard.failures import describe, root_cause
 from dashboard.models import Job, Run, RunStatus
 from dashboard.selectors.cluster import cluster_cores, master_ui, waiting_for_cores
@@ -236,6 +242,7 @@ class JobDriver:
             self.job.pipeline, self.job.parameters = self.green["pipeline"], self.green["parameters"]
             self.job.checkpoint_dir = self.green["fork"]
             self.job.state_partitions = int(self.green.get("partitions") or self.job.state_partitions)
+        self.shift = int(self.green.get("shift") or 0)  # green's batch numbers ahead of the job's (a rescale: 1)
 
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
@@ -250,7 +257,8 @@ class JobDriver:
         if self.green:  # its batches come as fast as the job committed them, then its source paces them
             spec = job_spec(
                 self.job, phase_seconds=None, follow=self.green["follow"],
-                handover_file=str(handover_file(self.job.checkpoint_location)),
+                handover_file=str(handover_file(self.job.checkpoint_location)), follow_shift=self.shift,
+                follow_mirror=str(follow_mirror(self.job.checkpoint_location)),
             )  # fmt: skip
         pipeline = pipelines.get(spec.pipeline)
         values = pipelines.parameter_values(spec.pipeline, json.loads(spec.parameters))
@@ -300,10 +308,11 @@ class JobDriver:
             if not hasattr(keeper, "state"):
                 keeper.green_setup(self.run.id)
             keeper.on_live = lambda: self._went_live(conf, code)
-            recorder.green_setup(int(self.green["action"]), keeper)
+            recorder.green_setup(int(self.green["action"]), keeper, self.shift)
             writer = green.green_writer(
                 action_id=int(self.green["action"]), job_id=self.job.id, run_id=self.run.id, pipeline=pipeline,
-                lease=keeper, live=sinks, close_connection=self.shared,
+                lease=keeper, live=sinks, close_connection=self.shared, shift=self.shift,
+                base=lineage_base(self.job.checkpoint_location),
             )  # fmt: skip
         if isinstance(keeper, LeaseKeeper) and not keeper.is_alive():
             keeper.start()

@@ -126,10 +126,13 @@ def diff(blue: dict[tuple[str, str], Any], green: dict[tuple[str, str], Any]) ->
 
 def green_writer(
     *, action_id: int, job_id: int, run_id: int, pipeline: Pipeline, lease: GreenLease,
-    live: Callable[[int], Callable[[DataFrame, int], None]], close_connection: bool,
+    live: Callable[[int], Callable[[DataFrame, int], None]], close_connection: bool, shift: int = 0, base: int = 0,
 ) -> Callable[[DataFrame, int], None]:  # fmt: skip
     """Green's foreachBatch: until the handover each batch is compared with blue's (the shadow), after it each batch
-    goes to the job's sinks through ``live(token)``, the writer any driver of the job uses."""
+    goes to the job's sinks through ``live(token)``, the writer any driver of the job uses. ``shift``: how far green's
+    batch numbers run ahead of blue's (1 after a rescale's repartition); ``base``: the sinks' number of green's batch
+    0 (its checkpoint's lineage), so that green's batch n is compared with what blue wrote as the sinks' base + n, and
+    recorded (``GreenBatch``) under blue's number for it, n - shift."""
     writers: dict[int, Callable[[DataFrame, int], None]] = {}
 
     def write(frame: DataFrame, batch_id: int) -> None:
@@ -154,9 +157,9 @@ def green_writer(
             at_once = frame.count() <= CHUNK
             green = _storable(batch_id, results_rows(pipeline, output_rows(frame, at_once)), rejected)
         values = {key: json.loads(text) for key, text in green.items()}
-        found = diff(blue_output(job_id, batch_id), values)
+        found = diff(blue_output(job_id, base + batch_id), values)
         GreenBatch.objects.update_or_create(
-            action_id=action_id, batch_id=batch_id,
+            action_id=action_id, batch_id=batch_id - shift,
             defaults={"output_rows": len(values), "added": found["added"], "removed": found["removed"],
                       "changed": found["changed"], "same": found["same"], "samples": found["samples"]},
         )  # fmt: skip
@@ -168,8 +171,8 @@ class GreenRecorder(ProgressRecorder):
     """Green's progress: before the handover its batches are blue's, already in the job's history, so they only
     complete their ``GreenBatch`` (duration, input rows); after it they are the job's, recorded as any run's."""
 
-    def green_setup(self, action_id: int, lease: GreenLease) -> None:
-        self.action_id, self.lease = action_id, lease
+    def green_setup(self, action_id: int, lease: GreenLease, shift: int = 0) -> None:
+        self.action_id, self.lease, self.shift = action_id, lease, shift
 
     def on_progress(self, progress: dict[str, Any]) -> dict[str, Any] | None:
         batch = progress.get("batchId")
@@ -178,7 +181,7 @@ class GreenRecorder(ProgressRecorder):
             return super().on_progress(progress)
         if isinstance(batch, int):
             durations = progress.get("durationMs") or {}
-            GreenBatch.objects.filter(action_id=self.action_id, batch_id=batch).update(
+            GreenBatch.objects.filter(action_id=self.action_id, batch_id=batch - self.shift).update(
                 duration_ms=int(durations.get("triggerExecution") or 0),
                 input_rows=int(progress.get("numInputRows") or 0),
             )

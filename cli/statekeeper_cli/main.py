@@ -133,7 +133,7 @@ def planned(console: Console, specs: list[dict[str, Any]], prune: bool, say: Any
     jobs = console.call("POST", "plan", {"jobs": specs, "prune": prune})["jobs"]
     for job in jobs:
         for step in job["steps"]:
-            if step["action"] in ("upgrade", "blue-green"):
+            if step["action"] == "upgrade" or step["action"] == "blue-green" and "pipeline" in step["params"]:
                 step["verdict"] = preview_verdict(console, job["name"], step, say, timeout)
                 if step["verdict"]["verdict"] == "refused":
                     job["change"] = "refused"

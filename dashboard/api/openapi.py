@@ -179,7 +179,7 @@ def _write(verb: str, summary: str, result: str) -> dict[str, Any]:
         },
         "required": [name for name, (_, _, _, required) in fields.items() if required],
     }
-    if verb in ("rescale", "redrive-dead-letters"):
+    if verb in ("rescale", "redrive-dead-letters", "blue-green"):
         body["minProperties"] = 1
     return {
         "post": {
@@ -428,8 +428,9 @@ def schema() -> dict[str, Any]:
         ),
         "/api/v1/jobs/{name}/blue-green": _write(
             "blue-green",
-            "Change the running job without stopping its output: the new version runs beside it, compared batch by "
-            "batch, and takes over at a committed batch (auto: 1 once caught up and within the rules)",
+            "Change the running job without stopping its output (a new pipeline version, new parameter values, new "
+            "state partitions): the new version runs beside it, compared batch by batch, and takes over at a "
+            "committed batch (auto: 1 once caught up and within the rules)",
             "action",
         ),
         "/api/v1/jobs/{name}/blue-green/state": _read(

@@ -520,8 +520,9 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
         "from_spec": (int, 0, 1, False),
     },  # fmt: skip
     ActionKind.BLUE_GREEN: {
-        "pipeline": (str, 1, 40, True),
+        "pipeline": (str, 1, 40, False),  # the job's own when not given: new parameter values or state partitions
         "parameters": (dict, 0, 100, False),
+        "state_partitions": (int, 1, 1024, False),  # a rescale: green starts on a repartitioned fork
         "auto": (int, 0, 1, False),  # hand over by itself once green is caught up and passes the rules
         "no_removed": (int, 0, 1, False),  # a rule: no row of the job's missing from green's output
         "max_changed_percent": (int, 0, 100, False),  # a rule: at most this share of rows changed
@@ -563,6 +564,8 @@ def _body(request: HttpRequest, verb: str) -> dict[str, Any]:
         clean[field] = value
     if verb == ActionKind.RESCALE and not set(clean) - {"from_spec"}:
         raise ApiError(400, "Give parallelism, state_partitions or both.")
+    if verb == ActionKind.BLUE_GREEN and not {"pipeline", "parameters", "state_partitions"} & set(clean):
+        raise ApiError(400, "Give what changes: pipeline, parameters, state_partitions, or more than one.")
     if verb == ActionKind.REDRIVE_DEAD_LETTERS:
         if bool(clean.get("ids")) == bool(clean.get("all")):
             raise ApiError(400, "Give the dead letters' ids, or all: 1 for every one.")
@@ -576,6 +579,8 @@ def _act(request: HttpRequest, name: str, verb: str) -> JsonResponse:
         raise ApiError(400, "Idempotency-Key is at most 200 characters.")
     found = _job(name)
     params = _body(request, verb)
+    if verb == ActionKind.BLUE_GREEN:
+        params.setdefault("pipeline", found.pipeline)
     if verb in (ActionKind.UPGRADE, ActionKind.BLUE_GREEN) and (
         denied := upgrade_role_refusal(request.user, found, params["pipeline"], params.get("parameters"))
     ):
@@ -653,7 +658,15 @@ def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
         verb == ActionKind.ROLLBACK
         and (refused := rollback_preview(job, params["batch"]).refusal)
         or verb in UPGRADE_KINDS
-        and (refused := upgrade_refusal(job, params["pipeline"], params.get("parameters"), bool(params.get("migrate"))))
+        and (
+            refused := upgrade_refusal(
+                job,
+                params["pipeline"],
+                params.get("parameters"),
+                bool(params.get("migrate")),
+                params.get("state_partitions") not in (None, job.state_partitions),
+            )
+        )
     ):
         raise ActionRefused(refused)
     if params.get("migrate") and params.get("empty_state"):

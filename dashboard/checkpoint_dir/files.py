@@ -276,6 +276,37 @@ def handover_file(checkpoint: Path) -> Path:
     return checkpoint.parent / f"{checkpoint.name}.handover"
 
 
+def follow_mirror(checkpoint: Path) -> Path:
+    """Where a blue/green upgrade keeps copies of the job's committed batches' offset and commit files for its new
+    version, whose checkpoint is ``checkpoint``: Spark purges the job's own past its retention (``batches_retained``),
+    and a new version that started late (a long repartition, a driver's start) still needs every batch after its
+    fork. Beside the new version's checkpoint, named after it."""
+    return checkpoint.parent / f"{checkpoint.name}.follow"
+
+
+def mirror_committed(blue: Path, mirror: Path, since: int) -> int:
+    """Copy each batch ``blue`` committed from ``since`` on (its offsets file, then its commit) into ``mirror``,
+    unless there already; returns how many were copied. Both files never change once the commit is written, so a copy
+    made once stays true."""
+    copied = 0
+    have = set(_batch_files(mirror, "commits"))
+    for batch in _batch_files(blue, "commits"):
+        if batch < since or batch in have:
+            continue
+        for log in ("offsets", "commits"):
+            try:
+                text = (blue / log / str(batch)).read_bytes()
+            except FileNotFoundError:  # purged meanwhile: it stays missing, as it would have been without a mirror
+                break
+            (mirror / log).mkdir(parents=True, exist_ok=True)
+            scratch = mirror / log / f".{batch}.tmp"
+            scratch.write_bytes(text)
+            scratch.replace(mirror / log / str(batch))
+        else:
+            copied += 1
+    return copied
+
+
 def mark_handed_over(checkpoint: Path, batch: int) -> None:
     """Write the handover file: the old version's last committed batch, after which the new version writes."""
     path = handover_file(checkpoint)

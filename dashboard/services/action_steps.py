@@ -148,6 +148,9 @@ PARAMS: dict[str, Kind] = {
     "fork": str,
     "follow": str,  # blue/green
     "handed_over": bool,
+    "pipeline": str,  # blue/green: the version green runs (the job's own for a rescale alone)
+    "shift": int,  # blue/green rescale: how far green's batch numbers run ahead of blue's
+    "state_partitions": int,  # blue/green rescale: as requested
     "handover_after": (int, NoneType),
     "handover_at": str,
     "gap_seconds": (float, int, NoneType),

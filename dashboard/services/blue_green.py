@@ -1,8 +1,12 @@
-"""Blue/green upgrades: change a running job (a new pipeline version, new parameter values) without stopping its
-output, and hand over at a committed batch with every sink exact.
+"""Blue/green upgrades: change a running job (a new pipeline version, new parameter values, new state partitions)
+without stopping its output, and hand over at a committed batch with every sink exact.
 
-1. Preview, as a savepoint upgrade does: an incompatible change is refused before anything starts.
-2. A savepoint of the job's ("blue's") newest committed batch K, the way back; it is copied into a fork.
+1. Preview, as a savepoint upgrade does: an incompatible change is refused before anything starts. A rescale alone
+   (the same version, new state partitions) needs none.
+2. A savepoint of the job's ("blue's") newest committed batch K, the way back; it is copied into a fork. For a
+   rescale, Spark's offline repartition rewrites the fork's state (as a batch K+1 of no input, so green's batches are
+   numbered one ahead of blue's from then on: green's K+2 runs blue's K+1, and its checkpoint's lineage base is one
+   less, so the sinks number it K+1 too), and Spark's state reader checks that it loads.
 3. Green, the new version, starts on the fork beside blue: in the shared driver for a job that runs there, else in a
    driver of its own. Its source follows blue's checkpoint: green's batch K+1 reads exactly blue's batch K+1's offsets
    once blue committed it, and so on (workers/green.py). Green writes no sink; each of its batches is compared with
@@ -19,10 +23,12 @@ the savepoint of step 2, as after a savepoint upgrade."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -30,7 +36,19 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from dashboard.checkpoint_dir.files import committed_batches, handover_file, mark_handed_over, remove_tree
+from dashboard.checkpoint_dir.files import (
+    CheckpointError,
+    committed_batches,
+    follow_mirror,
+    handover_file,
+    latest_committed,
+    lineage,
+    lineage_base,
+    mark_handed_over,
+    mirror_committed,
+    remove_tree,
+    write_lineage,
+)
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
     Action,
@@ -48,6 +66,7 @@ from dashboard.services.action_steps import (
     Done,
     Next,
     Outcome,
+    Step,
     Steps,
     Wait,
     action_progress,
@@ -59,9 +78,11 @@ from dashboard.services.action_steps import (
 from dashboard.services.errors import ActionFailed, ActionRefused
 from dashboard.services.forks import fork_name, savepoint_fork
 from dashboard.services.hosts import host_for_launch
+from dashboard.services.rescale import MEMORY_REPARTITION, repartition_wait, state_loads_wait
 from dashboard.services.runs import own_driver_settings, run_holds_process, shares_driver, spawn_driver
 from dashboard.services.savepoints import savepoint_steps
-from dashboard.services.upgrades import plan_steps, spec_applied, target_shown
+from dashboard.services.upgrades import current_parameters, plan_steps, spec_applied, target_parameters
+from dashboard.services.upgrades import target_shown as version_shown
 from dashboard.units import bytes_h
 
 GREEN_STARTS = 3  # a green that dies before the handover is started again this often, then the upgrade fails
@@ -156,7 +177,51 @@ def green_request(action: Action, what: str) -> None:
         locked.save(update_fields=["green"])
 
 
+def partitions_to(action: Action) -> int | None:
+    """The state partitions a blue/green rescale moves the job to (None: it keeps its own)."""
+    before = int(action.params.get("before", {}).get("state_partitions") or action.job.state_partitions)
+    wanted = action.params.get("state_partitions")
+    return int(wanted) if wanted is not None and int(wanted) != before else None
+
+
+def target_shown(action: Action) -> str:
+    """What the change is, as the operator reads it: the version and the parameters it changes, and the new state
+    partitions of a rescale."""
+    shown = version_shown(action)
+    if (partitions := partitions_to(action)) is not None:
+        shown += f", state partitions {action.params['before']['state_partitions']} → {partitions}"
+    return shown
+
+
 # -- the steps ------------------------------------------------------------------------------------------------------
+
+
+def _what(action: Action) -> Next:
+    """What changes: a new version or new parameter values are previewed first; a rescale alone (the job's own
+    version and values, new state partitions) needs no preview: its state is the job's, repartitioned."""
+    job = action.job
+    if "before" not in action.params:
+        remember(action, before={"state_partitions": job.state_partitions})
+    target = str(action.params.get("pipeline") or job.pipeline)
+    remember(action, pipeline=target)
+    partitions = partitions_to(action)
+    if partitions is not None and not 1 <= partitions <= 1024:
+        raise ActionFailed("State partitions must be 1–1024.")
+    if partitions is not None and job.state_backend == "memory" and job.has_state():
+        raise ActionFailed(MEMORY_REPARTITION)
+    try:
+        values = target_parameters(job, target, action.params.get("parameters"))
+    except ValueError as exc:
+        raise ActionFailed(f"{target}'s parameters: " + "; ".join(str(exc).splitlines()) + ".") from None
+    if partitions is None or target != job.pipeline or values != current_parameters(job):
+        return Next("copy")  # the preview refuses "nothing to change" and an incompatible version
+    remember(
+        action, from_parameters=values, parameters=values,
+        plan={"target": target, "batch": blue_last(job), "verdicts": [], "incompatible": False,
+              "summary": f"{target} as it runs, its state repartitioned {job.state_partitions} → {partitions} by "
+                         "Spark's offline repartition on green's fork"},
+    )  # fmt: skip
+    return Next("gate")
 
 
 def _gate(action: Action) -> Next:
@@ -230,6 +295,67 @@ def _fork(action: Action) -> Next:
         (job.directory / fork / ".metadata.crc").unlink(missing_ok=True)
         memo_save(action, forked=True)
     remember(action, fork=fork, follow=str(job.directory / job.checkpoint_dir))
+    return Next("repartition" if partitions_to(action) is not None else "green")
+
+
+def _mirroring(step: Step) -> Step:  # wrapped: the step table's checks read the step's own source
+    """The step, after copying the batches the job committed since green's fork for green to follow (Spark purges the
+    job's own past its retention, and green may start a hundred batches late on a busy host): every visit, from the
+    fork to the handover."""
+
+    @functools.wraps(step)
+    def visit(action: Action) -> Outcome:
+        if fork := action.params.get("fork"):
+            mirror_committed(Path(action.params["follow"]), follow_mirror(action.job.directory / fork),
+                             int(action.params["bg_batch"]))  # fmt: skip
+        return step(action)
+
+    return visit
+
+
+def _unmirror(action: Action) -> None:
+    if fork := action.params.get("fork"):
+        remove_tree(follow_mirror(action.job.directory / fork))
+
+
+REPARTITION_FAILED = "The repartition of green's fork failed; the job runs on, untouched"
+
+
+def _repartition(action: Action) -> Outcome:
+    """A rescale: Spark's offline repartition of green's fork (the job runs on beside it)."""
+    fork = action.job.directory / action.params["fork"]
+    partitions = partitions_to(action)
+    assert partitions is not None
+    try:
+        return repartition_wait(action, fork, partitions, REPARTITION_FAILED) or Next("check-state")
+    except ActionFailed:
+        _unmirror(action)
+        raise
+
+
+def _check_state(action: Action) -> Outcome:
+    """Spark loads the repartitioned fork; then its numbers: the repartition's batch of no input puts green's batch
+    numbers ``shift`` ahead of blue's, and the fork's lineage base is lowered by as much, so that the sinks number
+    green's batches as blue's (checkpoint_dir/files.py: write_lineage)."""
+    job = action.job
+    fork = job.directory / action.params["fork"]
+    try:
+        if waiting := state_loads_wait(action, fork, REPARTITION_FAILED):
+            return waiting
+    except ActionFailed:
+        _unmirror(action)
+        raise
+    try:
+        shift = latest_committed(fork) - int(action.params["bg_batch"])
+        about = {k: v for k, v in lineage(fork).items() if k != "base"}
+        # from blue's base, not the fork's: a step run again after a worker's death writes the same base
+        base = lineage_base(job.directory / job.checkpoint_dir) - shift
+    except CheckpointError as exc:
+        remove_tree(fork)
+        _unmirror(action)
+        raise ActionFailed(f"{REPARTITION_FAILED}: {exc}") from None
+    write_lineage(fork, base, **about, repartitioned=partitions_to(action), blue_green=action.id)
+    remember(action, shift=shift)
     return Next("green")
 
 
@@ -248,7 +374,8 @@ def _green_start(action: Action) -> Next:
             job=job, status=RunStatus.GREEN, requested_by=action.requested_by, host=settings.HOST_ID,
             green={"action": action.id, "fork": action.params["fork"], "follow": action.params["follow"],
                    "pipeline": action.params["plan"]["target"], "parameters": action.params["parameters"],
-                   "partitions": job.state_partitions},
+                   "partitions": partitions_to(action) or job.state_partitions,
+                   "shift": int(action.params.get("shift") or 0)},
         )  # fmt: skip
         run.job = job
         for name, value in own_driver_settings(run).items():
@@ -349,6 +476,7 @@ def _handover(action: Action) -> Outcome:
             raise ActionFailed(f"{job.name}'s checkpoint has no committed batch to hand over after; nothing changed.")
         token = int(locked.lease_token or 0) + 1
         now = timezone.now()
+        shift = int(action.params.get("shift") or 0)  # green's number for blue's batch ``after`` is after + shift
         if blue is not None:
             Run.objects.filter(id=blue.id).update(
                 status=RunStatus.STOPPED, ended_at=now,
@@ -356,16 +484,17 @@ def _handover(action: Action) -> Outcome:
             )  # fmt: skip
         Run.objects.filter(id=run.id).update(
             status=RunStatus.RUNNING, fencing_token=token, started_at=now, last_heartbeat_at=now,
-            green={**Run.objects.get(id=run.id).green, "handover": after},
+            green={**Run.objects.get(id=run.id).green, "handover": after + shift},
         )  # fmt: skip
         Job.objects.filter(id=job.id).update(
             lease_token=token, lease_expires_at=now + timedelta(seconds=settings.LEASE_TTL_SECONDS),
             checkpoint_dir=action.params["fork"], latest_checkpoint=None, pipeline=action.params["plan"]["target"],
             parameters=action.params["parameters"], updated_at=now,
+            state_partitions=partitions_to(action) or locked.state_partitions,
         )  # fmt: skip
         remember(action, handed_over=True, handover_after=after, blue_run=blue.id if blue else None,
                  handover_at=now.isoformat(), run=run.id)  # fmt: skip
-    mark_handed_over(job.directory / action.params["fork"], after)
+    mark_handed_over(job.directory / action.params["fork"], after + shift)
     return Next("live")
 
 
@@ -402,6 +531,7 @@ def _upgraded(action: Action, run: Run, first: int | None) -> Done:
     if run.deploy_id:
         Deploy.objects.filter(id=run.deploy_id, upgrade=None).update(upgrade=action)
     spec_applied(action)
+    _unmirror(action)  # green runs past the job's last batch: it reads the stream itself
     proof = {"state": "proven", "batch": first} if first is not None else {"state": "unproven"}
     remember(action, proof=proof, kept=f"savepoint #{action.params['savepoint']} kept as the way back")
     gap = action.params.get("gap_seconds")
@@ -435,6 +565,7 @@ def _abort(action: Action) -> Outcome:
     if fork and fork != Job.objects.get(id=job.id).checkpoint_dir:
         remove_tree(job.directory / fork)
         handover_file(job.directory / fork).unlink(missing_ok=True)
+    _unmirror(action)
     compared = GreenBatch.objects.filter(action=action).count()
     GreenBatch.objects.filter(action=action).delete()
     why = action.memo.get("abort_reason") or "on request"
@@ -445,13 +576,16 @@ def _abort(action: Action) -> Outcome:
 
 
 BLUE_GREEN_STEPS: Steps = {
+    "what": ("what changes", _what),
     **plan_steps(),
     "gate": ("refuse an incompatible change", _gate),
     **savepoint_steps("before-upgrade", then="fork", batch=lambda action: action.params["bg_batch"]),
-    "fork": ("fork the savepoint for green", _fork),
-    "green": ("start the new version beside the job", _green_start),
-    "follow": ("green follows the job's batches", _follow),
-    "handover": ("hand over", _handover),
+    "fork": ("fork the savepoint for green", _mirroring(_fork)),
+    "repartition": ("a rescale: repartition green's fork", _mirroring(_repartition)),
+    "check-state": ("Spark loads the repartitioned fork", _mirroring(_check_state)),
+    "green": ("start the new version beside the job", _mirroring(_green_start)),
+    "follow": ("green follows the job's batches", _mirroring(_follow)),
+    "handover": ("hand over", _mirroring(_handover)),
     "live": ("green's first batch in the job's sinks", _live),
     "abort": ("abort: stop green, remove its fork", _abort),
 }

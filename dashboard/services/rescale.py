@@ -4,6 +4,7 @@ fork, restart. The savepoint is kept for rollback; the original checkpoint direc
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 from django.utils import timezone
 
@@ -86,31 +87,47 @@ def _repartition(action: Action) -> Outcome:
             copy_checkpoint(job.checkpoint_location, target, latest_committed(job.checkpoint_location))
         except CheckpointError as exc:
             remove_tree(target)
-            raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None
-    try:
-        done = tool_process(action, "repartition", "repartition", target, partitions, None)
-    except ActionFailed as exc:
-        remove_tree(target)
-        raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None
-    if done is None:
-        if step_seconds(action) > REPARTITION_LIMIT:
-            raise ActionFailed(
-                f"Spark's repartition did not finish within {REPARTITION_LIMIT} s; the job stays stopped"
-            )
-        return Wait(f"Spark repartitions a copy of the state into {partitions} partitions", 1.0)
-    return Next("check-state")
+            raise ActionFailed(f"{STAYS_STOPPED}: {exc}") from None
+    return repartition_wait(action, target, partitions, STAYS_STOPPED) or Next("check-state")
 
 
 def _check_state(action: Action) -> Outcome:
     target = action.job.directory / fork_name(action, "rescale")
+    return state_loads_wait(action, target, STAYS_STOPPED) or Next("apply")
+
+
+STAYS_STOPPED = "Repartition failed, nothing changed (the job stays stopped)"
+
+
+def repartition_wait(action: Action, copy: Path, partitions: int, failed: str) -> Wait | None:
+    """Spark's offline repartition of ``copy`` (a checkpoint copy of the action's) into ``partitions``, in a process
+    of its own: a Wait while it runs, None once done. ActionFailed (``failed``, then why) when it fails or outlasts
+    REPARTITION_LIMIT; the copy is removed then. It writes one batch of no input after the copy's last: the
+    repartitioned state."""
+    try:
+        done = tool_process(action, "repartition", "repartition", copy, partitions, None)
+    except ActionFailed as exc:
+        remove_tree(copy)
+        raise ActionFailed(f"{failed}: {exc}") from None
+    if done is not None:
+        return None
+    if step_seconds(action) > REPARTITION_LIMIT:
+        remove_tree(copy)
+        raise ActionFailed(f"{failed}: Spark's repartition did not finish within {REPARTITION_LIMIT} s")
+    return Wait(f"Spark repartitions a copy of the state into {partitions} partitions", 1.0)
+
+
+def state_loads_wait(action: Action, copy: Path, failed: str) -> Wait | None:
+    """Spark's state reader loads the repartitioned ``copy`` (its newest committed batch): a Wait while it reads,
+    None once it did; ActionFailed as ``repartition_wait``."""
     action_progress(action, "checking that Spark loads the repartitioned state")
     try:
-        if state_read(action, "check-state", "verify", target, latest_committed(target)) is None:
+        if state_read(action, "check-state", "verify", copy, latest_committed(copy)) is None:
             return Wait("checking that Spark loads the repartitioned state", 0.5)
     except (CheckpointError, ActionFailed) as exc:
-        remove_tree(target)
-        raise ActionFailed(f"Repartition failed, nothing changed (the job stays stopped): {exc}") from None
-    return Next("apply")
+        remove_tree(copy)
+        raise ActionFailed(f"{failed}: {exc}") from None
+    return None
 
 
 def _apply(action: Action) -> Done:

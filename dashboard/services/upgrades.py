@@ -138,11 +138,14 @@ def upgrade_role_refusal(user: Any, job: Job, target: str, given: dict[str, Any]
     return f"{why}: {refused[0].lower()}{refused[1:]}" if why else refused  # why may start with a parameter's name
 
 
-def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None, migrate: bool = False) -> str:
+def upgrade_refusal(
+    job: Job, target: str, given: dict[str, Any] | None = None, migrate: bool = False, rescale: bool = False
+) -> str:
     """Why ``target`` (with the ``given`` parameter values) cannot even be previewed for the job; empty when it
     can. The same pipeline with other parameter values is an upgrade like any other. ``migrate``: a state migration
     is asked for, which the target must declare from the job's pipeline, and which starts a new checkpoint (so a
-    memory job may move to a version that needs RocksDB: the migrated line runs on RocksDB)."""
+    memory job may move to a version that needs RocksDB: the migrated line runs on RocksDB). ``rescale``: new state
+    partitions come with it (a blue/green rescale), so the job's own version and values are a change too."""
     new = pipelines.find(target)
     if new is None:
         return f"There is no registered pipeline {target!r}; the registry has {', '.join(pipelines.names())}."
@@ -150,7 +153,7 @@ def upgrade_refusal(job: Job, target: str, given: dict[str, Any] | None = None, 
         values = target_parameters(job, target, given)
     except ValueError as exc:
         return f"{target}'s parameters: " + "; ".join(str(exc).splitlines()) + "."
-    if target == job.pipeline and values == current_parameters(job):
+    if target == job.pipeline and values == current_parameters(job) and not rescale:
         shown = f" with {', '.join(f'{k}={v}' for k, v in values.items())}" if values else ""
         return f"{job.name} already runs {target}{shown}."
     if migrate and (refused := migration_refusal(job, target)):
@@ -500,7 +503,12 @@ def _first_batch(action: Action) -> Outcome:
 def spec_applied(action: Action) -> None:
     """An upgrade that `statekeeper apply` asked for has made its pipeline and parameters the job's applied spec."""
     if action.params.get("from_spec"):
-        action.job.spec_applied({"pipeline": action.job.pipeline, "parameters": action.job.parameters})
+        job = action.job
+        job.refresh_from_db(fields=["pipeline", "parameters", "state_partitions"])
+        applied = {"pipeline": job.pipeline, "parameters": job.parameters}
+        if action.params.get("state_partitions") is not None:  # a blue/green rescale
+            applied["state_partitions"] = job.state_partitions
+        job.spec_applied(applied)
 
 
 def _upgraded(action: Action, run: Run, proof: dict[str, Any]) -> Done:
@@ -541,10 +549,13 @@ def _put_back(action: Action, savepoint: Savepoint | None, to_pipeline: str) -> 
         switch_to_fork(job, fork)
     values = action.params.get("from_parameters", job.parameters)
     backend = action.params.get("from_backend") or job.state_backend
+    # the savepoint's own partitions: a blue/green rescale's way back is the state before its repartition
+    partitions = int((savepoint.manifest if savepoint else {}).get("state_partitions") or job.state_partitions)
     Job.objects.filter(id=job.id).update(
-        pipeline=to_pipeline, parameters=values, start_offset=None, state_backend=backend, updated_at=timezone.now()
-    )
-    job.pipeline, job.parameters, job.state_backend = to_pipeline, values, backend
+        pipeline=to_pipeline, parameters=values, start_offset=None, state_backend=backend, updated_at=timezone.now(),
+        state_partitions=partitions,
+    )  # fmt: skip
+    job.pipeline, job.parameters, job.state_backend, job.state_partitions = to_pipeline, values, backend, partitions
     return f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning"
 
 

@@ -56,6 +56,10 @@ class JobSpec:
     # exists (the source's ``BatchFollower``); empty for every other query.
     follow: str = ""
     handover_file: str = ""
+    # how many numbers ahead of the job's batches the new version's are: 1 after a blue/green rescale (Spark's offline
+    # repartition wrote one batch of no input into its fork), else 0
+    follow_shift: int = 0
+    follow_mirror: str = ""  # the console's copies of the job's committed batches (checkpoint_dir/files.py)
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -108,6 +112,8 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
             reader.option("follow", spec.follow)
             .option("ownCheckpoint", spec.checkpoint)
             .option("handoverFile", spec.handover_file)
+            .option("followShift", str(spec.follow_shift))
+            .option("followMirror", spec.follow_mirror)
             .option("paceMs", str(round(spec.trigger_seconds * 1000)))
         )
     return (

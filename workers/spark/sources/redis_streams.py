@@ -142,7 +142,13 @@ class RedisStreamReader(DataSourceStreamReader):
         # batches reads exactly the offsets of the job's batch of that number, once the job has committed it.
         self.pace = int(options.get("pacems", "0")) / 1000  # green's trigger interval: see ``_paced``
         self.follow = (
-            BatchFollower(options["follow"], options.get("owncheckpoint", ""), self.pace)
+            BatchFollower(
+                options["follow"],
+                options.get("owncheckpoint", ""),
+                self.pace,
+                int(options.get("followshift", "0")),
+                options.get("followmirror", ""),
+            )
             if options.get("follow")
             else None
         )
@@ -271,29 +277,39 @@ def _source_offset(path: str) -> dict[str, Any] | None:
 class BatchFollower:
     """Reads the job's checkpoint (``blue``) for a blue/green upgrade's new version (green), whose checkpoint is a fork
     of blue's, so that their batches keep the same numbers: green's next batch reads the offsets of blue's batch of
-    that number, once blue has committed it. A batch blue ran without new data (a watermark's) ends where it starts,
+    that number, once blue has committed it. After a rescale the numbers stand ``shift`` apart (Spark's offline
+    repartition wrote one batch of no input into green's fork): green's batch n reads blue's batch n - shift. A batch blue ran without new data (a watermark's) ends where it starts,
     and green's Spark runs the same no-data batch from the same state. ``next_end`` waits a little for blue's
     batch rather than answer "no new data" while blue runs it: Spark would run a no-data batch of its own there,
     one that blue did not, and the numbers would part. Offsets files never change once written: each is read once."""
 
     RUNNING_WAIT_SECONDS = 60.0  # longest one call waits for a batch blue is running (a stop waits no longer)
 
-    def __init__(self, blue: str, own: str, interval: float = 0.0) -> None:
+    def __init__(self, blue: str, own: str, interval: float = 0.0, shift: int = 0, mirror: str = "") -> None:
         self.blue, self.own = blue.removeprefix("file:"), own.removeprefix("file:")
+        self.shift = shift
+        # copies of blue's committed batches the console keeps (checkpoint_dir/files.py: follow_mirror), read where
+        # Spark has purged blue's own past its retention
+        self.mirror = mirror
         self.ends: dict[int, dict[str, Any]] = {}
         # Blue not even planning a batch this long has none to run: it has no watermark to move either (it would run a
         # no-data batch within an interval), so green, on the same state, has none, and "no new data" is safe.
         self.idle_wait = interval + 2.0
 
     def _has(self, folder: str, batch: int) -> bool:
-        return os.path.exists(os.path.join(self.blue, folder, str(batch)))
+        return any(os.path.exists(os.path.join(root, folder, str(batch))) for root in self._roots())
+
+    def _roots(self) -> tuple[str, ...]:
+        return (self.blue, self.mirror) if self.mirror else (self.blue,)
 
     def _end(self, batch: int) -> dict[str, Any] | None:
         if batch not in self.ends:
-            found = _source_offset(os.path.join(self.blue, "offsets", str(batch)))
-            if found is None:
+            for root in self._roots():
+                if (found := _source_offset(os.path.join(root, "offsets", str(batch)))) is not None:
+                    self.ends[batch] = found
+                    break
+            else:
                 return None
-            self.ends[batch] = found
         return self.ends[batch]
 
     def _next_number(self) -> int | None:
@@ -310,9 +326,10 @@ class BatchFollower:
         blue fenced) of one blue only planned, whose output green's batch then replaces in every sink. ``start``
         itself for a batch blue ran without new data. None when blue has no such batch (after waiting up to
         WAIT_SECONDS, or until ``until()`` is true)."""
-        wanted = self._next_number()
-        if wanted is None:
+        mine = self._next_number()
+        if mine is None:
             return None
+        wanted = mine - self.shift  # blue's number for it
         began = time.monotonic()
         while True:
             if self._has("offsets" if planned else "commits", wanted):
