@@ -42,7 +42,9 @@ def test_green_reads_exactly_the_offsets_of_the_jobs_batch_of_its_number_once_th
     assert follower.next_end({"id": "1-0", "n": 1}) == {"id": "5-0", "n": 5}, "blue's batch 1, as blue read it"
 
     offsets_file(own, 1, "5-0", 5)
-    assert follower.next_end({"id": "5-0", "n": 5}) == {"id": "5-0", "n": 5}, "batch 2 read nothing (a no-data batch)"
+    assert follower.next_end({"id": "5-0", "n": 5}) == {"id": "5-0", "n": 5, "followed": 2}, (
+        "blue's batch 2 read nothing (a watermark's): green runs it too, marked so that Spark plans it"
+    )
 
     offsets_file(own, 2, "5-0", 5)
     began = time.monotonic()
@@ -212,12 +214,7 @@ def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job
 
 
 @pytest.mark.django_db
-def test_a_rescale_by_blue_green_is_asked_from_the_rescale_page_the_api_and_a_spec(
-    client,
-    token,
-    make_job,
-    as_role,  # noqa: F811
-):
+def test_a_blue_green_rescale_from_the_rescale_page_the_api_and_a_spec(client, token, make_job, as_role):  # noqa: F811
     from dashboard.services.blue_green import BLUE_GREEN_STEPS
     from dashboard.services.errors import ActionFailed
     from dashboard.specs import plan

@@ -92,6 +92,7 @@ HEAP_HEADROOM = 0.8  # a shared driver takes green while its heap, with green's 
 CATCH_UP_WAIT_SECONDS = 1200  # how long a promotion waits for green to come within a batch of blue
 EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
 BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
+GREEN_RESTART_SECONDS = 120  # green dead after the handover, no run of the job this long: the upgrade failed
 
 
 # -- what the page and the API show --------------------------------------------------------------------------------
@@ -122,6 +123,8 @@ def green_view(action: Action) -> dict[str, Any]:
     green_at = batches[0].batch_id if batches else action.params.get("bg_batch")
     return {
         "action": action.id, "status": action.status, "target": action.params.get("plan", {}).get("target"),
+        "partitions": [action.params["before"]["state_partitions"], partitions_to(action)]
+        if partitions_to(action) is not None else None,
         "outcome": action.outcome, "progress": action.progress,
         "run": run.id if run else None, "run_status": run.status if run else None,
         "blue_batch": blue, "green_batch": green_at,
@@ -499,19 +502,22 @@ def _handover(action: Action) -> Outcome:
 
 
 def _live(action: Action) -> Outcome:
-    """Green's first batch in the job's sinks: the upgrade is done, with the output gap measured."""
+    """Green's first batch in the job's sinks (or, when green died just after the handover, the first batch of the
+    job's restart on the new version's checkpoint): the upgrade is done, with the output gap measured."""
     job = action.job
     run = Run.objects.get(id=action.params["green_run"])
     after = action.params["handover_after"]
+    mine = (after if after is not None else -1) + int(action.params.get("shift") or 0)  # in green's numbers
     first = (
-        Checkpoint.objects.filter(job=job, run=run, batch_id__gt=after if after is not None else -1)
+        Checkpoint.objects.filter(job=job, location=action.params["fork"], run_id__gte=run.id, batch_id__gt=mine)
         .order_by("batch_id").first()
     )  # fmt: skip
     if first is None:
-        if not run.is_active:
+        if not run.is_active and active_run(job) is None and step_seconds(action) > GREEN_RESTART_SECONDS:
             raise ActionFailed(
                 f"The new version took over after batch {after} and then ended ({run.message or run.status}) before "
-                "its first batch; the job restarts under its restart strategy on the new version's checkpoint."
+                f"its first batch, and no run of {job.name} started again within {GREEN_RESTART_SECONDS} s; the job "
+                "is on the new version's checkpoint: start it, or roll the upgrade back."
             )
         if step_seconds(action) < 600:
             return Wait(f"green took over after batch {after}: waiting for its first batch", 0.1)

@@ -278,8 +278,9 @@ class BatchFollower:
     """Reads the job's checkpoint (``blue``) for a blue/green upgrade's new version (green), whose checkpoint is a fork
     of blue's, so that their batches keep the same numbers: green's next batch reads the offsets of blue's batch of
     that number, once blue has committed it. After a rescale the numbers stand ``shift`` apart (Spark's offline
-    repartition wrote one batch of no input into green's fork): green's batch n reads blue's batch n - shift. A batch blue ran without new data (a watermark's) ends where it starts,
-    and green's Spark runs the same no-data batch from the same state. ``next_end`` waits a little for blue's
+    repartition wrote one batch of no input into green's fork): green's batch n reads blue's batch n - shift. A batch
+    blue ran without new data (a watermark's) ends where it starts: green runs it as a batch that reads nothing, under
+    the same watermark (see ``next_end``). ``next_end`` waits a little for blue's
     batch rather than answer "no new data" while blue runs it: Spark would run a no-data batch of its own there,
     one that blue did not, and the numbers would part. Offsets files never change once written: each is read once."""
 
@@ -323,8 +324,8 @@ class BatchFollower:
         self, start: dict[str, Any], planned: bool = False, until: Any = lambda: False
     ) -> dict[str, Any] | None:
         """The end of blue's batch of green's next number: of a committed one, or (``planned``: after the handover,
-        blue fenced) of one blue only planned, whose output green's batch then replaces in every sink. ``start``
-        itself for a batch blue ran without new data. None when blue has no such batch (after waiting up to
+        blue fenced) of one blue only planned, whose output green's batch then replaces in every sink. For a batch
+        blue ran without new data, ``start`` marked with blue's batch number. None when blue has no such batch (after waiting up to
         WAIT_SECONDS, or until ``until()`` is true)."""
         mine = self._next_number()
         if mine is None:
@@ -335,6 +336,11 @@ class BatchFollower:
             if self._has("offsets" if planned else "commits", wanted):
                 before, end = self._end(wanted - 1), self._end(wanted)
                 if before is not None and end is not None and str(before["id"]) == str(start["id"]):
+                    if str(end["id"]) == str(start["id"]):  # blue ran it without new data (a watermark's batch)
+                        # Spark runs a no-data batch only after a batch of the same query: green, just started on
+                        # its fork, would not, and its numbers would stop. An end that differs from the start only
+                        # by this mark makes it run the batch, reading nothing, under the same watermark as blue's.
+                        return {"id": end["id"], "n": end["n"], "followed": wanted}
                     return end
                 return None  # the numbers parted (blue's batch does not start where green's does): read on freely
             waited = time.monotonic() - began
