@@ -429,3 +429,20 @@ def test_an_unknown_checkpoint_set_aside_through_the_api_lets_the_job_start_from
                         content_type="application/json", **auth)  # fmt: skip
     assert again.status_code == 409 and "nothing to adopt" in again.json()["error"], again.json()
     assert client.post(f"/api/v1/jobs/{job.name}/start", {}, content_type="application/json", **auth).status_code == 202
+
+
+def test_the_demo_seeding_leaves_a_checkpoint_it_never_recorded_to_the_operator_and_starts_the_rest(spawned):
+    """`./bin/dev` run again on new databases finds the checkpoints an earlier console left: the console comes up, the
+    job with one is not started (its page offers adopt or set aside), the others are."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    left = Job.objects.create(name="url-counts-memory", pipeline="url-counts", source_stream="events:access-log")
+    (left.checkpoint_location / "commits").mkdir(parents=True)
+    (left.checkpoint_location / "commits" / "7").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    out = StringIO()
+    call_command("seed_demo", stdout=out)
+    assert "  Not started: " in out.getvalue() and "batches 7–7 that this console never recorded" in out.getvalue()
+    assert not left.runs.exists()
+    assert Job.objects.get(name="orders-rocksdb").runs.filter(status=RunStatus.PENDING).exists()

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand
 from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Job, StateBackend
 from dashboard.services.audit import audit_record
+from dashboard.services.errors import ActionRefused
 from dashboard.services.runs import job_request_start
 from dashboard.services.secrets import into_secret
 
@@ -88,7 +89,11 @@ class Command(BaseCommand):
             self.stdout.write(f"{'created' if created else 'found'} job {job.name}")
             wanted = demo.get("start", True) and not opts["no_start"]
             if wanted and not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
-                run = job_request_start(job=job)
+                try:
+                    run = job_request_start(job=job)
+                except ActionRefused as exc:  # a checkpoint an earlier console left: the operator chooses, on its page
+                    self.stdout.write(f"  {exc}")  # "Not started: …", and why
+                    continue
                 self.stdout.write(f"  start requested: run #{run.id}")
                 audit_record(
                     None, verb="start", job=job.name, target=f"run #{run.id}", outcome="requested", origin="demo"
