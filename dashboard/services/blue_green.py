@@ -357,7 +357,7 @@ def _check_state(action: Action) -> Outcome:
         remove_tree(fork)
         _unmirror(action)
         raise ActionFailed(f"{REPARTITION_FAILED}: {exc}") from None
-    write_lineage(fork, base, **about, repartitioned=partitions_to(action), blue_green=action.id)
+    write_lineage(fork, base, **(about | {"repartitioned": partitions_to(action), "blue_green": action.id}))
     remember(action, shift=shift)
     return Next("green")
 
