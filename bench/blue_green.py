@@ -87,10 +87,13 @@ def green_rss_mb(action_id: int) -> float | None:
     run = Run.objects.filter(id=green, driver_host__isnull=True, status=RunStatus.GREEN).first() if green else None
     if run is None or not run.pid:
         return None
-    try:
-        return sum(sizes(pid)[1] for pid in process_tree(run.pid)) / 1024
-    except OSError:
-        return None
+    resident = 0
+    for pid in process_tree(run.pid):
+        try:
+            resident += sizes(pid)[1]
+        except OSError:  # a Python worker that ended while read
+            continue
+    return resident / 1024 or None
 
 
 def round_trip(job: Job, kind: str, change: dict[str, Any]) -> dict[str, Any]:
