@@ -212,11 +212,12 @@ def _what(action: Action) -> Next:
         raise ActionFailed("State partitions must be 1–1024.")
     if partitions is not None and job.state_backend == "memory" and job.has_state():
         raise ActionFailed(MEMORY_REPARTITION)
+    values = current_parameters(job)
     try:
-        values = target_parameters(job, target, action.params.get("parameters"))
-    except ValueError as exc:
-        raise ActionFailed(f"{target}'s parameters: " + "; ".join(str(exc).splitlines()) + ".") from None
-    if partitions is None or target != job.pipeline or values != current_parameters(job):
+        unchanged = target == job.pipeline and target_parameters(job, target, action.params.get("parameters")) == values
+    except ValueError:
+        unchanged = False  # values the pipeline refuses: the preview's check (upgrades.checked_target) says why
+    if partitions is None or not unchanged:
         return Next("copy")  # the preview refuses "nothing to change" and an incompatible version
     remember(
         action, from_parameters=values, parameters=values,
