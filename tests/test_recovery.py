@@ -53,6 +53,29 @@ def test_a_lost_driver_is_restarted_after_the_delay_and_its_downtime_recorded(ma
     assert recovery.downtime_seconds == 13.5, "down until the first batch committed: its trigger plus its duration"
 
 
+def test_the_job_lost_while_a_blue_green_runs_beside_it_is_restarted_and_its_new_version_is_not_the_jobs_run(make_job):
+    """Blue lost while green follows it (a paused shared driver, on the demo stack): blue is restarted under the job's
+    strategy while the blue/green upgrade waits for it. Green's own runs, failed or following, are not the job's."""
+    from dashboard.models import Action, ActionKind, ActionStatus
+
+    job = make_job()
+    blue = failed_run(job)
+    action = Action.objects.create(job=job, kind=ActionKind.BLUE_GREEN, status=ActionStatus.RUNNING)
+    failed_run(job, message="its shared driver let go of it", status=RunStatus.FAILED, green={"action": action.id})
+    Run.objects.create(job=job, status=RunStatus.GREEN, green={"action": action.id})
+    recoveries_supervise()
+    recovery = Recovery.objects.get(job=job)
+    assert recovery.failed_run_id == blue.id, "blue's loss, not green's failure"
+    Recovery.objects.filter(id=recovery.id).update(restart_at=timezone.now())
+    recoveries_supervise()
+    assert Recovery.objects.get(id=recovery.id).restart_run.status == RunStatus.PENDING, "not held for the blue/green"
+
+    taken = make_job(name="taken-over")
+    failed_run(taken, green={"action": action.id, "handover": 12})  # green after the handover: the job's run
+    recoveries_supervise()
+    assert Recovery.objects.filter(job=taken).exists()
+
+
 def test_a_crash_of_the_shared_driver_restarts_its_jobs_at_once_and_is_not_counted_as_each_jobs_failure(
     make_job, settings, admin_client
 ):

@@ -7,11 +7,13 @@ import re
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import (
     IN_FLIGHT_ACTIONS,
+    ActionKind,
     Checkpoint,
     HostStatus,
     Job,
@@ -125,7 +127,8 @@ def recoveries_supervise() -> list[str]:
     now = timezone.now()
     jobs = Job.objects.exclude(restart_strategy=RestartStrategy.NONE).filter(failed_reason="")
     for job in jobs:
-        last = job.runs.order_by("-id").first()
+        # a blue/green upgrade's new version is not the job's run until it takes over: the job's last run is blue
+        last = job.runs.exclude(Q(green__has_key="action") & ~Q(green__has_key="handover")).order_by("-id").first()
         if last is None or last.status not in (RunStatus.LOST, RunStatus.FAILED) or last.stop_requested_at:
             continue
         if Recovery.objects.filter(failed_run=last).exists():
@@ -139,8 +142,9 @@ def recoveries_supervise() -> list[str]:
         )
     for recovery in Recovery.objects.filter(gave_up=False, restart_run=None, restart_at__lte=now).select_related("job"):
         job = recovery.job
-        if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first():
-            # a restore, rollback or rescale owns the job now (and starts it itself): the restart waits for it
+        if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).exclude(kind=ActionKind.BLUE_GREEN).first():
+            # a restore, rollback or rescale owns the job now (and starts it itself): the restart waits for it; a
+            # blue/green runs beside the job and waits for the job's restart itself (blue_green._follow)
             notes.append(f"{job.name}: restart waits for {busy.get_kind_display().lower()} #{busy.id}")
             continue
         restart: Run | None
