@@ -59,9 +59,9 @@ def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_dama
     wait_for(state_reader_warmed, 180, 0.5, "the reader's warm-up beside those reads to end")
     assert "state reader warm after" in (settings.LOG_ROOT / "state-reader.log").read_text()
 
-    # it only reads: a command that writes is refused by the reader itself
-    refused = _ask(settings.STATE_READER_SOCKET, {"command": "repartition", "path": str(good), "number": 4}, 60)
-    assert "only reads" in refused["error"]
+    # a shadow run's longer query is not the reader's: refused by the reader itself
+    refused = _ask(settings.STATE_READER_SOCKET, {"command": "shadow", "path": str(good), "number": 4}, 60)
+    assert "does not answer 'shadow'" in refused["error"]
 
     # a reader killed between reads is replaced by the next read
     os.killpg(pid, signal.SIGKILL)

@@ -288,15 +288,21 @@ def _available_memory() -> int | None:
     return None
 
 
+def _make_fork(action: Action, fork: str) -> None:
+    """Green's checkpoint: a fork of the action's savepoint, as a query of its own (Spark stops a running query when
+    another with its id starts in the same driver)."""
+    job = action.job
+    savepoint = Savepoint.objects.get(id=action.params["savepoint"])
+    savepoint_fork(action, savepoint, fork)
+    (job.directory / fork / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+    (job.directory / fork / ".metadata.crc").unlink(missing_ok=True)
+
+
 def _fork(action: Action) -> Next:
     job = action.job
     fork = fork_name(action, "green")
     if not action.memo.get("forked"):
-        savepoint = Savepoint.objects.get(id=action.params["savepoint"])
-        savepoint_fork(action, savepoint, fork)
-        # a query of its own: Spark stops a running query when another with its id starts in the same driver
-        (job.directory / fork / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
-        (job.directory / fork / ".metadata.crc").unlink(missing_ok=True)
+        _make_fork(action, fork)
         memo_save(action, forked=True)
     remember(action, fork=fork, follow=str(job.directory / job.checkpoint_dir))
     return Next("repartition" if partitions_to(action) is not None else "green")
@@ -331,7 +337,12 @@ def _repartition(action: Action) -> Outcome:
     partitions = partitions_to(action)
     assert partitions is not None
     try:
-        return repartition_wait(action, fork, partitions, REPARTITION_FAILED) or Next("check-state")
+
+        def fresh_fork() -> None:  # a reader died writing into it: the fork made again
+            remove_tree(fork)
+            _make_fork(action, fork.name)
+
+        return repartition_wait(action, fork, partitions, REPARTITION_FAILED, fresh_fork) or Next("check-state")
     except ActionFailed:
         _unmirror(action)
         raise

@@ -3,12 +3,19 @@ fork, restart. The savepoint is kept for rollback; the original checkpoint direc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 from django.utils import timezone
 
-from dashboard.checkpoint_dir.files import CheckpointError, copy_checkpoint, latest_committed, remove_tree
+from dashboard.checkpoint_dir.files import (
+    CheckpointError,
+    copy_checkpoint,
+    directory_bytes,
+    latest_committed,
+    remove_tree,
+)
 from dashboard.models import Action, Job, Savepoint
 from dashboard.services.action_steps import (
     Done,
@@ -81,14 +88,18 @@ def _repartition(action: Action) -> Outcome:
     partitions = _target(action)[1]
     fork = fork_name(action, "rescale")
     target = job.directory / fork
-    if "repartition" not in action.memo:
+
+    def copy() -> None:  # the job is stopped: its newest committed batch is the savepoint's
         remove_tree(target)
         try:
             copy_checkpoint(job.checkpoint_location, target, latest_committed(job.checkpoint_location))
         except CheckpointError as exc:
             remove_tree(target)
             raise ActionFailed(f"{STAYS_STOPPED}: {exc}") from None
-    return repartition_wait(action, target, partitions, STAYS_STOPPED) or Next("check-state")
+
+    if "repartition" not in action.memo:
+        copy()
+    return repartition_wait(action, target, partitions, STAYS_STOPPED, copy) or Next("check-state")
 
 
 def _check_state(action: Action) -> Outcome:
@@ -97,15 +108,26 @@ def _check_state(action: Action) -> Outcome:
 
 
 STAYS_STOPPED = "Repartition failed, nothing changed (the job stays stopped)"
+# A copy's state up to this size is repartitioned by the warm state reader (seconds, no JVM to start while the job
+# waits); a larger one by a process of its own, which holds no preview or verification up behind it.
+READER_REPARTITION_BYTES = 256 * 2**20
 
 
-def repartition_wait(action: Action, copy: Path, partitions: int, failed: str) -> Wait | None:
-    """Spark's offline repartition of ``copy`` (a checkpoint copy of the action's) into ``partitions``, in a process
-    of its own: a Wait while it runs, None once done. ActionFailed (``failed``, then why) when it fails or outlasts
-    REPARTITION_LIMIT; the copy is removed then. It writes one batch of no input after the copy's last: the
-    repartitioned state."""
+def repartition_wait(
+    action: Action, copy: Path, partitions: int, failed: str, fresh_copy: Callable[[], None]
+) -> Wait | None:
+    """Spark's offline repartition of ``copy`` (a checkpoint copy of the action's, which ``fresh_copy`` makes again
+    should a reader die while writing into it) into ``partitions``: by the warm state reader, or by a process of its
+    own for a state over READER_REPARTITION_BYTES. A Wait while it runs, None once done. ActionFailed (``failed``,
+    then why) when it fails or outlasts REPARTITION_LIMIT; the copy is removed then. It writes one batch of no input
+    after the copy's last: the repartitioned state."""
+    asked = action.memo.get("repartition")
+    apart = "pid" in asked if asked else directory_bytes(copy / "state") > READER_REPARTITION_BYTES
     try:
-        done = tool_process(action, "repartition", "repartition", copy, partitions, None)
+        if apart:
+            done = tool_process(action, "repartition", "repartition", copy, partitions, None)
+        else:
+            done = state_read(action, "repartition", "repartition", copy, partitions, None, fresh_copy)
     except ActionFailed as exc:
         remove_tree(copy)
         raise ActionFailed(f"{failed}: {exc}") from None
@@ -114,7 +136,7 @@ def repartition_wait(action: Action, copy: Path, partitions: int, failed: str) -
     if step_seconds(action) > REPARTITION_LIMIT:
         remove_tree(copy)
         raise ActionFailed(f"{failed}: Spark's repartition did not finish within {REPARTITION_LIMIT} s")
-    return Wait(f"Spark repartitions a copy of the state into {partitions} partitions", 1.0)
+    return Wait(f"Spark repartitions a copy of the state into {partitions} partitions", 0.5)
 
 
 def state_loads_wait(action: Action, copy: Path, failed: str) -> Wait | None:

@@ -7,7 +7,8 @@ ten to fifteen a new JVM costs.
 One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out; or the
 same request left as a file in the spool beside the socket, answered into a file there (how an action step asks
 without holding its worker, see ``serve_spool``). An
-upgrade's plan and a state migration are answered too (each in a session of its own); when the pipeline's
+upgrade's plan, a state migration and the repartition of a copy the console made are answered too (each in a session
+of its own); when the pipeline's
 module changed on disk since the reader imported it, the answer is {"stale": …} and the reader ends. Each
 request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
 damaged copy is caught as a new process would catch it; verification never asks the job's own driver. The reader
@@ -83,9 +84,11 @@ def serve(path: Path, idle_seconds: float) -> int:
         try:
             command = request["command"]
             if command not in READER_COMMANDS:
-                raise ValueError(f"the state reader only reads; {command!r} runs in a process of its own")
+                raise ValueError(f"the state reader does not answer {command!r}: it runs in a process of its own")
             # a plan runs the pipeline's query: in a session of its own, so its Spark settings stay with it
-            where = spark.newSession() if command in ("plan", "migrate") else spark  # a query's settings, apart
+            where = (
+                spark.newSession() if command in ("plan", "migrate", "repartition") else spark
+            )  # a query's settings, apart
             result = answer(where, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
         except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
             result = {"stale": str(exc)}

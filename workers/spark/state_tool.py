@@ -373,9 +373,10 @@ def checkpoint_format(root: Path) -> int:
     return 1
 
 
-# What the long-lived state reader (workers/spark/state_reader.py) answers: the commands that only read, and the
-# upgrade plan, which re-runs one batch on a scratch copy the console made for it.
-READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate")
+# What the long-lived state reader (workers/spark/state_reader.py) answers: the commands that only read, the upgrade
+# plan, which re-runs one batch on a scratch copy the console made for it, the migration's seed, and the repartition
+# of a copy the console made (a rescale's, or green's fork).
+READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate", "repartition")
 
 
 def answer(spark: Any, command: str, path: str, number: int, spec: dict[str, Any]) -> dict[str, Any]:
