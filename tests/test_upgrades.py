@@ -4,6 +4,8 @@ upgrade can be rolled back on request."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 from statekeeper_sdk.compatibility import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
@@ -12,6 +14,7 @@ from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.upgrades import PLAN_KEPT_SECONDS, fresh_preview, plan_code
 from tests.conftest import wait_for
 from tests.support import events_counted, finished, running_with_progress, send, switched_to
 
@@ -160,7 +163,13 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     first.refresh_from_db()
     assert first.status == RunStatus.RUNNING, "the live job ran through the shadow run"
 
-    # Upgrade to a compatible version (a field added to the state's value) while events arrive: every total kept.
+    # Preview a compatible version (a field added to the state's value), then upgrade to it while events arrive:
+    # the upgrade takes the preview's plan rather than re-running a batch, and every total is kept.
+    page.select_option("select[name=pipeline]", "user-sessions-v2")
+    page.get_by_role("button", name="Preview", exact=True).click()
+    preview = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE_PREVIEW).latest("id"))
+    assert preview.status == ActionStatus.SUCCEEDED, preview.outcome
+    page.goto(deploys)
     page.select_option("select[name=pipeline]", "user-sessions-v2")
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Upgrade", exact=True).click()
@@ -169,6 +178,8 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     upgrade = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE).latest("id"))
     assert upgrade.status == ActionStatus.SUCCEEDED, upgrade.outcome
     assert [v["verdict"] for v in upgrade.params["plan"]["verdicts"]] == [EVOLVES]
+    assert upgrade.params["plan_from"] == preview.id and upgrade.params["plan"] == preview.params["plan"]
+    assert "plan" not in [p["step"] for p in upgrade.phases], "no batch re-run: the preview's plan stood"
     wait_for(lambda: caught_up(job, sent), 180, 1, "version 2 to count every event")
     assert ResultRow.objects.filter(job=job, kind="totals", value__has_key="largest").exists(), "the new field"
     history = list(job.deploys.order_by("id"))
@@ -288,6 +299,38 @@ def test_each_upgrade_button_requests_its_action(as_role, make_job):
     refused = client.post(f"/jobs/{job.name}/upgrade", {"pipeline": "no-such", "step": "preview"}, follow=True)
     assert "There is no registered pipeline &#x27;no-such&#x27;" in refused.content.decode()
     assert not Action.objects.filter(params__pipeline="no-such").exists()
+
+
+@pytest.mark.django_db
+def test_an_upgrade_takes_a_fresh_preview_of_the_same_change_as_its_plan_and_nothing_else(make_job):
+    job = make_job(name="sessions", pipeline="user-sessions", state_backend="rocksdb")
+    asked = {"pipeline": "user-sessions-v2", "parameters": {}, "from_parameters": {}}
+    plan = {"target": "user-sessions-v2", "batch": 4, "verdicts": [], "incompatible": False, "summary": "fine",
+            "code": plan_code("user-sessions", "user-sessions-v2")}  # fmt: skip
+    preview = Action.objects.create(job=job, kind=ActionKind.UPGRADE_PREVIEW, status=ActionStatus.SUCCEEDED,
+                                    finished_at=timezone.now(), params=asked | {"plan": plan})  # fmt: skip
+
+    def upgrade(**changed) -> Action:  # the one action in flight on the job
+        Action.objects.filter(job=job, kind=ActionKind.UPGRADE).delete()
+        return Action.objects.create(job=job, kind=ActionKind.UPGRADE, params=asked | changed)
+
+    assert fresh_preview(upgrade(), "user-sessions-v2") == preview
+    assert fresh_preview(upgrade(), "user-sessions-by-region") is None, "another target"
+    assert fresh_preview(upgrade(parameters={"x": 1}), "user-sessions-v2") is None, "other parameter values"
+    assert fresh_preview(upgrade(migrate=1), "user-sessions-v2") is None, "a migration plans its own run"
+
+    stale = plan | {"code": {**plan["code"], "to_code": "an older hash"}}
+    Action.objects.filter(id=preview.id).update(params=asked | {"plan": stale})
+    assert fresh_preview(upgrade(), "user-sessions-v2") is None, "the target's code changed on disk since"
+    Action.objects.filter(id=preview.id).update(params=asked | {"plan": plan})
+
+    Action.objects.create(job=job, kind=ActionKind.RESCALE, status=ActionStatus.SUCCEEDED)
+    assert fresh_preview(upgrade(), "user-sessions-v2") is None, "the state was repartitioned since"
+    Action.objects.filter(job=job, kind=ActionKind.RESCALE).update(status=ActionStatus.FAILED)
+    assert fresh_preview(upgrade(), "user-sessions-v2") == preview, "a failed rescale changed nothing"
+
+    Action.objects.filter(id=preview.id).update(finished_at=timezone.now() - timedelta(seconds=PLAN_KEPT_SECONDS + 1))
+    assert fresh_preview(upgrade(), "user-sessions-v2") is None, "too old"
 
 
 def unproven_upgrade(job, run, savepoint_batch: int = 3) -> Action:

@@ -165,6 +165,7 @@ PARAMS: dict[str, Kind] = {
     "from_pipeline": str,  # upgrade
     "parameters": dict,
     "plan": dict,
+    "plan_from": int,  # upgrade: the preview whose plan it took
     "migration": dict,
     "proof": dict,
     "kept": str,
@@ -216,9 +217,9 @@ def action_progress(action: Action, text: str) -> None:
 
 
 # The commands the warm state reader answers (a plan re-runs one batch on a scratch copy, a migration writes a new
-# checkpoint's seed and may run its first batch, each in a session of its own: no JVM to start while a job waits); the
-# others (shadow, repartition) run longer queries or write into a job's checkpoint, each in a process of its own.
-READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate")
+# checkpoint's seed and may run its first batch, a repartition rewrites a copy's state, each in a session of its own:
+# no JVM to start while a job waits); a shadow run's longer query runs in a process of its own.
+READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate", "repartition")
 
 
 def run_state_tool(

@@ -12,6 +12,10 @@
    seconds): the first batch proves it, and a failure before that still rolls it back by itself.
 3. "Roll back the upgrade" does the same on request, for the job's latest upgrade.
 
+An upgrade asked for within PLAN_KEPT_SECONDS of a preview of the same change (the Deploys tab's Preview, then
+Upgrade) uses that preview's plan rather than re-running a batch again: the same target, parameters and source, the
+same code of both pipelines (their files' hash), and nothing since that changed the job's pipeline or state layout.
+
 An incompatible change is refused, unless the new version declares a *migration* from the job's pipeline
 (``statekeeper_sdk.Migration``) and the upgrade asks for it (``migrate``): the preview then also runs the migration
 on a scratch copy and the new version's first batch on its output (``migration_preview``); the upgrade stops the job
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 from contextlib import suppress
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +88,10 @@ from dashboard.services.secrets import value_problems
 
 WATCH_MIN_SECONDS = 120  # how long an upgrade waits for the first batch when input is waiting (at least 10 triggers)
 QUIET_SECONDS = 3  # how long the new run of a job with no input waiting must stay up before the upgrade returns
+PLAN_KEPT_SECONDS = 600  # a preview's plan stands for an upgrade of the same change asked for this soon after it
+# what, done after a preview, makes its plan stale: the job's pipeline, its state or its partitions changed
+PLAN_SPOILERS = (ActionKind.UPGRADE, ActionKind.BLUE_GREEN, ActionKind.UPGRADE_ROLLBACK, ActionKind.RESTORE,
+                 ActionKind.ROLLBACK, ActionKind.RESCALE, ActionKind.SKIP_ENTRIES)  # fmt: skip
 
 
 def current_parameters(job: Job) -> dict[str, Any]:
@@ -207,10 +216,44 @@ def target_shown(action: Action) -> str:
                      action.params.get("parameters", {}))  # fmt: skip
 
 
+def plan_code(source: str, target: str) -> dict[str, str]:
+    """The code a plan was made with: the hash of both pipelines' files as they are on disk now."""
+    return {"from": source, "to": target, "from_code": pipelines.code_version(source).code_hash,
+            "to_code": pipelines.code_version(target).code_hash}  # fmt: skip
+
+
+def fresh_preview(action: Action, target: str) -> Action | None:
+    """The job's preview of this very change whose plan still stands (see the module's note), if any."""
+    job = action.job
+    if action.kind == ActionKind.UPGRADE_PREVIEW or action.params.get("migrate"):
+        return None
+    since = timezone.now() - timedelta(seconds=PLAN_KEPT_SECONDS)
+    preview = (job.actions.filter(kind=ActionKind.UPGRADE_PREVIEW, status=ActionStatus.SUCCEEDED, finished_at__gte=since)
+               .order_by("-id").first())  # fmt: skip
+    if preview is None:
+        return None
+    asked, plan = preview.params, preview.params.get("plan") or {}
+    same = (
+        asked.get("pipeline") == target and not asked.get("migrate")
+        and asked.get("parameters") == action.params.get("parameters")
+        and asked.get("from_parameters") == action.params.get("from_parameters")
+    )  # fmt: skip
+    if not same or plan.get("code") != plan_code(job.pipeline, target):
+        return None
+    spoiled = job.actions.filter(id__gt=preview.id, kind__in=PLAN_SPOILERS).exclude(status=ActionStatus.FAILED)
+    return None if spoiled.exclude(id=action.id).exists() else preview
+
+
 def _plan_copy(action: Action) -> Outcome:
-    """Copy the checkpoint as of its newest committed batch into a scratch directory the plan may change."""
+    """Copy the checkpoint as of its newest committed batch into a scratch directory the plan may change; or, when a
+    preview of the same change was just made, take its plan."""
     job = action.job
     target = checked_target(action)
+    if (preview := fresh_preview(action, target)) is not None:
+        age = (timezone.now() - preview.finished_at).total_seconds() if preview.finished_at else 0
+        remember(action, plan=preview.params["plan"], plan_from=preview.id)
+        action_progress(action, f"preview #{preview.id} of this change, {age:.0f} s old, stands as the plan")
+        return Next("gate")
     shown = described(target, action.params["from_parameters"], action.params["parameters"])
     batches = committed_batches(job.checkpoint_location)
     if not batches:
@@ -260,7 +303,8 @@ def _plan(action: Action) -> Outcome:
     verdicts = compare(result, old, new)
     bad = any(v.verdict == INCOMPATIBLE for v in verdicts)
     plan = {"target": target, "batch": batch, "verdicts": [asdict(v) for v in verdicts], "incompatible": bad,
-            "summary": summary(verdicts, shown, batch, int(result.get("output_rows", 0)))}  # fmt: skip
+            "summary": summary(verdicts, shown, batch, int(result.get("output_rows", 0))),
+            "code": plan_code(job.pipeline, target)}  # fmt: skip
     remember(action, plan=plan)
     return Next("gate")
 
