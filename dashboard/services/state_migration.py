@@ -52,6 +52,7 @@ from dashboard.services.upgrades import (
     scratch_dir,
     scratch_spec,
     target_shown,
+    verify_beside,
 )
 
 PREVIEW_RECORDS = 1000  # entries after the batch the preview's first batch reads, at most
@@ -192,9 +193,11 @@ def _migrate(action: Action) -> Outcome:
 
 def _before_switch(steps: Steps) -> Steps:
     """The upgrade's steps with "migrate" listed before "switch" (the order the action's phases are shown in), and
-    the savepoint going on to it."""
+    the savepoint going on to it, its verification going on beside (``verify_beside``)."""
     placed: Steps = {}
-    for name, step in {**steps, **savepoint_steps("before-upgrade", then="migrate")}.items():
+    taken = savepoint_steps("before-upgrade", then="migrate")
+    taken["verify"] = ("verify the savepoint (goes on beside the switch)", verify_beside)
+    for name, step in {**steps, **taken}.items():
         if name == "switch":
             placed["migrate"] = ("migrate the state", _migrate)
         placed[name] = step

@@ -83,7 +83,7 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
-from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.savepoints import savepoint_check, savepoint_steps
 from dashboard.services.secrets import value_problems
 
 WATCH_MIN_SECONDS = 120  # how long an upgrade waits for the first batch when input is waiting (at least 10 triggers)
@@ -526,11 +526,36 @@ def first_batch(run: Run, after_batch: int | None) -> int | None:
     return int(first) if first is not None else None
 
 
+def verify_beside(action: Action) -> Outcome:
+    """The savepoint's checksums, now; Spark's reading of its state is asked for and goes on beside the switch and
+    the new version's start (the job's output is stopped until its first batch), and the upgrade returns only once it
+    has answered (``way_back``). A migration reads that state: its upgrade waits for the whole verification first."""
+    checked = savepoint_check(action)
+    if isinstance(checked, Wait) and action.params.get("migrate"):
+        return checked
+    return Next("migrate")
+
+
+def way_back(action: Action) -> Wait | str:
+    """The verification of the savepoint taken before the switch: a Wait while Spark reads its state, then '' when
+    it is verified, or why it failed (the savepoint is marked failed)."""
+    if action.params.get("savepoint") is None:
+        return ""
+    try:
+        checked = savepoint_check(action)
+    except ActionFailed as exc:
+        return str(exc)
+    return checked if isinstance(checked, Wait) else ""
+
+
 def _first_batch(action: Action) -> Outcome:
     run = Run.objects.get(id=action.params["run"])
     job = action.job
     if (batch := first_batch(run, after_batch(action))) is not None:
-        return _upgraded(action, run, {"state": "proven", "batch": batch, "at": timezone.now().isoformat()})
+        if isinstance(checked := way_back(action), Wait):
+            return checked
+        proof = {"state": "proven", "batch": batch, "at": timezone.now().isoformat()}
+        return _upgraded(action, run, proof, checked)
     if not run.is_active:
         memo_save(action, failure=run.message or f"run #{run.id} ended {run.status}")
         return Next("roll-back")
@@ -541,7 +566,9 @@ def _first_batch(action: Action) -> Outcome:
     )
     if step_seconds(action) < window:
         return Wait(f"run #{run.id} of {job.pipeline} is up: waiting for its first batch", 0.5)
-    return _upgraded(action, run, {"state": "unproven", "since": timezone.now().isoformat()})
+    if isinstance(checked := way_back(action), Wait):
+        return checked
+    return _upgraded(action, run, {"state": "unproven", "since": timezone.now().isoformat()}, checked)
 
 
 def spec_applied(action: Action) -> None:
@@ -555,7 +582,7 @@ def spec_applied(action: Action) -> None:
         job.spec_applied(applied)
 
 
-def _upgraded(action: Action, run: Run, proof: dict[str, Any]) -> Done:
+def _upgraded(action: Action, run: Run, proof: dict[str, Any], unverified: str = "") -> Done:
     job = action.job
     run.refresh_from_db()
     if run.deploy_id:
@@ -570,7 +597,11 @@ def _upgraded(action: Action, run: Run, proof: dict[str, Any]) -> Done:
         else "is running, not yet proven (no input yet for a first batch; it is watched, and rolls back by itself if "
         "its first batch fails)"
     )
-    return Done(f"Upgraded {job.name} from {source} to {target}; run #{run.id} {shown}; {action.params['kept']}.")
+    done = f"Upgraded {job.name} from {source} to {target}; run #{run.id} {shown}; {action.params['kept']}."
+    if unverified:
+        done += (f" But savepoint #{action.params['savepoint']}, the way back, failed its verification "
+                 f"({unverified}): the upgrade cannot be rolled back; take a savepoint now.")  # fmt: skip
+    return Done(done)
 
 
 def _roll_back_stop(action: Action) -> Outcome:
@@ -603,8 +634,10 @@ def _put_back(action: Action, savepoint: Savepoint | None, to_pipeline: str) -> 
     return f"savepoint #{savepoint.id} (batch {savepoint.batch_id})" if savepoint else "the beginning"
 
 
-def _roll_back_fork(action: Action) -> Next:
+def _roll_back_fork(action: Action) -> Outcome:
     savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    if savepoint is not None and isinstance(checked := savepoint_check(action), Wait):  # verified before it is used
+        return checked
     memo_save(action, put_back=_put_back(action, savepoint, action.params["from_pipeline"]))
     return Next("roll-back-start")
 
@@ -650,7 +683,10 @@ def _rollback_check(action: Action) -> Next:
         job.savepoints.filter(id=upgrade.params.get("savepoint")).first() if upgrade.params.get("savepoint") else None
     )
     if upgrade.params.get("savepoint") and (savepoint is None or savepoint.status != SavepointStatus.VERIFIED):
-        raise ActionFailed("The savepoint taken before the upgrade is gone; the upgrade cannot be rolled back.")
+        raise ActionFailed(
+            "The savepoint taken before the upgrade is gone or failed its verification; the upgrade cannot be rolled "
+            "back."
+        )
     remember(
         action, savepoint=savepoint.id if savepoint else None, from_pipeline=upgrade.params["from_pipeline"],
         from_parameters=upgrade.params.get("from_parameters", job.parameters),
