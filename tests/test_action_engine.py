@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from dashboard.models import Action, ActionKind, ActionStatus, Run, RunStatus
 from dashboard.services.actions import MAX_RESUMES, RESEND, action_advance, action_request, actions_due, actions_resume
+from dashboard.services.runs import run_finish
 
 pytestmark = pytest.mark.django_db
 
@@ -69,6 +70,24 @@ def test_due_actions_are_queued_once_and_again_after_a_lost_message(make_job):
     claimed = timezone.now() + timedelta(minutes=5)
     Action.objects.filter(id=action.id).update(claimed_by=f"{settings.HOST_ID}:1", claimed_until=claimed)
     assert actions_due() == [], "a worker holds it"
+
+
+def test_an_action_waiting_for_its_jobs_stop_is_queued_the_moment_the_run_ends_not_at_its_wake_time(make_job):
+    job = make_job()
+    run = running(job)
+    action = action_advance(action_id=action_request(job=job, kind=ActionKind.STOP_WITH_SAVEPOINT).id)
+    later = timezone.now() + timedelta(seconds=10)
+    Action.objects.filter(id=action.id).update(wake_at=later)
+    other = make_job(name="another")
+    running(other)
+    elsewhere = action_advance(action_id=action_request(job=other, kind=ActionKind.STOP_WITH_SAVEPOINT).id)
+    Action.objects.filter(id=elsewhere.id).update(wake_at=later)
+
+    run_finish(run_id=run.id, status=RunStatus.STOPPED)
+    sent = Action.objects.get(id=action.id).wake_at
+    assert sent is not None and sent >= timezone.now() + RESEND - timedelta(seconds=5), "queued now, as beat does"
+    assert Action.objects.get(id=elsewhere.id).wake_at == later, "another job's action waits on"
+    assert actions_due() == [], "not sent twice"
 
 
 def test_an_action_whose_worker_died_mid_step_resumes_and_ends_after_repeated_deaths(make_job):

@@ -44,7 +44,7 @@ from dashboard.services import (
 )
 from dashboard.services.action_steps import Done, Next, Steps, Wait, check_steps, one_step
 from dashboard.services.audit import audit_record
-from dashboard.services.enqueue import RUN_ACTION, enqueue
+from dashboard.services.enqueue import RESEND, RUN_ACTION, actions_send, enqueue
 from dashboard.services.errors import ActionFailed, ActionRefused
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.runs import pid_alive
@@ -71,7 +71,6 @@ STEPS: dict[str, Steps] = {
 for _kind, _steps in STEPS.items():  # a step that may go on to a step its table lacks fails here, at start
     check_steps(_kind, _steps)
 
-RESEND = timedelta(seconds=30)  # a queued visit no worker took is sent again after this (a lost message)
 CLAIM = timedelta(minutes=20)  # the longest a worker advances one action in one go (a copy of a large state)
 SLICE_SECONDS = 120  # a worker that has advanced one action this long lets go and queues it again
 MAX_RESUMES = 3  # a step whose worker died this often is not tried again: it is what kills the worker
@@ -223,18 +222,8 @@ def action_execute(*, action_id: int, timeout: float = 900) -> Action:
 
 
 def actions_due() -> list[int]:
-    """Actions whose wait is over and that no worker holds: queued for a visit (Celery beat, every second). The wake
-    time moves on by RESEND as each is queued, so a visit that no worker took is sent again, never twice at once."""
-    now = timezone.now()
-    due = Action.objects.filter(status__in=IN_FLIGHT_ACTIONS, wake_at__lte=now).filter(
-        Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
-    )
-    sent = []
-    for action_id in due.values_list("id", flat=True)[:200]:
-        if Action.objects.filter(id=action_id, wake_at__lte=now).update(wake_at=now + RESEND):
-            enqueue(RUN_ACTION, action_id)
-            sent.append(action_id)
-    return sent
+    """Actions whose wait is over and that no worker holds: queued for a visit (Celery beat, every second)."""
+    return actions_send(Action.objects.all(), due_by=timezone.now())
 
 
 PENDING_LIMIT = timedelta(minutes=10)  # a request no worker took by then was lost (a broker restart, no worker)

@@ -5,11 +5,18 @@ The dashboard never imports worker code: it names the tasks, as Celery beat's sc
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from dashboard.models import IN_FLIGHT_ACTIONS, Action
+
+log = logging.getLogger(__name__)
 
 START_RUN = "workers.tasks.start_run"
 RUN_ACTION = "workers.tasks.run_action"
@@ -42,3 +49,32 @@ def enqueue_on(host: str, task: str, *args: Any) -> None:
     """Send ``task`` to the Celery workers of ``host`` only (after the commit, as ``enqueue``): a pid means something
     only on its own host."""
     transaction.on_commit(lambda: current_app.send_task(task, args=args, queue=host_queue(host)))
+
+
+RESEND = timedelta(seconds=30)  # a queued visit of an action no worker took is sent again after this (a lost message)
+
+
+def actions_send(actions: QuerySet[Action], due_by: datetime | None = None) -> list[int]:
+    """Queue a visit of each action in ``actions`` that is in flight, waits (until ``due_by`` at the latest, when
+    given) and no worker holds. Its wake time moves on by RESEND as it is queued, so a visit that no worker took is
+    sent again, never twice at once."""
+    now = timezone.now()
+    waiting = actions.filter(status__in=IN_FLIGHT_ACTIONS, wake_at__isnull=False)
+    if due_by is not None:
+        waiting = waiting.filter(wake_at__lte=due_by)
+    waiting = waiting.filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+    sent = []
+    for action_id, wake_at in waiting.values_list("id", "wake_at")[:200]:
+        if Action.objects.filter(id=action_id, wake_at=wake_at).update(wake_at=now + RESEND):
+            enqueue(RUN_ACTION, action_id)
+            sent.append(action_id)
+    return sent
+
+
+def job_actions_wake(job_id: int) -> None:
+    """Something a job's actions may wait on happened (its run ended): visit them now rather than at their wake time
+    (a second or more through Celery beat, which stays the way back when this message is lost)."""
+    try:
+        actions_send(Action.objects.filter(job_id=job_id))
+    except Exception as exc:  # noqa: BLE001 - the broker away: beat's round visits them, only later
+        log.warning("could not wake job %s's actions: %s", job_id, exc)

@@ -26,7 +26,7 @@ from dashboard.models import (
     RunStatus,
 )
 from dashboard.selectors.incidents import run_incidents
-from dashboard.services.enqueue import KILL_DRIVER, START_RUN, enqueue, enqueue_on
+from dashboard.services.enqueue import KILL_DRIVER, START_RUN, enqueue, enqueue_on, job_actions_wake
 from dashboard.services.errors import ActionRefused
 from dashboard.services.hosts import host_for_launch, host_silent
 from dashboard.services.incidents import incidents_publish
@@ -218,6 +218,7 @@ def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") 
     if ended:
         run.refresh_from_db()
         incidents_publish(run.job_id, run_incidents(run)[-1:])  # its end; the start went out when it started
+        job_actions_wake(run.job_id)  # an upgrade or a rescale waiting for the stop goes on at once
 
 
 LAUNCH_LIMIT = timedelta(minutes=10)  # a start no worker launched by then was lost
