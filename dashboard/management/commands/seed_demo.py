@@ -1,7 +1,8 @@
 """Create the demo jobs and request the start of the first two (memory and RocksDB-incremental); the third, on the
 example package's user-sessions pipeline, waits to be started and upgraded (Deploys tab), as does the fourth, the team
 job example's customer-spend (nested orders, with parameters: upgrade it to a shorter window or a lower threshold),
-which also writes its own table in the ``team_orders`` database (on PostgreSQL) and Parquet files under var/lake."""
+which also writes its own table in the ``team_orders`` database (on PostgreSQL) and Parquet files under var/lake.
+Spark's state reader is started too, so that the first preview finds it warm."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from django.core.management.base import BaseCommand
 from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Job, StateBackend
 from dashboard.services.audit import audit_record
+from dashboard.services.enqueue import WARM_STATE_READER, enqueue
 from dashboard.services.errors import ActionRefused
 from dashboard.services.runs import job_request_start
 from dashboard.services.secrets import into_secret
@@ -98,3 +100,8 @@ class Command(BaseCommand):
                 audit_record(
                     None, verb="start", job=job.name, target=f"run #{run.id}", outcome="requested", origin="demo"
                 )
+        if not opts["no_start"] and settings.STATE_READER_IDLE_SECONDS > 0:
+            # Spark's state reader starts with the stack (its JVM and warm-up take a minute on a busy host), so that
+            # the operator's first preview or inspection finds it warm; it ends after its idle time as ever
+            enqueue(WARM_STATE_READER)
+            self.stdout.write("starting Spark's state reader for previews and inspections")
