@@ -187,7 +187,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     assert history[1].upgrade_id == upgrade.id
     way_back = job.savepoints.get(id=upgrade.params["savepoint"])
     assert way_back.deploy_id == history[0].id, "the savepoint says which code wrote it"
-    assert way_back.status == "verified", "its verification went on beside the switch; the upgrade returned after it"
+    assert way_back.status == "verified", "Spark read its state after the first batch; the upgrade returned after it"
     phases = [p["step"] for p in upgrade.phases]
     assert phases.index("verify") < phases.index("switch") < phases.index("first-batch")
     page.goto(deploys)

@@ -128,6 +128,25 @@ def savepoint_check(action: Action) -> Savepoint | Wait:
     return savepoint
 
 
+def savepoint_files_checked(action: Action) -> Savepoint:
+    """The action's savepoint's files against their checksums, and its manifest (where its batch ended in the source,
+    its partitions) kept on its record before Spark reads its state: an upgrade switches on that, and the reading
+    follows its new version's first batch (``savepoint_check``). Marked failed (ActionFailed) when a file differs."""
+    savepoint = Savepoint.objects.get(id=action.params["savepoint"])
+    if savepoint.status == SavepointStatus.VERIFIED or savepoint.manifest:
+        return savepoint
+    try:
+        manifest = json.loads((Path(savepoint.path) / MANIFEST).read_text())
+        if problems := verify_files(Path(savepoint.path) / "checkpoint", manifest["files"]):
+            raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
+    except (OSError, ValueError, ActionFailed) as exc:
+        _savepoint_failed(savepoint, str(exc))
+    savepoint.manifest = {k: v for k, v in manifest.items() if k != "files"} | {"file_count": len(manifest["files"])}
+    savepoint.size_bytes = sum(int(f["size"]) for f in manifest["files"])
+    savepoint.save(update_fields=["manifest", "size_bytes"])
+    return savepoint
+
+
 def savepoint_steps(
     origin: str | None, then: str, batch: Callable[[Action], int | None] = lambda action: None
 ) -> Steps:

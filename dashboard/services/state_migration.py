@@ -193,10 +193,11 @@ def _migrate(action: Action) -> Outcome:
 
 def _before_switch(steps: Steps) -> Steps:
     """The upgrade's steps with "migrate" listed before "switch" (the order the action's phases are shown in), and
-    the savepoint going on to it, its verification going on beside (``verify_beside``)."""
+    the savepoint going on to it, Spark's reading of its state after the new version's first batch
+    (``verify_beside``)."""
     placed: Steps = {}
     taken = savepoint_steps("before-upgrade", then="migrate")
-    taken["verify"] = ("verify the savepoint (goes on beside the switch)", verify_beside)
+    taken["verify"] = ("verify the savepoint's files (Spark reads its state after the first batch)", verify_beside)
     for name, step in {**steps, **taken}.items():
         if name == "switch":
             placed["migrate"] = ("migrate the state", _migrate)

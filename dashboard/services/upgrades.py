@@ -83,7 +83,7 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
-from dashboard.services.savepoints import savepoint_check, savepoint_steps
+from dashboard.services.savepoints import savepoint_check, savepoint_files_checked, savepoint_steps
 from dashboard.services.secrets import value_problems
 
 WATCH_MIN_SECONDS = 120  # how long an upgrade waits for the first batch when input is waiting (at least 10 triggers)
@@ -527,18 +527,21 @@ def first_batch(run: Run, after_batch: int | None) -> int | None:
 
 
 def verify_beside(action: Action) -> Outcome:
-    """The savepoint's checksums, now; Spark's reading of its state is asked for and goes on beside the switch and
-    the new version's start (the job's output is stopped until its first batch), and the upgrade returns only once it
-    has answered (``way_back``). A migration reads that state: its upgrade waits for the whole verification first."""
-    checked = savepoint_check(action)
-    if isinstance(checked, Wait) and action.params.get("migrate"):
-        return checked
+    """The savepoint's checksums, now (and its manifest kept: where its batch ended, which the switch reads); Spark's
+    reading of its state waits until the new version's first batch (``way_back``), so that it does not share the
+    cores with that batch while the output is stopped, and the upgrade returns only once it has answered. A migration
+    reads that state: its upgrade waits for the whole verification first."""
+    if action.params.get("migrate"):
+        checked = savepoint_check(action)
+        return checked if isinstance(checked, Wait) else Next("migrate")
+    savepoint_files_checked(action)
     return Next("migrate")
 
 
 def way_back(action: Action) -> Wait | str:
-    """The verification of the savepoint taken before the switch: a Wait while Spark reads its state, then '' when
-    it is verified, or why it failed (the savepoint is marked failed)."""
+    """The verification of the savepoint taken before the switch, asked for once the new version has its first batch
+    (or was found quiet): a Wait while Spark reads its state, then '' when it is verified, or why it failed (the
+    savepoint is marked failed)."""
     if action.params.get("savepoint") is None:
         return ""
     try:
