@@ -96,8 +96,10 @@ def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_
     (spool / f"action-{action.id}-rows.request").rename(spool / f"action-{action.id}-rows.taken")
     os.killpg(pid, signal.SIGKILL)
     wait_for(lambda: state_reader_pid() is None, 30, what="the reader to die")
-    assert state_read(action, "rows", "partition-rows", good, batch) is None
+    remade = []
+    assert state_read(action, "rows", "partition-rows", good, batch, fresh_copy=lambda: remade.append(1)) is None
     assert action.memo["rows"]["restarts"] == 1
+    assert remade == [1], "the copy it may have written into is made again before a new reader reads it"
     answer = wait_for(lambda: state_read(action, "rows", "partition-rows", good, batch), 240, 0.5, "the answer")
     assert sum(answer["operators"][0]["rows"].values()) == 8, "8 URLs in the state, over its partitions"
     assert state_reader_pid() not in (None, pid), "a new reader answered"

@@ -509,8 +509,8 @@ def state_read(
     the warm state reader's spool (started if it is not up) or, where it cannot answer, given to a process of its
     own; None until the answer is there (the step returns a Wait and looks again), then the answer. ActionFailed
     when Spark could not read it, or not within STATE_READ_LIMIT. A reader that went away with the request is
-    restarted; after READER_RETRIES, or when it runs older code of the pipeline (``stale``), a process of its own
-    reads (``fresh_copy`` first remakes a scratch copy the reader may have written into)."""
+    restarted (``fresh_copy`` first remakes a copy the reader may have written into); after READER_RETRIES, or when
+    it runs older code of the pipeline (``stale``), a process of its own reads (after ``fresh_copy`` too)."""
     if step_seconds(action) > STATE_READ_LIMIT:
         _spool_withdraw(key, action)
         raise ActionFailed(f"Spark's reading of the state ({command}) did not finish within {STATE_READ_LIMIT} s")
@@ -532,6 +532,8 @@ def state_read(
                 if taken.exists():  # it died with the request in hand
                     if asked["restarts"] >= READER_RETRIES:
                         return _read_apart(action, key, command, path, number, spec, fresh_copy)
+                    if fresh_copy is not None:  # it may have written into the copy (a plan, a repartition)
+                        fresh_copy()
                     taken.rename(taken.with_suffix(".request"))
                     memo_save(action, **{key: {**asked, "restarts": asked["restarts"] + 1}})
                 elif step_seconds(action) > READER_START_WAIT:  # it does not come up
