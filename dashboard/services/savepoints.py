@@ -111,10 +111,10 @@ def savepoint_check(action: Action) -> Savepoint | Wait:
     try:
         folder = Path(savepoint.path)
         manifest = json.loads((folder / MANIFEST).read_text())
-        if key not in action.memo:  # the checksums once, on the first visit
+        # the checksums once, on the first visit, unless an upgrade checked them before its switch
+        if key not in action.memo and not savepoint.manifest:
             action_progress(action, f"verifying {len(manifest['files'])} files against their checksums")
-            if problems := verify_files(folder / "checkpoint", manifest["files"]):
-                raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
+            _files_match(folder, manifest)
             action_progress(action, "verifying: Spark's state reader loads the state")
         reading = state_read(action, key, "verify", folder / "checkpoint", int(manifest["batch_id"]))
         if reading is None:
@@ -137,14 +137,23 @@ def savepoint_files_checked(action: Action) -> Savepoint:
         return savepoint
     try:
         manifest = json.loads((Path(savepoint.path) / MANIFEST).read_text())
-        if problems := verify_files(Path(savepoint.path) / "checkpoint", manifest["files"]):
-            raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
+        _files_match(Path(savepoint.path), manifest)
     except (OSError, ValueError, ActionFailed) as exc:
         _savepoint_failed(savepoint, str(exc))
-    savepoint.manifest = {k: v for k, v in manifest.items() if k != "files"} | {"file_count": len(manifest["files"])}
-    savepoint.size_bytes = sum(int(f["size"]) for f in manifest["files"])
+    _manifest_kept(savepoint, manifest)
     savepoint.save(update_fields=["manifest", "size_bytes"])
     return savepoint
+
+
+def _files_match(folder: Path, manifest: dict) -> None:
+    if problems := verify_files(folder / "checkpoint", manifest["files"]):
+        raise ActionFailed(f"the copy is not complete: {'; '.join(problems[:5])}")
+
+
+def _manifest_kept(savepoint: Savepoint, manifest: dict) -> None:
+    """The manifest on the savepoint's record, without its file list (its count instead), and the savepoint's size."""
+    savepoint.manifest = {k: v for k, v in manifest.items() if k != "files"} | {"file_count": len(manifest["files"])}
+    savepoint.size_bytes = sum(int(f["size"]) for f in manifest["files"])
 
 
 def savepoint_steps(
@@ -208,8 +217,7 @@ def savepoint_verified(savepoint: Savepoint, folder: Path, manifest: dict, readi
     manifest["verification"] = reading
     manifest["verify_ms"] = reader_ms
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    savepoint.manifest = {k: v for k, v in manifest.items() if k != "files"} | {"file_count": len(manifest["files"])}
-    savepoint.size_bytes = sum(int(f["size"]) for f in manifest["files"])
+    _manifest_kept(savepoint, manifest)
     savepoint.status, savepoint.verified_at = SavepointStatus.VERIFIED, timezone.now()
 
 
