@@ -43,6 +43,7 @@ from statekeeper_sdk.compatibility import describe
 from workers.spark.fork_server import ForkServer
 from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, session
 
+SESSION_APART = ("plan", "migrate", "repartition")  # the commands that run a query: each in a session of its own
 MAX_REQUESTS = 1000  # a fresh JVM now and then bounds whatever a long life would accumulate
 LINE_LIMIT = 1 << 20
 LOCK_WAIT = 30.0  # a reader started beside a live one waits this long, then leaves the socket to it
@@ -86,9 +87,7 @@ def serve(path: Path, idle_seconds: float) -> int:
             if command not in READER_COMMANDS:
                 raise ValueError(f"the state reader does not answer {command!r}: it runs in a process of its own")
             # a plan runs the pipeline's query: in a session of its own, so its Spark settings stay with it
-            where = (
-                spark.newSession() if command in ("plan", "migrate", "repartition") else spark
-            )  # a query's settings, apart
+            where = spark.newSession() if command in SESSION_APART else spark
             result = answer(where, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
         except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
             result = {"stale": str(exc)}
