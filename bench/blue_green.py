@@ -21,7 +21,6 @@ import statistics
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ migrated()
 
 
 from bench.busy import busy_stack, feed, make_job  # noqa: E402
+from bench.figures import committed, pct  # noqa: E402
 from bench.procs import process_tree, sizes  # noqa: E402
 from dashboard.models import Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
@@ -49,11 +49,6 @@ from dashboard.services.runs import job_request_start, job_request_stop  # noqa:
 from statekeeper.polling import wait_for  # noqa: E402
 
 SUBJECT_RATE = 50  # events/s into the subject job
-
-
-def committed(record: Checkpoint) -> float:
-    """When the batch was committed: its trigger's time plus its duration."""
-    return (record.committed_at + timedelta(milliseconds=record.duration_ms)).timestamp()
 
 
 def finished(action: Action, timeout: float = 600) -> Action:
@@ -167,11 +162,6 @@ def measure(job: Job, rounds: int, client: Any, halt: threading.Event, rescale: 
             time.sleep(4)
     job_request_stop(job=job)
     return rows
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def table(rows: list[dict[str, Any]]) -> None:

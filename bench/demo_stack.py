@@ -24,7 +24,6 @@ import os
 import statistics
 import threading
 from collections import defaultdict
-from datetime import timedelta
 from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
@@ -34,6 +33,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.figures import committed, pct  # noqa: E402
 from dashboard.models import Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
@@ -49,16 +49,6 @@ PREVIEW_TO = {
     "spend-rocksdb": "customer-spend-v2",
 }
 DONE = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
-
-
-def committed(record: Checkpoint) -> float:
-    """When the batch was committed: its trigger's time plus its duration."""
-    return (record.committed_at + timedelta(milliseconds=record.duration_ms)).timestamp()
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def running(job: Job) -> Run | None:
