@@ -18,8 +18,9 @@ import pytest
 
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
 from dashboard.services.runs import job_request_start, pid_alive
-from tests.conftest import wait_for
+from tests.conftest import send_events, wait_for
 from tests.support import running_with_progress
+from workers.spark.session import lean_jvm
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -159,3 +160,49 @@ def test_a_java_io_cause_is_named_with_where_it_was_thrown():
     assert failure_text(Cause("x", "", eof)).splitlines()[-1] == (
         "Caused by: java.io.EOFException: (no message) thrown in PythonStreamingSourceRunner.readOffset"
     )
+
+
+def test_a_rocksdb_job_in_a_driver_of_its_own_runs_a_lean_jvm_and_ends_the_python_daemons_of_its_start(
+    make_job, celery_worker, redis
+):
+    job = make_job(name="lean", driver="own", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
+    send_events(redis, job.source_stream, "url-counts", 50)
+    job_request_start(job=job)
+    run = wait_for(lambda: running_with_progress(job), 180, 0.5, "the job to commit")
+    jvm = jvm_of(run.pid)
+    options = (Path(f"/proc/{jvm}/cmdline").read_bytes()).split(b"\0")
+    assert {b"-Xmx512m", b"-Xms128m", b"-XX:+UseSerialGC", b"-Xmn64m"} <= set(options), options
+    assert b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{jvm}/environ").read_bytes().split(b"\0")
+
+    def start_daemons() -> list[bytes]:
+        return [line for line in descendants(jvm).values() if b"pyspark.sql.worker." in line]
+
+    wait_for(lambda: not start_daemons(), 60, 0.5, "the daemons of the query's start to end")
+    assert any(b"pyspark.daemon\0pyspark.worker" in line for line in descendants(jvm).values()), (
+        "the daemon of the pipeline's workers stays"
+    )
+    batch = job.checkpoints.order_by("-batch_id").values_list("batch_id", flat=True).first()
+    send_events(redis, job.source_stream, "url-counts", 20, seed=8)
+    wait_for(lambda: job.checkpoints.filter(batch_id__gt=batch, input_rows__gt=0).exists(), 60, 0.5,
+             "a batch that read the new event")  # fmt: skip
+    assert job.runs.get(id=run.id).status == RunStatus.RUNNING
+
+
+def test_the_lean_jvm_is_for_state_off_the_heap_and_gives_way_to_the_operators_settings(monkeypatch):
+    for name in ("STATEKEEPER_DRIVER_MEMORY", "STATEKEEPER_DRIVER_JAVA_OPTIONS", "STATEKEEPER_OWN_DRIVER_LEAN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert lean_jvm("memory") == {}, "a memory job's state lives on the heap: the default heap and collector"
+    assert os.environ.get("MALLOC_ARENA_MAX") is None
+    for backend in ("rocksdb", "rocksdb-incremental"):
+        conf = lean_jvm(backend)
+        assert conf["spark.driver.memory"] == "512m"
+        assert conf["spark.driver.extraJavaOptions"].split() == [
+            "-XX:+ExitOnOutOfMemoryError", "-XX:+UseSerialGC", "-Xms128m", "-Xmn64m",
+        ]  # fmt: skip
+    assert os.environ["MALLOC_ARENA_MAX"] == "2"
+    for name, value in (("STATEKEEPER_DRIVER_MEMORY", "2g"), ("STATEKEEPER_DRIVER_JAVA_OPTIONS", "-XX:+UseZGC"),
+                        ("STATEKEEPER_OWN_DRIVER_LEAN", "false")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+        assert lean_jvm("rocksdb") == {}, f"{name}={value} stands"
+        monkeypatch.delenv(name)

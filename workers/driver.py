@@ -44,8 +44,9 @@ from workers import green, job_lock
 from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
+from workers.spark.python_daemons import end_start_daemons
 from workers.spark.query import JobSpec, start_query
-from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_code
+from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_code, jvm_pid, lean_jvm
 
 log = logging.getLogger("statekeeper.driver")
 FENCED_EXIT_SECONDS = 5  # a driver that lost its lease is gone this long after it notices, whatever hangs
@@ -132,14 +133,18 @@ class GreenKeeper(green.GreenLease, LeaseKeeper):
 
 def job_session(job: Job, master: str) -> Any:
     """The SparkSession a job's driver or standby runs on: ``local[parallelism]``, or a cluster on which the job's
-    parallelism is its executor cores."""
+    parallelism is its executor cores; its JVM a lean one (``lean_jvm``), as this process runs the one job."""
     return build_session(
         f"statekeeper-{job.name}",
         master,
         backend=job.state_backend,
         partitions=job.state_partitions,
         batches_retained=job.batches_retained,
-        extra={**pipelines.get(job.pipeline).conf, **driver_conf(master, job.parallelism, str(settings.BASE_DIR))},
+        extra={
+            **lean_jvm(job.state_backend),
+            **pipelines.get(job.pipeline).conf,
+            **driver_conf(master, job.parallelism, str(settings.BASE_DIR)),
+        },
     )
 
 
@@ -214,6 +219,7 @@ class JobDriver:
         phase_seconds: float | None = None,
         code: pipelines.CodeVersion | None = None,
         on_phase: Callable[[float | None], None] | None = None,
+        lean: bool = False,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
@@ -223,10 +229,13 @@ class JobDriver:
         interval its batches start (the shared driver spreads its jobs; ``JobSpec.phase_seconds``), and ``on_phase`` is
         told the phase the query took (``start_query``). ``code``: the pipeline's code as the process loaded it, when
         it knows (a standby or shared driver, which imported it before the run); hashing it at the start costs a tenth
-        of a second or more on the restart's critical path."""
+        of a second or more on the restart's critical path. ``lean``: the process runs this one query (a driver of its
+        own, or a standby that took over), so the Python daemons Spark needs only while a query starts are ended once
+        it runs (``python_daemons``)."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared
+        self.lean = lean
         self.run = Run.objects.select_related("job").get(id=run_id)
         self.job = self.run.job
         self.token = int(self.run.fencing_token or 0)
@@ -390,6 +399,9 @@ class JobDriver:
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=trace)
                 return RunStatus.FAILED
             stop_at = None
+            if self.lean and last_batch(query) is not None and (pid := jvm_pid(self.spark)) is not None:
+                self.lean = False  # once: the query has started, and its first batch is committed
+                end_start_daemons(pid)
             if not self.shared:
                 Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now(), **heap_fields(self.spark))
                 stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
@@ -500,7 +512,7 @@ def main(argv: list[str]) -> int:
         run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Refused: {refusal}")
         spark_stop(spark)
         return 1
-    driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts)
+    driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts, lean=True)
     if is_green:  # once it took over, the job's lock, after the fenced driver let go of it
         driver.on_live = lambda: threading.Thread(
             target=lambda: held.append(job_lock.hold(job.id, within_seconds=300, grace_seconds=60)),

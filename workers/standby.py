@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
 
     keeper = LeaseKeeper(standby.job_id, int(Run.objects.get(id=run_id).fencing_token or 0))
     keeper.start()
-    driver = JobDriver(spark, run_id, keeper=keeper, code=loaded)
+    driver = JobDriver(spark, run_id, keeper=keeper, code=loaded, lean=True)
     signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
     status = driver.execute()
     StandbyDriver.objects.filter(id=standby.id).update(status=StandbyStatus.ENDED, ended_at=timezone.now())

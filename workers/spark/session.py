@@ -137,11 +137,51 @@ def driver_java_options() -> dict[str, str]:
     return {"spark.driver.extraJavaOptions": f"{EXIT_ON_OOM} {given}".strip()}
 
 
+def _jvm_process(spark: SparkSession | None) -> Any:
+    """The JVM process this process started for Spark (a subprocess.Popen), None when there is none."""
+    return getattr(getattr(getattr(spark, "sparkContext", None), "_gateway", None), "proc", None)
+
+
 def jvm_exit_code(spark: SparkSession | None) -> int | None:
     """The exit code of the JVM this process started for Spark, None while it runs (or when there is none)."""
-    process = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
-    process = getattr(process, "proc", None)
+    process = _jvm_process(spark)
     return None if process is None else process.poll()
+
+
+def jvm_pid(spark: SparkSession | None) -> int | None:
+    """The pid of the JVM this process started for Spark, None when there is none."""
+    process = _jvm_process(spark)
+    return None if process is None else int(process.pid)
+
+
+# A driver of its own (or its standby) runs one job on local[parallelism]. When the job's state is in RocksDB (off the
+# heap), its heap holds little that lives: 80–150 MiB after a collection (measured, docs/benchmarks.md). G1, the JVM's
+# default, let the heap's resident part grow past 300 MiB. The serial collector with a 64 MiB young generation, in
+# Spark's smallest heap, starting at 128 MiB (the default start, a 64th of the host's memory, is where the old
+# generation's resident part would grow to before its first full collection), keeps it near what lives: about 230 MiB
+# less than G1 for the same batches, for a full collection of 0.2 s every minute or two. Fewer glibc malloc arenas (by
+# default one per thread, up to 8 a core) keep the JVM's 300 threads and RocksDB's native allocations from spreading
+# over many half-used ones. A job on the memory backend keeps its state on the heap, and its driver the default heap
+# and collector.
+LEAN_MEMORY = "512m"
+LEAN_JAVA_OPTIONS = "-XX:+UseSerialGC -Xms128m -Xmn64m"
+LEAN_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
+def lean_jvm(backend: str) -> dict[str, str]:
+    """The JVM settings of a driver that runs one job with the ``backend``: a lean JVM (LEAN_MEMORY, LEAN_JAVA_OPTIONS)
+    when the state is in RocksDB, unless STATEKEEPER_DRIVER_MEMORY or STATEKEEPER_DRIVER_JAVA_OPTIONS say otherwise or
+    STATEKEEPER_OWN_DRIVER_LEAN is false. It sets LEAN_ENV in this process's environment, which the JVM Spark starts
+    next inherits: call it in a process that runs that job."""
+    given = any(
+        os.environ.get(name, "").strip() for name in ("STATEKEEPER_DRIVER_MEMORY", "STATEKEEPER_DRIVER_JAVA_OPTIONS")
+    )
+    off = os.environ.get("STATEKEEPER_OWN_DRIVER_LEAN", "true").strip().lower() in ("0", "false", "no", "off")
+    if given or off or not backend.startswith("rocksdb"):
+        return {}
+    for name, value in LEAN_ENV.items():
+        os.environ.setdefault(name, value)
+    return {"spark.driver.memory": LEAN_MEMORY, "spark.driver.extraJavaOptions": f"{EXIT_ON_OOM} {LEAN_JAVA_OPTIONS}"}
 
 
 def jvm_death(code: int, log_path: str, memory_setting: str) -> str:
