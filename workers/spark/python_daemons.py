@@ -69,5 +69,5 @@ def end_start_daemons(jvm_pid: int) -> list[str]:
             continue  # ended meanwhile
         done.append(kind)
     if done:
-        log.info("ended Spark's idle Python daemons for %s", ", ".join(done))
+        log.info("ended the Python daemons of the query's start: %s", ", ".join(done))
     return done
