@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.models import RunStatus, StandbyDriver, StandbyStatus
+from dashboard.services.processes import children_by_parent
 from dashboard.services.runs import pid_alive
 from dashboard.services.secrets import redact_logs
 from dashboard.services.standby import LIVE, standby_end, standby_takeover
@@ -42,15 +43,7 @@ WAIT_SLICE_SECONDS = 2.0  # how long one wait on the lock lasts before the stand
 
 def process_rss(pid: int) -> int:
     """Resident bytes of a process and its descendants (the standby's Python, its JVM and Python workers)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
+    children = children_by_parent()
     total, todo = 0, [pid]
     page = os.sysconf("SC_PAGE_SIZE")
     while todo:

@@ -1,5 +1,5 @@
 """The processes the console starts on its own host (drivers, standbys, shared drivers, the state reader): starting one
-in a session of its own, asking whether one lives, killing its whole group."""
+in a session of its own, asking whether one lives, killing its whole group, finding what runs under one."""
 
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ def pid_alive(pid: int | None) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, by parent pid, read from /proc (a JVM forks from any of its threads, so a thread's own
+    list of children would miss some). A process that ends while read is left out."""
+    found: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        found.setdefault(parent, []).append(int(entry.name))
+    return found
 
 
 def kill_group(pid: int) -> None:

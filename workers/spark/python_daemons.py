@@ -19,6 +19,8 @@ import os
 import signal
 from pathlib import Path
 
+from dashboard.services.processes import children_by_parent
+
 log = logging.getLogger(__name__)
 
 # the Python work a query on a Python data source asks for only while it starts
@@ -27,21 +29,6 @@ START_ONLY = (
     "pyspark.sql.worker.create_data_source",
     "pyspark.sql.worker.plan_data_source_read",
 )
-
-
-def _children() -> dict[int, list[int]]:
-    """Every process's children, by parent pid (read from /proc: a JVM forks from any of its threads, so a thread's
-    own list of children would miss some)."""
-    found: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # ended while read
-        found.setdefault(parent, []).append(int(entry.name))
-    return found
 
 
 def _daemon_kind(pid: int) -> str:
@@ -60,7 +47,7 @@ def end_start_daemons(jvm_pid: int) -> list[str]:
     """End the daemons under the JVM ``jvm_pid`` that serve a query's start only (START_ONLY); the kinds ended. Call it
     once the process's one query has started."""
     done = []
-    for pid in _children().get(jvm_pid, []):
+    for pid in children_by_parent().get(jvm_pid, []):
         if (kind := _daemon_kind(pid)) not in START_ONLY:
             continue
         try:

@@ -130,10 +130,10 @@ EXIT_ON_OOM = "-XX:+ExitOnOutOfMemoryError"
 OOM_EXIT_CODE = 3
 
 
-def driver_java_options() -> dict[str, str]:
-    """Options for the driver's JVM: EXIT_ON_OOM, and more (e.g. its garbage collector) from
+def driver_java_options(more: str = "") -> dict[str, str]:
+    """Options for the driver's JVM: EXIT_ON_OOM, and more (e.g. its garbage collector): ``more``, else
     STATEKEEPER_DRIVER_JAVA_OPTIONS."""
-    given = os.environ.get("STATEKEEPER_DRIVER_JAVA_OPTIONS", "").strip()
+    given = more or os.environ.get("STATEKEEPER_DRIVER_JAVA_OPTIONS", "").strip()
     return {"spark.driver.extraJavaOptions": f"{EXIT_ON_OOM} {given}".strip()}
 
 
@@ -181,7 +181,7 @@ def lean_jvm(backend: str) -> dict[str, str]:
         return {}
     for name, value in LEAN_ENV.items():
         os.environ.setdefault(name, value)
-    return {"spark.driver.memory": LEAN_MEMORY, "spark.driver.extraJavaOptions": f"{EXIT_ON_OOM} {LEAN_JAVA_OPTIONS}"}
+    return {"spark.driver.memory": LEAN_MEMORY, **driver_java_options(LEAN_JAVA_OPTIONS)}
 
 
 def jvm_death(code: int, log_path: str, memory_setting: str) -> str:
