@@ -163,16 +163,27 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
              "the spare ended with no shared job running")  # fmt: skip
 
 
-def test_a_spare_warms_one_query_per_pipeline_and_backend_of_standby_jobs_or_none_when_switched_off(make_job, settings):
+def test_a_spare_warms_one_query_per_pipeline_and_backend_in_the_serving_driver_or_none_when_switched_off(
+    make_job, settings
+):
     serving = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING)
+    no_standby = make_job(name="adhoc", driver="shared", standby=False, state_backend="rocksdb-incremental")
     orders = make_job(name="orders", driver="shared", standby=True, state_backend="rocksdb")
     orders_too = make_job(name="orders-eu", driver="shared", standby=True, state_backend="rocksdb")
     in_memory = make_job(name="clicks", driver="shared", standby=True, state_backend="memory")
-    no_standby = make_job(name="adhoc", driver="shared", standby=False, state_backend="rocksdb-incremental")
+    stopped = make_job(
+        name="stopped", driver="shared", standby=False, state_backend="memory", pipeline="order-state-machine-v2"
+    )
     for job in (orders, orders_too, in_memory, no_standby):
         Run.objects.create(job=job, status=RunStatus.RUNNING, driver_host=serving)
-    warmed = sorted((job.pipeline, job.state_backend) for job in spare_warms())
-    assert warmed == [(orders.pipeline, "memory"), (orders.pipeline, "rocksdb")], "one for the two rocksdb jobs"
+    Run.objects.create(job=stopped, status=RunStatus.STOPPED, driver_host=serving)
+    warmed = [(job.pipeline, job.state_backend) for job in spare_warms()]
+    # the crash takes the job without a standby down too, and it restarts in the spare: warmed, after those with one
+    assert warmed == [
+        (orders.pipeline, "rocksdb"),
+        (orders.pipeline, "memory"),
+        (orders.pipeline, "rocksdb-incremental"),
+    ]
     settings.SPARE_WARM_QUERIES = False  # the operator chose 0.55 GB for the spare over a warm takeover
     assert spare_warms() == []
 

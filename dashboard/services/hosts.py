@@ -20,7 +20,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, DriverHost, HostStatus, Job, Run
@@ -99,21 +99,32 @@ def spare_ready() -> bool:
     return any(host_alive(spare) and not host_silent(spare) for spare in spares)
 
 
-def spare_jobs() -> list[Job]:
-    """The jobs a spare stands behind: those with standby on that a serving shared driver of this host runs."""
+def _serving_jobs() -> QuerySet[Job]:
+    """The jobs a serving shared driver of this host runs."""
     running = Run.objects.filter(
         driver_host__host=settings.HOST_ID, driver_host__status=HostStatus.SERVING, status__in=ACTIVE_RUN_STATUSES
     )
-    return list(Job.objects.filter(standby=True, id__in=running.values("job_id")).order_by("id"))
+    return Job.objects.filter(id__in=running.values("job_id"))
+
+
+def spare_jobs() -> list[Job]:
+    """The jobs a spare stands behind: those with standby on that a serving shared driver of this host runs."""
+    return list(_serving_jobs().filter(standby=True).order_by("id"))
 
 
 def spare_warms() -> list[Job]:
     """What a spare keeps warm: one job for each pipeline and state backend that a serving shared driver of this host
-    runs with standby on (a warm query's code is its pipeline's and its backend's, not its job's). None when
-    STATEKEEPER_SPARE_WARM_QUERIES is off: the spare keeps only its Spark started."""
+    runs, those of jobs with standby on first (a warm query's code is its pipeline's and its backend's, not its job's).
+    Every job in the serving driver, not only those with standby on: its crash takes them all down, and each restarts
+    in the spare, whose first batch for a pipeline it has not warmed starts its Python workers and compiles its code
+    (seconds on a busy host). None when STATEKEEPER_SPARE_WARM_QUERIES is off: the spare keeps only its Spark
+    started."""
     if not settings.SPARE_WARM_QUERIES:
         return []
-    return list({(job.pipeline, job.state_backend): job for job in reversed(spare_jobs())}.values())
+    first: dict[tuple[str, str], Job] = {}
+    for job in _serving_jobs().order_by("-standby", "id"):
+        first.setdefault((job.pipeline, job.state_backend), job)
+    return list(first.values())
 
 
 def spare_retire(host_id: int, why: str) -> bool:
