@@ -334,7 +334,8 @@ class DriverHost(models.Model):
 
 
 class Run(models.Model):
-    """One life of a job's driver process, from start request to exit."""
+    """One run of a job's query, from start request to its end. Its driver process is its own, a shared driver's, or
+    (an upgrade or rescale that restarts the job) the driver of the job's run before it, which waited for it."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="runs")
     status = models.CharField(max_length=12, choices=RunStatus.choices, default=RunStatus.PENDING)
@@ -362,8 +363,15 @@ class Run(models.Model):
         help_text="the shared driver the run's query runs in (its pid is the host's); none: a driver of its own",
     )  # fmt: skip
     released_at = models.DateTimeField(
-        null=True, blank=True, help_text="when the shared driver let go of the run's query and lock"
-    )
+        null=True, blank=True,
+        help_text="when its driver, which lives on, let go of the run's query and lock: a shared driver's, or one of "
+        "its own that waits for the job's next run",
+    )  # fmt: skip
+    reusable_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="the run ended and its driver of its own waits until then for the job's next run (an upgrade or "
+        "rescale restarts the job): a launch before then hands the run to it rather than starting a new JVM",
+    )  # fmt: skip
     green = models.JSONField(
         default=dict, blank=True,
         help_text="a blue/green upgrade's new version (status green until the handover): its action, checkpoint "

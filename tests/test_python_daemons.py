@@ -1,50 +1,99 @@
-"""A driver of its own ends the Python daemons Spark used only to start its query (``workers.spark.python_daemons``):
-real ``pyspark.daemon`` processes, started under this test as a JVM starts them."""
+"""A driver of its own ends the Python daemons Spark used only to start its query (``workers.spark.python_daemons``),
+and its next query still starts: the test session's real JVM and daemons, a real Python streaming source."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
+from pathlib import Path
+from typing import Any
 
-from workers.spark.python_daemons import end_start_daemons
+import pytest
+
+from dashboard.services.processes import children_by_parent
+from workers.spark.python_daemons import START_ONLY, end_start_daemons
 
 
-def daemon(module: str) -> subprocess.Popen:
-    """A pyspark daemon serving ``module``, started as Spark starts one: it prints its port once it listens."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pyspark.daemon", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHON_WORKER_FACTORY_SECRET": "test-secret"},
+def daemons(spark: Any) -> set[str]:
+    """The kinds of ``pyspark.daemon`` running under the session's JVM."""
+    pid = int(spark.sparkContext._gateway.proc.pid)  # the launcher; the JVM is its process (exec) or its child
+    found, todo = set(), [pid]
+    children = children_by_parent()
+    while todo:
+        current = todo.pop()
+        try:
+            words = [w.decode() for w in Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0") if w]
+        except OSError:
+            words = []
+        if "pyspark.daemon" in words and words[-1] != "pyspark.daemon":
+            found.add(words[words.index("pyspark.daemon") + 1])
+        todo += children.get(current, [])
+    return found
+
+
+def one_query(spark: Any, checkpoint: Path) -> int:
+    """A streaming query on a Python data source until it has committed a batch that read rows; that batch's id."""
+    query = (
+        spark.readStream.format("ticks").load().writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint)).trigger(processingTime="500 milliseconds").start()
     )  # fmt: skip
-    assert process.stdout is not None
-    process.stdout.read(4)  # its port: it is up and has set its signal handlers
-    return process
-
-
-def ended(process: subprocess.Popen) -> bool:
     try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
-def test_the_daemons_of_a_querys_start_are_ended_and_the_pipelines_workers_left_alone():
-    lookup = daemon("pyspark.sql.worker.lookup_data_sources")
-    plan = daemon("pyspark.sql.worker.plan_data_source_read")
-    workers = daemon("pyspark.worker")  # the pipeline's Python: its batches need it
-    try:
-        assert sorted(end_start_daemons(os.getpid())) == [
-            "pyspark.sql.worker.lookup_data_sources",
-            "pyspark.sql.worker.plan_data_source_read",
-        ]
-        assert ended(lookup) and ended(plan), "the daemons of the query's start exit on the signal"
-        time.sleep(0.5)
-        assert workers.poll() is None, "the daemon of the pipeline's workers is left running"
-        assert end_start_daemons(os.getpid()) == [], "nothing more to end"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            progress = query.lastProgress
+            if progress and progress["numInputRows"] > 0:
+                return int(progress["batchId"])
+            assert query.isActive, query.exception()
+            time.sleep(0.2)
+        raise AssertionError("no batch in 120 s")
     finally:
-        for process in (lookup, plan, workers):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        query.stop()
+
+
+@pytest.mark.spark
+def test_the_daemons_of_a_querys_start_end_the_pipelines_workers_stay_and_the_next_query_still_starts(spark, tmp_path):
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self) -> dict:
+            return {"n": 0}
+
+        def latestOffset(self) -> dict:
+            return {"n": int(time.time() * 2)}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition(0)]
+
+        def read(self, partition: Any) -> Any:
+            yield (os.getpid(),)
+
+    class Ticks(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ticks"
+
+        def schema(self) -> str:
+            return "pid int"
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader()
+
+    spark.dataSource.register(Ticks)
+    one_query(spark, tmp_path / "first")
+    started = daemons(spark)
+    assert set(START_ONLY) <= started, started
+
+    assert end_start_daemons(spark) == sorted(START_ONLY)
+    deadline = time.monotonic() + 20
+    while daemons(spark) & set(START_ONLY) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not daemons(spark) & set(START_ONLY), "the start's daemons exited"
+    assert daemons(spark) == started - set(START_ONLY), "the daemons of the query's batches are left running"
+    assert end_start_daemons(spark) == [], "nothing more to end"
+
+    # the job's next run in the same driver: its start gets new daemons (the source's lookup is remembered by the
+    # session), and its batches run
+    one_query(spark, tmp_path / "second")
+    again = sorted(set(START_ONLY) & daemons(spark))
+    assert "pyspark.sql.worker.create_data_source" in again
+    assert end_start_daemons(spark) == again

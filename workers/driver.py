@@ -1,5 +1,6 @@
-"""A job's driver: one process, one SparkSession, one streaming query (``python -m workers.driver_process RUN_ID``
-sets Django up and calls ``main``).
+"""A job's driver: one process, one SparkSession, one streaming query at a time (``python -m workers.driver_process
+RUN_ID`` sets Django up and calls ``main``); after an upgrade's or a rescale's stop, the job's next run in the same
+process (``workers/next_run.py``).
 
 It runs only while it holds the checkpoint lease, renews it on a heartbeat, records every committed batch, and on a
 stop request lets the batch in flight finish before it stops the query.
@@ -41,12 +42,13 @@ from dashboard.services.lease import lease_renew
 from dashboard.services.runs import run_finish, run_started
 from dashboard.services.secrets import SecretError, redact_logs, reveal
 from workers import green, job_lock
+from workers.next_run import hand_over, offer, reuse_refusal, wait_for_next_run
 from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.python_daemons import end_start_daemons
 from workers.spark.query import JobSpec, start_query
-from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_code, jvm_pid, lean_jvm
+from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_code, lean_jvm
 
 log = logging.getLogger("statekeeper.driver")
 FENCED_EXIT_SECONDS = 5  # a driver that lost its lease is gone this long after it notices, whatever hangs
@@ -220,6 +222,7 @@ class JobDriver:
         code: pipelines.CodeVersion | None = None,
         on_phase: Callable[[float | None], None] | None = None,
         lean: bool = False,
+        reusable: bool = False,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
@@ -231,11 +234,13 @@ class JobDriver:
         it knows (a standby or shared driver, which imported it before the run); hashing it at the start costs a tenth
         of a second or more on the restart's critical path. ``lean``: the process runs this one query (a driver of its
         own, or a standby that took over), so the Python daemons Spark needs only while a query starts are ended once
-        it runs (``python_daemons``)."""
+        it runs (``python_daemons``). ``reusable``: a driver of its own that can run the job's next run after this one
+        (``workers/next_run.py``): stopped for an upgrade or a rescale, it offers itself (``offered``)."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared
         self.lean = lean
+        self.reusable, self.offered = reusable, False
         self.run = Run.objects.select_related("job").get(id=run_id)
         self.job = self.run.job
         self.token = int(self.run.fencing_token or 0)
@@ -284,7 +289,7 @@ class JobDriver:
                 message=f"The job's output cannot be written: {'; '.join(problems)}"[:2000],
             )
             return RunStatus.FAILED
-        code = self.code or pipelines.code_version(spec.pipeline)
+        code = self.code = self.code or pipelines.code_version(spec.pipeline)
         conf = {**spec.session_conf(), **pipeline.conf}
         if not self.green:
             deploy_record(run=self.run, spark_conf=conf, code=code)
@@ -399,14 +404,19 @@ class JobDriver:
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=trace)
                 return RunStatus.FAILED
             stop_at = None
-            if self.lean and last_batch(query) is not None and (pid := jvm_pid(self.spark)) is not None:
+            if self.lean and last_batch(query) is not None:
                 self.lean = False  # once: the query has started, and its first batch is committed
-                end_start_daemons(pid)
+                try:
+                    end_start_daemons(self.spark)
+                except Exception as exc:  # a Spark whose internals moved: the daemons idle on, nothing breaks
+                    log.warning("the Python daemons of the query's start were left running: %s", exc)
             if not self.shared:
                 Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now(), **heap_fields(self.spark))
                 stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
             if stop_at or self.stop_signal.is_set():
-                run_finish(run_id=self.run.id, status=RunStatus.STOPPED, message=self._drain_and_stop(query))
+                message = self._drain_and_stop(query)
+                self.offered = self.reusable and not self.green and offer(self.run.id, self.job.id)
+                run_finish(run_id=self.run.id, status=RunStatus.STOPPED, message=message)
                 return RunStatus.STOPPED
 
     def _drain_and_stop(self, query: Any) -> str:
@@ -512,17 +522,61 @@ def main(argv: list[str]) -> int:
         run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Refused: {refusal}")
         spark_stop(spark)
         return 1
-    driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts, lean=True)
+    driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts, lean=True, reusable=not is_green)
     if is_green:  # once it took over, the job's lock, after the fenced driver let go of it
         driver.on_live = lambda: threading.Thread(
             target=lambda: held.append(job_lock.hold(job.id, within_seconds=300, grace_seconds=60)),
             name="green-lock", daemon=True,
         ).start()  # fmt: skip
-    signal.signal(signal.SIGTERM, lambda *_: driver.stop_signal.set())
+    ending = threading.Event()  # SIGTERM: the run in hand stops; a driver waiting for the next run ends
+    current = [driver]
+
+    def on_term(*_: Any) -> None:
+        current[0].stop_signal.set()
+        ending.set()
+
+    signal.signal(signal.SIGTERM, on_term)
     status = driver.execute()
     log.info("run %s ended: %s", run_id, status)
+    while driver.offered:  # a SIGTERM meanwhile: the wait takes the offer back and ends
+        _let_go(held)  # a new driver, if the restart goes to one, takes the job's lock at once
+        next_id = wait_for_next_run(run_id, job.id, ending)
+        if next_id is None:
+            break
+        ran, ran_backend, run_id = driver.code, job.state_backend, next_id
+        job = Job.objects.get(id=job.id)
+        why, code = reuse_refusal(job.pipeline, job.state_backend, ran, ran_backend)
+        if why:
+            hand_over(run_id, why)
+            break
+        driver = current[0] = JobDriver(spark, run_id, executor_hosts=hosts, code=code, lean=True, reusable=True)
+        status = _run_next(spark, driver, master, held)
+        log.info("run %s ended: %s", run_id, status)
     spark_stop(spark)
+    _let_go(held)
+    return 0 if status == RunStatus.STOPPED else 1
+
+
+def _run_next(spark: Any, driver: JobDriver, master: str, held: list[Any]) -> str:
+    """The job's next run in this process (``workers/next_run.py``): its lock and lease taken as a new driver's are,
+    the job's current Spark settings applied to the session (a rescale's state partitions), then its query."""
+    job = driver.job
+    log.info(
+        "driver for %s run %s (pid %s, token %s): the same process", job.name, driver.run.id, os.getpid(), driver.token
+    )
+    try:
+        held.append(job_lock.hold(job.id))
+    except (TimeoutError, psycopg.Error) as exc:
+        run_finish(run_id=driver.run.id, status=RunStatus.FAILED, message=f"The driver lock could not be taken: {exc}")
+        return RunStatus.FAILED
+    driver.keeper = LeaseKeeper(job.id, driver.token)
+    driver.keeper.start()
+    job_session(job, master)
+    return driver.execute()
+
+
+def _let_go(held: list[Any]) -> None:
     for lock in held:
         if lock is not None:
             lock.close()
-    return 0 if status == RunStatus.STOPPED else 1
+    held.clear()

@@ -18,6 +18,8 @@ from dashboard.checkpoint_dir.journal import journal_parts
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
     IN_FLIGHT_ACTIONS,
+    Action,
+    ActionKind,
     DriverHost,
     DriverMode,
     HostStatus,
@@ -107,6 +109,11 @@ def run_launch(*, run_id: int) -> Run:
             run.spark_master = f"local[{host.cores}] (shared driver {host.id})"
             run.save()
             return run
+        if (waiting := _claim_waiting_driver(run)) is not None:  # it polls for the run, as a shared driver does
+            run.pid, run.log_path = waiting.pid, waiting.log_path
+            run.save()
+            log.info("run %s launched in the driver of run %s (pid %s)", run.id, waiting.id, waiting.pid)
+            return run
         run.save()
     try:
         run.pid = spawn_driver(run)
@@ -116,6 +123,34 @@ def run_launch(*, run_id: int) -> Run:
         raise
     Run.objects.filter(id=run.id).update(pid=run.pid)
     return run
+
+
+RESTARTING_ACTIONS = (ActionKind.UPGRADE, ActionKind.UPGRADE_ROLLBACK, ActionKind.RESCALE)
+
+
+def restart_expected(job_id: int) -> bool:
+    """An action in flight stops the job and starts it again (an upgrade, its rollback, a rescale): a driver of its
+    own whose run it stopped waits for the next run (``DRIVER_REUSE_SECONDS``) rather than ending."""
+    if settings.DRIVER_REUSE_SECONDS <= 0 or settings.SPARK_MASTER:
+        return False
+    return Action.objects.filter(job_id=job_id, kind__in=RESTARTING_ACTIONS, status__in=IN_FLIGHT_ACTIONS).exists()
+
+
+def _claim_waiting_driver(run: Run) -> Run | None:
+    """The job's previous run, whose driver of its own waits for this one (``reusable_until``) on this host, with the
+    same Spark master (``local[parallelism]``: a rescale of the parallelism needs a new JVM); claimed (no other launch
+    may take it, and the driver no longer ends at its deadline). None: a new driver. Inside the launch's transaction,
+    so that the driver, which polls for a run with its pid, sees the claim and the run together."""
+    waiting = (
+        Run.objects.select_for_update()
+        .filter(job_id=run.job_id, host=settings.HOST_ID, reusable_until__gt=timezone.now(), driver_host=None)
+        .order_by("-id")
+        .first()
+    )
+    if waiting is None or waiting.spark_master != run.spark_master or not pid_alive(waiting.pid):
+        return None
+    Run.objects.filter(id=waiting.id).update(reusable_until=None)
+    return waiting
 
 
 def own_driver_settings(run: Run) -> dict[str, str]:
@@ -133,11 +168,11 @@ def shares_driver(job: Job) -> bool:
 
 
 def run_holds_process(run: Run) -> bool:
-    """The run's driver may still touch the checkpoint: its process lives here, and, in a shared driver, the driver
-    has not yet let go of the run's query."""
+    """The run's driver may still touch the checkpoint: its process lives here, and has not let go of the run's
+    query (a shared driver lets go and lives on; so does a driver of its own that waits for the job's next run)."""
     if run.host != settings.HOST_ID or not pid_alive(run.pid):
         return False
-    return run.driver_host_id is None or run.released_at is None
+    return run.released_at is None
 
 
 def checkpoint_unknown(job: Job) -> str:

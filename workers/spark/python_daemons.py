@@ -1,25 +1,26 @@
 """Spark's Python daemons that serve only a query's start, ended once a driver of its own has no more use for them.
 
 Spark's JVM keeps one Python daemon (``pyspark.daemon``, which forks workers) for each kind of Python work it asks
-for. A query on a Python data source asks three kinds only while it starts: looking the source up, creating it and
-planning its read. Their daemons then idle for the driver's life, 30–45 MiB each (PSS, measured in
-docs/benchmarks.md), about a tenth of a job's own driver. The source's batches run in the streaming source's runner
-and the pipeline's Python in ``pyspark.worker``, which stay.
+for, each behind a worker factory that ``SparkEnv`` keeps by kind. A query on a Python data source asks three kinds
+only while it starts: looking the source up, creating it and planning its read. Their daemons then idle for the
+driver's life, 30–45 MiB each (PSS, measured in docs/benchmarks.md), about a tenth of a job's own driver. The
+source's batches run in the streaming source's runner and the pipeline's Python in ``pyspark.worker``, which stay.
 
-A driver of its own starts one query, so once that query has committed a batch it ends those daemons, once (SIGTERM:
-a daemon ends the idle worker it may still keep, and exits). Were Spark to need one again, it starts it again: its
-worker factory restarts a daemon it cannot reach, and discards a dead idle worker. A shared driver, a standby and the
-spare start queries all the time, and keep theirs.
+A driver of its own runs one query at a time, so once its query has committed a batch it ends those daemons, once:
+each factory is stopped (its daemon and idle workers end, as at Spark's own stop) and taken out of ``SparkEnv``'s
+map, so that the next query's start (the job's next run in the same driver, ``workers/next_run.py``) gets a new
+factory, which starts a new daemon. Killing the daemons alone is not enough: the factory then hands the next start
+a dead connection ("Stream closed"). A shared driver, a standby and the spare start queries all the time, and keep
+theirs.
+
+The map is read through reflection (``SparkEnv.pythonWorkers`` is private), outside the lock Spark takes around it:
+call this only while no query is starting in the JVM.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-from pathlib import Path
-
-from dashboard.services.processes import children_by_parent
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -31,30 +32,31 @@ START_ONLY = (
 )
 
 
-def _daemon_kind(pid: int) -> str:
-    """The worker module a ``pyspark.daemon`` process serves; empty for any other process."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return ""
-    words = [word.decode(errors="replace") for word in argv if word]
-    if "pyspark.daemon" not in words or words[-1] == "pyspark.daemon":
-        return ""
-    return words[words.index("pyspark.daemon") + 1]
+def _factories(spark: Any) -> Any:
+    """``SparkEnv.pythonWorkers``: PythonWorkersKey → PythonWorkerFactory (a Scala mutable map). Through the Class
+    object's reflection: py4j's own lookup of SparkEnv's methods needs classes this JVM does not ship."""
+    jvm = spark.sparkContext._jvm
+    field = jvm.java.lang.Class.forName("org.apache.spark.SparkEnv").getDeclaredField("pythonWorkers")
+    field.setAccessible(True)
+    return field.get(spark.sparkContext._jsc.sc().env())
 
 
-def end_start_daemons(jvm_pid: int) -> list[str]:
-    """End the daemons under the JVM ``jvm_pid`` that serve a query's start only (START_ONLY); the kinds ended. Call it
-    once the process's one query has started."""
+def end_start_daemons(spark: Any) -> list[str]:
+    """Stop the worker factories (their daemons) of the JVM under ``spark`` that serve a query's start only
+    (START_ONLY), and forget them; the kinds ended. Call it once the process's query has started."""
+    factories = _factories(spark)
+    keys, found = [], factories.keysIterator()
+    while found.hasNext():
+        keys.append(found.next())
     done = []
-    for pid in children_by_parent().get(jvm_pid, []):
-        if (kind := _daemon_kind(pid)) not in START_ONLY:
+    for key in keys:
+        kind = next((k for k in START_ONLY if f",{k}," in key.toString()), "")
+        if not kind:
             continue
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            continue  # ended meanwhile
-        done.append(kind)
+        removed = factories.remove(key)
+        if removed.isDefined():
+            removed.get().stop()
+            done.append(kind)
     if done:
-        log.info("ended the Python daemons of the query's start: %s", ", ".join(done))
-    return done
+        log.info("ended the Python daemons of the query's start: %s", ", ".join(sorted(done)))
+    return sorted(done)

@@ -148,12 +148,6 @@ def jvm_exit_code(spark: SparkSession | None) -> int | None:
     return None if process is None else process.poll()
 
 
-def jvm_pid(spark: SparkSession | None) -> int | None:
-    """The pid of the JVM this process started for Spark, None when there is none."""
-    process = _jvm_process(spark)
-    return None if process is None else int(process.pid)
-
-
 # A driver of its own (or its standby) runs one job on local[parallelism]. When the job's state is in RocksDB (off the
 # heap), its heap holds little that lives: 80–150 MiB after a collection (measured, docs/benchmarks.md). G1, the JVM's
 # default, let the heap's resident part grow past 300 MiB. The serial collector with a 64 MiB young generation, in

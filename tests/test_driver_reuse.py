@@ -1,0 +1,114 @@
+"""A job with a driver of its own keeps its driver process across an upgrade or a rescale (workers/next_run.py): the
+new run starts in the JVM that ran the old one, with its code loaded, rather than in a new one. A change the process
+cannot run (another Spark master, code changed on disk) gets a new driver; a stop that no restart follows ends it."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from dashboard.models import Action, ActionKind, ActionStatus, Job, Run, RunStatus
+from dashboard.services.actions import action_request
+from dashboard.services.runs import job_request_start, job_request_stop, pid_alive, run_holds_process, run_launch
+from tests.conftest import wait_for
+from tests.support import events_counted, finished, running_with_progress, send, switched_to
+from workers.next_run import offer, wait_for_next_run
+
+
+def caught_up(job: Job, sent: int) -> bool:
+    return events_counted(job) == sent
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_an_upgrade_and_a_rescale_restart_the_job_in_its_driver_and_a_new_parallelism_in_a_new_one(
+    make_job, redis, stream_name, celery_worker
+):
+    job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
+    sent = send(redis, stream_name, 200, seed=1)
+    job_request_start(job=job)
+    first = wait_for(lambda: running_with_progress(job), 180, 1, "version 1 to commit")
+    wait_for(lambda: caught_up(job, sent), 120, 1, "version 1 to count every event")
+
+    upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2"}))
+    assert upgrade.status == ActionStatus.SUCCEEDED and switched_to(job, "user-sessions-v2"), [
+        upgrade.outcome,
+        *job.runs.exclude(error="").values_list("error", flat=True),
+    ]
+    second = job.runs.get(id=upgrade.params["run"])
+    first.refresh_from_db()
+    assert second.pid == first.pid and second.log_path == first.log_path, "the same driver process ran version 2"
+    assert first.status == RunStatus.STOPPED and first.released_at is not None and first.reusable_until is None
+    assert not run_holds_process(first), "the stopped run let go of the checkpoint though its process lives on"
+    sent += send(redis, stream_name, 100, seed=2)
+    wait_for(lambda: caught_up(job, sent), 180, 1, "version 2 to count every event")
+
+    # state partitions 2 → 3: the same Spark master, the same process, the repartitioned state
+    rescale = finished(action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3}))
+    assert rescale.status == ActionStatus.SUCCEEDED, rescale.outcome
+    sent += send(redis, stream_name, 100, seed=3)
+    third = wait_for(lambda: running_with_progress(job, after_run=second.id), 180, 1, "the rescaled run to commit")
+    assert third.pid == first.pid, "a rescale of the state partitions kept the driver"
+    wait_for(lambda: caught_up(job, sent), 180, 1, "the rescaled run to count every event")
+    assert Job.objects.get(id=job.id).state_partitions == 3
+
+    # parallelism 1 → 2 is local[2]: a JVM of its own, and the old process ends once the new run has it
+    wider = finished(action_request(job=job, kind=ActionKind.RESCALE, params={"parallelism": 2}))
+    assert wider.status == ActionStatus.SUCCEEDED, wider.outcome
+    sent += send(redis, stream_name, 100, seed=4)
+    fourth = wait_for(lambda: running_with_progress(job, after_run=third.id), 240, 1, "the wider run to commit")
+    assert fourth.pid != first.pid and fourth.spark_master == "local[2]"
+    wait_for(lambda: not pid_alive(first.pid), 30, 0.5, "the old driver to end")
+    wait_for(lambda: caught_up(job, sent), 180, 1, "the wider run to count every event")
+
+    # a plain stop: no restart follows, the driver ends at once
+    job_request_stop(job=job)
+    wait_for(lambda: not pid_alive(fourth.pid), 60, 0.5, "the driver to end after a plain stop")
+    fourth.refresh_from_db()
+    assert fourth.status == RunStatus.STOPPED and fourth.reusable_until is None and fourth.released_at is None
+    assert events_counted(job) == sent, "every event counted once across three restarts"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_driver_waits_only_while_an_action_restarts_the_job_and_a_launch_before_its_deadline_claims_it(
+    make_job, settings
+):
+    import os
+
+    settings.DRIVER_REUSE_SECONDS = 2
+    job = make_job(parallelism=1)
+    ended = Run.objects.create(job=job, status=RunStatus.STOPPED, pid=os.getpid(), host=settings.HOST_ID,
+                               spark_master="local[1]", log_path="/tmp/driver.log")  # fmt: skip
+    assert not offer(ended.id, job.id), "a plain stop: nothing restarts the job"
+
+    upgrade = Action.objects.create(job=job, kind=ActionKind.UPGRADE, status=ActionStatus.RUNNING)
+    assert offer(ended.id, job.id)
+    ended.refresh_from_db()
+    assert ended.released_at is not None and ended.reusable_until > timezone.now()
+    ending = threading.Event()
+    found: list[int | None] = []
+    waiter = threading.Thread(target=lambda: found.append(wait_for_next_run(ended.id, job.id, ending)))
+    waiter.start()
+    nxt = Run.objects.create(job=job)
+    run_launch(run_id=nxt.id)  # no process is started: the waiting driver (this one) is claimed
+    waiter.join(10)
+    nxt.refresh_from_db()
+    assert found == [nxt.id] and nxt.pid == os.getpid() and nxt.log_path == "/tmp/driver.log"
+    assert nxt.status == RunStatus.STARTING
+    assert Run.objects.get(id=ended.id).reusable_until is None, "claimed once: no second launch may take it"
+
+    # the next stop is offered too; no launch comes within the deadline: the offer is taken back and the wait ends
+    Run.objects.filter(id=nxt.id).update(status=RunStatus.STOPPED)
+    assert offer(nxt.id, job.id)
+    assert wait_for_next_run(nxt.id, job.id, threading.Event()) is None
+    assert Run.objects.get(id=nxt.id).reusable_until is None
+    # and once the action has ended with no start waiting, the wait ends before the deadline
+    settings.DRIVER_REUSE_SECONDS = 60
+    assert offer(nxt.id, job.id)
+    Action.objects.filter(id=upgrade.id).update(status=ActionStatus.FAILED)
+    began = timezone.now()
+    assert wait_for_next_run(nxt.id, job.id, threading.Event()) is None
+    assert timezone.now() - began < timedelta(seconds=5)

@@ -1,0 +1,100 @@
+"""A driver of its own whose run an upgrade or a rescale stopped waits for the job's next run, and runs it in the same
+process: its JVM is up, its code loaded and compiled, its Python workers started. A new driver's start (20 s or more
+on a busy host: the JVM, then a first batch that loads everything) leaves the action's critical path; what remains is
+the new query's start in a warm JVM, as in a shared driver.
+
+The protocol, all through the database: the driver marks its ended run released (the checkpoint is let go: actions
+that wait for the job's drivers to end go on) and ``reusable_until`` a deadline. A launch before then claims it
+(``dashboard.services.runs._claim_waiting_driver``: the deadline cleared and the new run given this process's pid,
+in one transaction), and the driver, which polls for a run with its pid, runs it. At the deadline the driver clears
+the deadline itself, unless a launch claimed it a moment before: then the run is there on its next look."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from dashboard import pipelines
+from dashboard.models import ACTIVE_RUN_STATUSES, Run, RunStatus
+from dashboard.services.runs import own_driver_settings, restart_expected, spawn_driver
+from workers.spark.session import lean_jvm
+
+log = logging.getLogger(__name__)
+POLL_SECONDS = 0.1
+LOOK_SECONDS = 1.0  # how often it asks whether the restart is still to come
+
+
+def offer(run_id: int, job_id: int) -> bool:
+    """Called as run ``run_id`` of a driver of its own stops on request, its query stopped, before its end is
+    recorded (no launch of the job's next run can come before that): when an action restarts the job, the run is
+    marked released and this driver offered to the next run until DRIVER_REUSE_SECONDS from now. Whether it was."""
+    if not restart_expected(job_id):
+        return False
+    now = timezone.now()
+    Run.objects.filter(id=run_id).update(
+        released_at=now, reusable_until=now + timedelta(seconds=settings.DRIVER_REUSE_SECONDS)
+    )
+    log.info("run %s stopped for a restart: this driver waits up to %s s for the next run", run_id,
+             settings.DRIVER_REUSE_SECONDS)  # fmt: skip
+    return True
+
+
+def wait_for_next_run(run_id: int, job_id: int, ending: threading.Event) -> int | None:
+    """After ``offer``: the id of the job's next run once a launch has given it to this process, or None (the restart
+    went elsewhere or will not come, DRIVER_REUSE_SECONDS passed, or ``ending``)."""
+    deadline = time.monotonic() + settings.DRIVER_REUSE_SECONDS
+    looked = time.monotonic()
+    mine = Run.objects.filter(job_id=job_id, id__gt=run_id, pid=os.getpid(), host=settings.HOST_ID, driver_host=None)
+    while True:
+        assigned = mine.order_by("id").values_list("id", "status").first()
+        if assigned is not None:
+            return assigned[0] if assigned[1] in ACTIVE_RUN_STATUSES else None
+        over = ending.is_set() or time.monotonic() >= deadline
+        if not over and time.monotonic() - looked >= LOOK_SECONDS:
+            looked = time.monotonic()
+            over = _restart_gone(run_id, job_id)
+        # over, unless a launch claimed this driver a moment ago: then its run is there on the next look
+        if over and Run.objects.filter(id=run_id, reusable_until__isnull=False).update(reusable_until=None):
+            return None
+        ending.wait(POLL_SECONDS)
+
+
+def _restart_gone(run_id: int, job_id: int) -> bool:
+    """The restart will not come here: a later run of the job went to another driver, or no action restarts the job
+    any more and no start of it waits for a launch."""
+    later = Run.objects.filter(job_id=job_id, id__gt=run_id)
+    if later.exclude(status=RunStatus.PENDING).exclude(pid=os.getpid()).exists():
+        return True
+    return not later.filter(status=RunStatus.PENDING).exists() and not restart_expected(job_id)
+
+
+def reuse_refusal(
+    pipeline: str, backend: str, ran: pipelines.CodeVersion | None, ran_backend: str
+) -> tuple[str, pipelines.CodeVersion | None]:
+    """Why this process cannot run the job's next run, with the ``pipeline`` and state ``backend`` it has, after a run
+    of code ``ran`` on ``ran_backend`` (empty when it can), and the code it would run."""
+    try:
+        code = pipelines.code_version(pipeline)
+    except Exception as exc:  # not installed when this process started, or unreadable now
+        return f"the pipeline {pipeline!r} could not be loaded here ({exc})", None
+    if ran is None or code.package != ran.package or code.code_hash != ran.code_hash:
+        return f"{pipelines.whose_code(pipeline, code)} is not the code this driver loaded", None
+    if lean_jvm(backend) != lean_jvm(ran_backend):
+        return f"the state backend {backend!r} runs with other JVM settings than {ran_backend!r}", None
+    return "", code
+
+
+def hand_over(run_id: int, why: str) -> None:
+    """The run goes to a new driver process of its own (this one ends)."""
+    run = Run.objects.select_related("job").get(id=run_id)
+    own = own_driver_settings(run)
+    run.log_path = own["log_path"]
+    pid = spawn_driver(run)
+    Run.objects.filter(id=run_id).update(pid=pid, **own)
+    log.info("run %s handed to a new driver (pid %s): %s", run_id, pid, why)
