@@ -138,3 +138,15 @@ PYEOF
 ensure_chromium() {
   command -v chromium >/dev/null || { say "installing Debian's chromium (for browser tests)"; apt_install chromium; }
 }
+
+# The class archive every Spark JVM maps (workers/spark/class_archive.py): made once per JDK and pyspark, about half a
+# minute; a JVM starts without it when it could not be made.
+ensure_class_archive() {
+  mkdir -p var
+  local out
+  if out=$("$PY" -m workers.spark.class_archive 2>>var/class-archive.log); then
+    case "$out" in *"made before"*) ;; *) say "$out" ;; esac
+  else
+    say "no class archive (var/class-archive.log says why): JVMs start without it"
+  fi
+}

@@ -9,6 +9,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from workers.spark.class_archive import archive_options
 from workers.spark.quiet_files import QUIET_LOCAL, QUIET_RAW_LOCAL, quiet_files_conf
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -131,10 +132,10 @@ OOM_EXIT_CODE = 3
 
 
 def driver_java_options(more: str = "") -> dict[str, str]:
-    """Options for the driver's JVM: EXIT_ON_OOM, and more (e.g. its garbage collector): ``more``, else
-    STATEKEEPER_DRIVER_JAVA_OPTIONS."""
+    """Options for the driver's JVM: EXIT_ON_OOM, the class archive's (``class_archive``: when it has been made), and
+    more (e.g. its garbage collector): ``more``, else STATEKEEPER_DRIVER_JAVA_OPTIONS."""
     given = more or os.environ.get("STATEKEEPER_DRIVER_JAVA_OPTIONS", "").strip()
-    return {"spark.driver.extraJavaOptions": f"{EXIT_ON_OOM} {given}".strip()}
+    return {"spark.driver.extraJavaOptions": " ".join(f"{EXIT_ON_OOM} {archive_options()} {given}".split())}
 
 
 def _jvm_process(spark: SparkSession | None) -> Any:
