@@ -144,7 +144,7 @@ ensure_chromium() {
 ensure_class_archive() {
   mkdir -p var
   local out
-  if out=$("$PY" -m workers.spark.class_archive 2>>var/class-archive.log); then
+  if out=$("$PY" -m workers.spark.make_class_archive 2>>var/class-archive.log); then
     case "$out" in *"made before"*) ;; *) say "$out" ;; esac
   else
     say "no class archive (var/class-archive.log says why): JVMs start without it"
