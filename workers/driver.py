@@ -415,7 +415,7 @@ class JobDriver:
                 stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
             if stop_at or self.stop_signal.is_set():
                 message = self._drain_and_stop(query)
-                self.offered = self.reusable and not self.green and offer(self.run.id, self.job.id)
+                self.offered = self.reusable and offer(self.run.id, self.job.id)
                 run_finish(run_id=self.run.id, status=RunStatus.STOPPED, message=message)
                 return RunStatus.STOPPED
 

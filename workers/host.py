@@ -37,7 +37,7 @@ from dashboard.failures import root_cause
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
 from dashboard.services.hosts import host_gone, host_may_end, spare_jobs, spare_retire, spare_warms
-from dashboard.services.runs import own_driver_settings, pid_alive, run_finish, spawn_driver
+from dashboard.services.runs import pid_alive, respawn_in_own_driver, run_finish
 from dashboard.services.secrets import redact_logs
 from workers import job_lock
 from workers.driver import GreenJobLease, JobDriver, JobLease, heap_fields, spark_stop
@@ -292,10 +292,7 @@ class SharedDriver:
         DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
             status=HostStatus.DRAINING, message=f"Draining: {why}."
         )
-        own = own_driver_settings(run)
-        run.log_path = own["log_path"]
-        pid = spawn_driver(run)
-        Run.objects.filter(id=run.id).update(pid=pid, driver_host=None, **own)
+        pid = respawn_in_own_driver(run)
         log.info("run %s handed to a driver of its own (pid %s): %s", run.id, pid, why)
 
     def _run_job(self, run_id: int) -> None:

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Run, RunStatus
-from dashboard.services.runs import own_driver_settings, restart_expected, spawn_driver
+from dashboard.services.runs import respawn_in_own_driver, restart_expected
 from workers.spark.session import lean_jvm
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,5 @@ def reuse_refusal(
 
 def hand_over(run_id: int, why: str) -> None:
     """The run goes to a new driver process of its own (this one ends)."""
-    run = Run.objects.select_related("job").get(id=run_id)
-    own = own_driver_settings(run)
-    run.log_path = own["log_path"]
-    pid = spawn_driver(run)
-    Run.objects.filter(id=run_id).update(pid=pid, **own)
+    pid = respawn_in_own_driver(Run.objects.select_related("job").get(id=run_id))
     log.info("run %s handed to a new driver (pid %s): %s", run_id, pid, why)

@@ -214,6 +214,17 @@ def spawn_driver(run: Run) -> int:
     return spawn_process("workers.driver_process", run.id, Path(run.log_path))
 
 
+def respawn_in_own_driver(run: Run) -> int:
+    """A launched run that its process will not run (a shared driver, or a driver waiting for the job's next run,
+    that cannot run its code) goes to a new driver of its own: its log and Spark master as such a driver's, its pid
+    the new process's. Returns that pid."""
+    own = own_driver_settings(run)
+    run.log_path = own["log_path"]
+    pid = spawn_driver(run)
+    Run.objects.filter(id=run.id).update(pid=pid, driver_host=None, **own)
+    return pid
+
+
 def job_request_stop(*, job: Job) -> Run:
     """Ask the running driver to drain its batch in flight and stop. Asking twice is harmless."""
     with transaction.atomic():

@@ -15,6 +15,7 @@ path) is ignored with a warning, never a failure. ``STATEKEEPER_CLASS_ARCHIVE=of
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -35,8 +36,10 @@ def _java() -> Path | None:
     return found.resolve() if found is not None else None
 
 
-def archive_path() -> Path | None:
-    """Where the archive for this JDK, pyspark and Spark's jars is (or would be); None without a JDK."""
+@functools.cache
+def _key() -> str | None:
+    """What the archive must match, hashed: the JDK (its binary and when it was installed), pyspark and Spark's jars.
+    None without a JDK. Read once a process: neither changes under a running one, and every session's options ask."""
     import pyspark
 
     java = _java()
@@ -44,7 +47,13 @@ def archive_path() -> Path | None:
         return None
     jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     key = "\n".join([str(java), str(java.stat().st_mtime_ns), pyspark.__version__, *jars])
-    return ARCHIVE_DIR / f"spark-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def archive_path() -> Path | None:
+    """Where the archive for this JDK, pyspark and Spark's jars is (or would be); None without a JDK."""
+    key = _key()
+    return None if key is None else ARCHIVE_DIR / f"spark-{key}.jsa"
 
 
 def archive_options() -> str:
