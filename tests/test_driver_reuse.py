@@ -112,3 +112,25 @@ def test_a_stopped_driver_waits_only_while_an_action_restarts_the_job_and_a_laun
     began = timezone.now()
     assert wait_for_next_run(nxt.id, job.id, threading.Event()) is None
     assert timezone.now() - began < timedelta(seconds=5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_its_process_will_not_run_is_moved_to_a_new_driver_of_its_own(make_job, settings, tmp_path):
+    from dashboard.models import DriverHost, HostStatus
+    from dashboard.services.runs import kill_group, respawn_in_own_driver
+
+    settings.LOG_ROOT = tmp_path
+    job = make_job(parallelism=1)
+    host = DriverHost.objects.create(
+        host=settings.HOST_ID, status=HostStatus.SERVING, pid=1, log_path="/tmp/shared.log"
+    )
+    run = Run.objects.create(job=job, status=RunStatus.STARTING, driver_host=host, pid=1, log_path=host.log_path,
+                             spark_master="local[2] (shared driver)")  # fmt: skip
+    pid = respawn_in_own_driver(run)
+    try:
+        run.refresh_from_db()
+        assert run.pid == pid != 1 and run.driver_host_id is None
+        assert run.log_path == str(tmp_path / f"{job.name}-run-{run.id}.log") and run.spark_master == "local[1]"
+        assert pid_alive(pid), "the new driver process started"
+    finally:
+        kill_group(pid)
