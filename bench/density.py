@@ -140,6 +140,45 @@ def measure(jobs: list[Job], client: Any, window: float, keeping_up: float) -> d
     }
 
 
+def add_jobs(jobs: list[Job], count: int, stamp: int, *, trigger: float, driver: str, standbys: int = 0) -> None:
+    """url-counts jobs like the demo's (memory backend, 2 state partitions) started until ``jobs`` holds ``count``."""
+    while len(jobs) < count:
+        job = Job.objects.create(
+            name=f"density-{stamp}-{len(jobs)}", pipeline="url-counts", state_backend="memory",
+            source_stream=f"bench:density-{stamp}-{len(jobs)}", parallelism=1, state_partitions=2,
+            trigger_interval_seconds=trigger, driver=driver, standby=len(jobs) < standbys,
+        )  # fmt: skip
+        jobs.append(job)
+        job_request_start(job=job)
+
+
+def settle(jobs: list[Job], trigger: float) -> None:
+    """Until every job has committed lately, then three intervals more (at least 10 s): past the first batches, a
+    backlog and a cold JVM."""
+    wait_for(
+        lambda: Checkpoint.objects.filter(job__in=jobs, committed_at__gte=timezone.now() - timedelta(seconds=10))
+        .values("job").distinct().count() == len(jobs),
+        600, 2, f"all {len(jobs)} jobs to commit",
+    )  # fmt: skip
+    time.sleep(max(10.0, 3 * trigger))
+
+
+def end_jobs(jobs: list[Job], worker_pid: int) -> None:
+    """Stop the jobs, kill what is left of their drivers and the benchmark's worker, and archive the jobs."""
+    for job in jobs:
+        with contextlib.suppress(ActionRefused):
+            job_request_stop(job=job)
+    time.sleep(5)
+    for pid in DriverHost.objects.exclude(pid=None).values_list("pid", flat=True):
+        kill_group(pid or 0)
+    for run in Run.objects.filter(job__in=jobs).exclude(pid=None):
+        kill_group(run.pid or 0)
+    for standby in StandbyDriver.objects.filter(job__in=jobs).exclude(pid=None):
+        kill_group(standby.pid or 0)
+    kill_group(worker_pid)
+    Job.objects.filter(id__in=[job.id for job in jobs]).update(archived_at=timezone.now())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", default="1,10,20,30,40")
@@ -160,20 +199,8 @@ def main() -> None:
     threading.Thread(target=produce, args=(client, jobs, halt), daemon=True).start()
     try:
         for step in steps:
-            while len(jobs) < step:
-                job = Job.objects.create(
-                    name=f"density-{stamp}-{len(jobs)}", pipeline="url-counts", state_backend="memory",
-                    source_stream=f"bench:density-{stamp}-{len(jobs)}", parallelism=1, state_partitions=2,
-                    trigger_interval_seconds=args.trigger, driver=args.driver, standby=len(jobs) < args.standbys,
-                )  # fmt: skip
-                jobs.append(job)
-                job_request_start(job=job)
-            wait_for(
-                lambda: Checkpoint.objects.filter(job__in=jobs, committed_at__gte=timezone.now() - timedelta(seconds=10))
-                .values("job").distinct().count() == len(jobs),
-                600, 2, f"all {len(jobs)} jobs to commit",
-            )  # fmt: skip
-            time.sleep(max(10.0, 3 * args.trigger))  # past the first batches: a backlog, a cold JVM
+            add_jobs(jobs, step, stamp, trigger=args.trigger, driver=args.driver, standbys=args.standbys)
+            settle(jobs, args.trigger)
             row = measure(jobs, client, args.window, RATE * (args.trigger + 3)) | {"jobs": len(jobs)}
             rows.append(row)
             print(
@@ -185,18 +212,7 @@ def main() -> None:
             )
     finally:
         halt.set()
-        for job in jobs:
-            with contextlib.suppress(ActionRefused):
-                job_request_stop(job=job)
-        time.sleep(5)
-        for pid in DriverHost.objects.exclude(pid=None).values_list("pid", flat=True):
-            kill_group(pid or 0)
-        for run in Run.objects.filter(job__in=jobs).exclude(pid=None):
-            kill_group(run.pid or 0)
-        for standby in StandbyDriver.objects.filter(job__in=jobs).exclude(pid=None):
-            kill_group(standby.pid or 0)
-        kill_group(worker.pid)
-        Job.objects.filter(id__in=[job.id for job in jobs]).update(archived_at=timezone.now())
+        end_jobs(jobs, worker.pid)
     single = rows[0]["p95_median"] if rows and rows[0]["jobs"] == 1 else float("nan")
     print(
         f"\ndriver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job, trigger {args.trigger:g} s, "

@@ -179,7 +179,7 @@ def test_a_rocksdb_job_in_a_driver_of_its_own_runs_a_lean_jvm_and_ends_the_pytho
         return [line for line in descendants(jvm).values() if b"pyspark.sql.worker." in line]
 
     wait_for(lambda: not start_daemons(), 60, 0.5, "the daemons of the query's start to end")
-    assert any(b"pyspark.daemon\0pyspark.worker" in line for line in descendants(jvm).values()), (
+    assert any(b"workers.spark.worker_daemon\0pyspark.worker" in line for line in descendants(jvm).values()), (
         "the daemon of the pipeline's workers stays"
     )
     batch = job.checkpoints.order_by("-batch_id").values_list("batch_id", flat=True).first()

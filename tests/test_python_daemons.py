@@ -12,10 +12,12 @@ import pytest
 
 from dashboard.services.processes import children_by_parent
 from workers.spark.python_daemons import START_ONLY, end_start_daemons
+from workers.spark.worker_daemon import MODULE as WORKER_DAEMON
 
 
 def daemons(spark: Any) -> set[str]:
-    """The kinds of ``pyspark.daemon`` running under the session's JVM."""
+    """The kinds of Python daemon running under the session's JVM (``pyspark.daemon``, and the pipelines' workers'
+    ``workers.spark.worker_daemon``)."""
     pid = int(spark.sparkContext._gateway.proc.pid)  # the launcher; the JVM is its process (exec) or its child
     found, todo = set(), [pid]
     children = children_by_parent()
@@ -25,8 +27,9 @@ def daemons(spark: Any) -> set[str]:
             words = [w.decode() for w in Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0") if w]
         except OSError:
             words = []
-        if "pyspark.daemon" in words and words[-1] != "pyspark.daemon":
-            found.add(words[words.index("pyspark.daemon") + 1])
+        for module in ("pyspark.daemon", WORKER_DAEMON):
+            if module in words and words[-1] != module:
+                found.add(words[words.index(module) + 1])
         todo += children.get(current, [])
     return found
 
@@ -88,7 +91,7 @@ def test_the_daemons_of_a_querys_start_end_the_pipelines_workers_stay_and_the_ne
     while daemons(spark) & set(START_ONLY) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not daemons(spark) & set(START_ONLY), "the start's daemons exited"
-    assert daemons(spark) == started - set(START_ONLY), "the daemons of the query's batches are left running"
+    assert daemons(spark) == started - set(START_ONLY) == {"pyspark.worker"}, "the batches' daemon is left running"
     assert end_start_daemons(spark) == [], "nothing more to end"
 
     # the job's next run in the same driver: its start gets new daemons (the source's lookup is remembered by the

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from workers.spark.class_archive import archive_options
 from workers.spark.quiet_files import QUIET_LOCAL, QUIET_RAW_LOCAL, quiet_files_conf
+from workers.spark.worker_daemon import MODULE as WORKER_DAEMON
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -226,6 +227,8 @@ def build_session(
         **driver_java_options(),
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
+        # the pipelines' Python workers freeze their imports out of the collection Spark runs after every task
+        "spark.python.daemon.module": WORKER_DAEMON,
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # progress events for idle triggers are not checkpoints; keep them rare
         "spark.sql.streaming.noDataProgressEventInterval": "60000",
