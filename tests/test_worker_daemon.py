@@ -13,7 +13,7 @@ def _worker_state(spark: Any) -> tuple[int, int]:
     """Run one Python task on the session; the pid of the worker that ran it and how many objects it holds frozen."""
     from pyspark.sql import functions as F
 
-    def probe(_: Any) -> str:
+    def probe(_):  # no type hints: PySpark would read them as a pandas UDF's
         import gc
         import os
 
