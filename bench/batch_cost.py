@@ -27,14 +27,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.density import RATE, ROOT, add_jobs, end_jobs, job_roots, produce, settle  # sets Django up
+from bench.density import RATE, ROOT, add_jobs, end_jobs, job_pids, produce, settle  # sets Django up
 
 # isort: split
 import redis  # noqa: E402  (after bench.density: it chooses the Redis database)
 from django.utils import timezone  # noqa: E402
 
 from bench.busy import start_worker  # noqa: E402
-from bench.procs import command, parents, process_tree  # noqa: E402
+from bench.procs import command, cpu_ticks, parents, process_tree  # noqa: E402
 from dashboard.models import Checkpoint, Job  # noqa: E402
 from workers.spark.worker_daemon import MODULE as WORKER_DAEMON  # noqa: E402
 
@@ -48,14 +48,6 @@ PHASES = (
     ("commit_offsets_ms", "commitOffsets (commit file)"),
     ("duration_ms", "whole batch (triggerExecution)"),
 )
-
-
-def _times(stat: Path) -> tuple[str, int, int]:
-    """A process's or thread's name, its own CPU ticks, and its ended children's."""
-    text = stat.read_text()
-    name = text[text.index("(") + 1 : text.rindex(")")]
-    fields = text.rsplit(")", 1)[1].split()
-    return name, int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
 
 
 def role(pid: int, parent_of: dict[int, int]) -> str:
@@ -77,20 +69,7 @@ def role(pid: int, parent_of: dict[int, int]) -> str:
     return f"other: {text[:40]}"
 
 
-def servers() -> dict[str, list[int]]:
-    """PostgreSQL's and Redis' server processes."""
-    found: dict[str, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                name = _times(entry / "stat")[0]
-            except (OSError, ValueError):
-                continue
-            if name.startswith("postgres"):
-                found["PostgreSQL (all its processes)"].append(int(entry.name))
-            elif name.startswith("redis-server"):
-                found["Redis server"].append(int(entry.name))
-    return found
+SERVERS = (("postgres", "PostgreSQL (all its processes)"), ("redis-server", "Redis server"))
 
 
 THREAD_NUMBER = re.compile(r"[-#]?\d+$")
@@ -100,30 +79,33 @@ def snapshot(worker_pid: int) -> dict[tuple[str, str], int]:
     """CPU ticks so far, keyed (group, line): each process role, the JVM by thread name, the servers, the worker."""
     ticks: dict[tuple[str, str], int] = collections.Counter()
     parent_of = parents()
-    jobs = {pid for root in job_roots() if root for pid in process_tree(root)}
+    jobs = job_pids()
     for pid in jobs:
         try:
             kind = role(pid, parent_of)
-            _, own, children = _times(Path(f"/proc/{pid}/stat"))
+            _, own, children = cpu_ticks(Path(f"/proc/{pid}/stat"))
             ticks[("process", kind)] += own
             ticks[("process", f"{kind}: children that ended")] += children
             if kind == "JVM":
                 for task in Path(f"/proc/{pid}/task").iterdir():
-                    name, cpu, _ = _times(task / "stat")
+                    name, cpu, _ = cpu_ticks(task / "stat")
                     ticks[("thread", THREAD_NUMBER.sub("", name.strip()) or name)] += cpu
-        except (OSError, ValueError):
+        except (OSError, IndexError, ValueError):
             continue
-    for label, pids in servers().items():
-        for pid in pids:
-            try:
-                _, own, children = _times(Path(f"/proc/{pid}/stat"))
-            except (OSError, ValueError):
-                continue
-            ticks[("server", label)] += own + children
+    for entry in Path("/proc").iterdir():  # PostgreSQL's and Redis' server processes, by name
+        if not entry.name.isdigit():
+            continue
+        try:
+            name, own, children = cpu_ticks(entry / "stat")
+        except (OSError, IndexError, ValueError):
+            continue
+        for prefix, label in SERVERS:
+            if name.startswith(prefix):
+                ticks[("server", label)] += own + children
     for pid in set(process_tree(worker_pid)) - jobs:  # a shared driver is a child of a pool process
         try:
-            _, own, children = _times(Path(f"/proc/{pid}/stat"))
-        except (OSError, ValueError):
+            _, own, children = cpu_ticks(Path(f"/proc/{pid}/stat"))
+        except (OSError, IndexError, ValueError):
             continue
         ticks[("server", "the console's Celery worker and beat")] += own + children
     return ticks
@@ -135,7 +117,7 @@ def flight_recorder(path: str) -> Iterator[None]:
     the pid before its suffix); read with ``jfr print --events jdk.ExecutionSample``. The profile costs the JVM CPU
     of its own: its figures are not the plain run's."""
     parent_of = parents()
-    jvms = [pid for root in job_roots() if root for pid in process_tree(root) if role(pid, parent_of) == "JVM"]
+    jvms = [pid for pid in job_pids() if role(pid, parent_of) == "JVM"]
     for pid in jvms:
         subprocess.run(
             ["jcmd", str(pid), "JFR.start", "name=batch", "settings=profile"], check=True, capture_output=True

@@ -47,7 +47,7 @@ from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench.busy import start_worker  # noqa: E402
-from bench.procs import process_tree, sizes  # noqa: E402
+from bench.procs import cpu_ticks, process_tree, sizes  # noqa: E402
 from dashboard.engine.samples import sample_events  # noqa: E402
 from dashboard.models import Checkpoint, DriverHost, Job, Run, RunStatus, StandbyDriver  # noqa: E402
 from dashboard.pipelines import get as get_pipeline  # noqa: E402
@@ -70,10 +70,15 @@ def job_roots() -> set[int | None]:
     return roots
 
 
+def job_pids() -> set[int]:
+    """Every process of every driver, shared driver and standby process tree."""
+    return {pid for root in job_roots() if root for pid in process_tree(root)}
+
+
 def statekeeper_pss_mib() -> int:
     """PSS of every driver, shared driver and standby process tree (the jobs' whole cost, not the console's)."""
     total = 0
-    for pid in {p for root in job_roots() if root for p in process_tree(root)}:
+    for pid in job_pids():
         try:
             total += sizes(pid)[0]
         except OSError:
@@ -85,10 +90,9 @@ def statekeeper_cpu_seconds() -> float:
     """CPU time (user and system) used so far by every driver, shared driver and standby process tree."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
-    for pid in {p for root in job_roots() if root for p in process_tree(root)}:
+    for pid in job_pids():
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += cpu_ticks(Path(f"/proc/{pid}/stat"))[1]
         except (OSError, IndexError, ValueError):
             continue
     return total / tick

@@ -31,6 +31,18 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def cpu_ticks(stat: Path) -> tuple[str, int, int]:
+    """From a process's or thread's ``stat`` file: its name, its own CPU ticks (user and system), and those of its
+    children that ended and were waited for."""
+    text = stat.read_text()
+    fields = text.rsplit(")", 1)[1].split()
+    return (
+        text[text.index("(") + 1 : text.rindex(")")],
+        int(fields[11]) + int(fields[12]),
+        int(fields[13]) + int(fields[14]),
+    )
+
+
 def command(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
 
