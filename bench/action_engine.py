@@ -31,9 +31,11 @@ os.environ["STATEKEEPER_CHECKPOINT_ROOT"] = str(ROOT / "checkpoints")
 
 import django  # noqa: E402
 
+from bench.database import migrated, own_database  # noqa: E402
+
+own_database()  # not the console's: the benchmark ends every driver it finds there
 django.setup()
 
-from bench.database import migrated  # noqa: E402
 
 migrated()
 

@@ -41,9 +41,11 @@ os.environ["STATEKEEPER_LOG_ROOT"] = str(ROOT / "logs")
 
 import django  # noqa: E402
 
+from bench.database import migrated, own_database  # noqa: E402
+
+own_database()  # not the console's: the benchmark ends every driver it finds there
 django.setup()
 
-from bench.database import migrated  # noqa: E402
 
 migrated()
 
