@@ -321,7 +321,16 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
         steps.append(Step("create", {"spec": spec}))
         if want_running:
             steps.append(
-                Step("start", why=free_cores_warning(Job(name=name, parallelism=_int_or(spec, "parallelism"))))
+                Step(
+                    "start",
+                    why=free_cores_warning(
+                        Job(
+                            name=name,
+                            parallelism=_int_or(spec, "parallelism"),
+                            driver=str(spec.get("driver") or Job().driver),
+                        )
+                    ),
+                )
             )
         return JobPlan(name, "create", steps)
     current = spec_of(job)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.models import ActionKind, Alert, AlertKind, Run, RunStatus, SavepointStatus
+from dashboard.models import ActionKind, Alert, AlertKind, DriverHost, HostStatus, Run, RunStatus, SavepointStatus
 from dashboard.selectors.cluster import CORES_WAIT, free_cores_warning
 from dashboard.services.alerts import alerts_evaluate
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
@@ -76,6 +76,61 @@ def test_a_job_on_the_cluster_survives_an_executor_and_a_driver_kill_exactly_onc
     drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every event counted exactly once"
     assert {r.status for r in job.runs.exclude(id=run.id)} == {RunStatus.STOPPED}
+
+
+def test_shared_jobs_on_the_cluster_share_one_application_and_a_spare_takes_them_over_exactly_once(
+    make_job, redis, stream_name, spark_cluster, cluster_worker, settings
+):
+    """Jobs set to the shared driver run in one application on the cluster, its one executor holding the cores they
+    share, as the shared driver shares local[N]; its spare waits holding no core, and takes them over after a kill -9
+    of the shared driver once the master has freed its cores."""
+    settings.SPARK_MASTER, settings.SPARK_MASTER_UI = spark_cluster.master_url, spark_cluster.ui_url
+    jobs = [
+        make_job(driver="shared", standby=True, trigger_interval_seconds=1),
+        make_job(driver="shared", trigger_interval_seconds=1, source_stream=f"{stream_name}:second"),
+    ]
+    producers = [Producer(redis, job.source_stream, rate=50) for job in jobs]
+    for job, producer in zip(jobs, producers, strict=True):
+        producer.start()
+        job_request_start(job=job)
+    runs = [wait_for(lambda j=job: running_with_progress(j), 240, 1, f"{job.name} to commit") for job in jobs]
+    host = DriverHost.objects.get(id=runs[0].driver_host_id)
+    assert runs[1].driver_host_id == host.id, "both jobs in the one shared driver"
+    assert runs[0].spark_master == f"{spark_cluster.master_url} (shared driver {host.id})"
+    assert runs[0].executors, "the hosts of the shared application's executors are recorded on its runs"
+    apps = cluster.master_status(spark_cluster.ui_url)["activeapps"]
+    assert [(app["name"], app["cores"]) for app in apps] == [(f"statekeeper-shared-{host.id}", 2)], (
+        "one application for both jobs, not one each"
+    )
+    assert len(cluster.executor_processes(spark_cluster)) == 1, "one executor, shared"
+    # no core is free now: one more shared job joins the application, one of its own would wait for cores
+    assert free_cores_warning(make_job(driver="shared", source_stream=f"{stream_name}:third")) == ""
+    assert "0 free core(s) of 2" in free_cores_warning(make_job(driver="own", source_stream=f"{stream_name}:own"))
+
+    spare = wait_for(
+        lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__contains="No warm queries on a cluster")
+        .first(),
+        240, 1, "the spare shared driver, started",
+    )  # fmt: skip
+    spare_app = wait_for(
+        lambda: next(
+            (a for a in cluster.master_status(spark_cluster.ui_url)["activeapps"] if a["name"].endswith(f"-{spare.id}")),
+            None,
+        ),
+        60, 1, "the spare's application on the master",
+    )  # fmt: skip
+    assert spare_app["cores"] == 0, "the spare holds none of the cluster's cores while it waits"
+
+    os.killpg(host.pid, signal.SIGKILL)
+    for job, run in zip(jobs, runs, strict=True):
+        successor = wait_for(lambda j=job, r=run: running_with_progress(j, r.id), 240, 1, f"{job.name} back")
+        assert successor.driver_host_id == spare.id, "restarted in the spare"
+    apps = cluster.master_status(spark_cluster.ui_url)["activeapps"]
+    assert [(app["name"], app["cores"]) for app in apps] == [(f"statekeeper-shared-{spare.id}", 2)]
+
+    for job, producer in zip(jobs, producers, strict=True):
+        drain_and_stop(job, producer, redis)
+        assert sink_total(job) == producer.sent, f"{job.name}: every event exactly once across the kill"
 
 
 def caught_up(job, entries: int) -> None:

@@ -36,11 +36,12 @@ from dashboard import pipelines
 from dashboard.failures import root_cause
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
-from dashboard.services.hosts import host_gone, host_may_end, spare_jobs, spare_retire, spare_warms
+from dashboard.services.hosts import host_gone, host_may_end, shared_master, spare_jobs, spare_retire, spare_warms
 from dashboard.services.runs import pid_alive, respawn_in_own_driver, run_finish
 from dashboard.services.secrets import redact_logs
 from workers import job_lock
-from workers.driver import GreenJobLease, JobDriver, JobLease, heap_fields, spark_stop
+from workers.driver import GreenJobLease, JobDriver, JobLease, cluster_probe, heap_fields, spark_stop
+from workers.spark.cluster import driver_conf, is_cluster
 from workers.spark.fork_server import start_fork_server
 from workers.spark.query import spread_poll
 from workers.spark.session import TRIGGER_BEHIND, build_session, jvm_death, jvm_exit_code, quiet
@@ -48,6 +49,17 @@ from workers.warm_query import KEEP_WARM_SECONDS, WarmQuery
 
 log = logging.getLogger("statekeeper.host")
 POLL_SECONDS = 0.25
+# A spare on a cluster holds no executor while it waits: its application asks for one when it has tasks (its probe at
+# the start, then the runs it takes over) and gives it back after a minute without any, so that the cluster's cores
+# are not held twice for the same jobs. Once it serves, its jobs' batches keep the executor.
+SPARE_ON_CLUSTER = {
+    "spark.dynamicAllocation.enabled": "true",
+    "spark.dynamicAllocation.shuffleTracking.enabled": "true",  # no external shuffle service
+    "spark.dynamicAllocation.initialExecutors": "0",
+    "spark.dynamicAllocation.minExecutors": "0",
+    "spark.dynamicAllocation.maxExecutors": "1",
+    "spark.dynamicAllocation.executorIdleTimeout": "60s",
+}
 IDLE_SECONDS = 120.0  # no job for this long: the process ends (a launch starts a new one)
 CODE_CHECK_SECONDS = 10.0  # how often a spare compares the code it imported with the code on disk
 
@@ -71,6 +83,7 @@ class SharedDriver:
         self.spare_over = threading.Event()  # set once it serves, or ends: its warm queries stop
         self.warming: threading.Thread | None = None
         self.started_in = 0.0  # seconds its Spark took to start
+        self.executor_hosts: list[str] = []  # on a cluster, the hosts of its executors
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
@@ -79,8 +92,7 @@ class SharedDriver:
             self._start_spark()
             self.started_in = time.monotonic() - began
             DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).update(
-                message=f"Warm: its Spark started in {self.started_in:.1f} s."
-                + ("" if settings.SPARE_WARM_QUERIES else " No warm queries (STATEKEEPER_SPARE_WARM_QUERIES is off).")
+                message=f"Warm: its Spark started in {self.started_in:.1f} s." + self._no_warm_queries()
             )
         except Exception as exc:
             log.exception("Spark did not start")
@@ -91,19 +103,33 @@ class SharedDriver:
             self.ready.set()
             connection.close()
 
+    @staticmethod
+    def _no_warm_queries() -> str:
+        if settings.SPARK_MASTER:
+            return " No warm queries on a cluster: it holds no executor until it serves."
+        return "" if settings.SPARE_WARM_QUERIES else " No warm queries (STATEKEEPER_SPARE_WARM_QUERIES is off)."
+
     def _start_spark(self) -> None:
+        master = shared_master(self.host)
         self.spark = build_session(
             f"statekeeper-shared-{self.host.id}",
-            f"local[{self.host.cores}]",
+            master,
             extra={
                 "spark.driver.memory": settings.SHARED_DRIVER_MEMORY,
                 "spark.scheduler.mode": "FAIR",
                 # a query that will not stop (a fenced one) gives up its thread after this long
                 "spark.sql.streaming.stopTimeout": str(settings.STOP_GRACE_SECONDS * 1000),
+                # on a cluster: one executor holding the driver's cores, shared by every job here
+                **driver_conf(master, self.host.cores, str(settings.BASE_DIR)),
+                **(SPARE_ON_CLUSTER if self.spare and is_cluster(master) else {}),
             },
         )
         if settings.SHARED_DRIVER_SPREAD:  # each batch of a spread job is longer than its trigger's poll
             quiet(self.spark, (TRIGGER_BEHIND,))
+        if not (self.spare and is_cluster(master)):  # a spare's probe would wait for the cores the serving one holds
+            self.executor_hosts, refusal = cluster_probe(self.spark, master, self.host.cores)
+            if refusal:
+                raise RuntimeError(refusal)
         self.loaded = {name: pipelines.code_version(name) for name in pipelines.names()}
 
     def serve(self) -> None:
@@ -319,7 +345,7 @@ class SharedDriver:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"job-{job.id}")
             phase = self.take_phase(run_id, job.trigger_interval_seconds) if settings.SHARED_DRIVER_SPREAD else None
             driver = JobDriver(
-                session, run_id, keeper=lease, shared=True, phase_seconds=phase, code=self.loaded[run.green["pipeline"] if is_green else job.pipeline],
+                session, run_id, keeper=lease, shared=True, phase_seconds=phase, executor_hosts=self.executor_hosts, code=self.loaded[run.green["pipeline"] if is_green else job.pipeline],
                 on_phase=lambda used: self.phase_used(run_id, job.trigger_interval_seconds, used),
             )  # fmt: skip
             if is_green:
@@ -408,10 +434,11 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
     redact_logs()  # a secret revealed for the sinks is masked in whatever the driver logs
     host = SharedDriver(int(argv[1]))
-    log.info("shared driver %s (pid %s, local[%s])", host.host.id, os.getpid(), host.host.cores)
+    master = shared_master(host.host)
+    log.info("shared driver %s (pid %s, %s)", host.host.id, os.getpid(), master)
     signal.signal(signal.SIGTERM, lambda *_: host.ending.set())
     # each query's source runner (a Python process Spark starts per query) forked ready, as a standby's (fork_server.py)
-    start_fork_server(f"local[{host.host.cores}]")
+    start_fork_server(master)
     threading.Thread(target=host.start, name="spark-start", daemon=True).start()
     host.serve()
     host_gone(host.host, host.failure or "Ended on request.")

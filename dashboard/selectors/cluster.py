@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CORES_WAIT = "Waiting for cores on the cluster"  # how a starting run's message begins while its driver has no executor
+SHARED_APP = "statekeeper-shared-"  # how the shared drivers' applications are named on the master (workers/host.py)
 
 
 def master_status(ui_url: str, timeout: float = 5) -> dict[str, Any]:
@@ -104,6 +105,9 @@ def free_cores_warning(job: Any) -> str:
     master = settings.SPARK_MASTER
     if not master or master.startswith("local"):
         return ""
-    return short_of_cores(
-        cluster_cores(master_ui(master, settings.SPARK_MASTER_UI)), job.parallelism, f"statekeeper-{job.name}"
-    )
+    cores = cluster_cores(master_ui(master, settings.SPARK_MASTER_UI))
+    if getattr(job, "driver", "") == "shared":  # the shared driver's application, whatever the job's parallelism
+        if cores is None or any(app["name"].startswith(SHARED_APP) for app in cores.apps):
+            return ""
+        return short_of_cores(cores, settings.SHARED_DRIVER_CORES)
+    return short_of_cores(cores, job.parallelism, f"statekeeper-{job.name}")

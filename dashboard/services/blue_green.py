@@ -77,7 +77,7 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed, ActionRefused
 from dashboard.services.forks import fork_name, savepoint_fork
-from dashboard.services.hosts import host_for_launch
+from dashboard.services.hosts import host_for_launch, shared_master_label
 from dashboard.services.rescale import MEMORY_REPARTITION, repartition_wait, state_loads_wait
 from dashboard.services.runs import own_driver_settings, run_holds_process, shares_driver, spawn_driver
 from dashboard.services.savepoints import savepoint_steps
@@ -398,7 +398,7 @@ def _green_start(action: Action) -> Next:
         if shares_driver(job):
             host = host_for_launch()
             run.driver_host, run.pid, run.log_path = host, host.pid, host.log_path
-            run.spark_master = f"local[{host.cores}] (shared driver {host.id})"
+            run.spark_master = shared_master_label(host)
         run.save()
     if run.driver_host_id is None:
         Run.objects.filter(id=run.id).update(pid=spawn_driver(run))

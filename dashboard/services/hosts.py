@@ -33,6 +33,18 @@ HOST_SILENT_SECONDS = 10
 SPARE_SETTLE = timedelta(seconds=30)  # as a standby of a job's own (dashboard/services/standby.py)
 
 
+def shared_master(host: DriverHost) -> str:
+    """The Spark master a shared driver runs on: ``local[cores]``, or the console's cluster (STATEKEEPER_SPARK_MASTER),
+    where it is one application holding ``cores`` of the cluster's cores, and its jobs share that application's
+    executors as they share the task slots of ``local[cores]``."""
+    return settings.SPARK_MASTER or f"local[{host.cores}]"
+
+
+def shared_master_label(host: DriverHost) -> str:
+    """A run's Spark master as its job page shows it, when its query runs in the shared driver ``host``."""
+    return f"{shared_master(host)} (shared driver {host.id})"
+
+
 def host_alive(host: DriverHost) -> bool:
     return host.host == settings.HOST_ID and pid_alive(host.pid)
 
@@ -117,9 +129,9 @@ def spare_warms() -> list[Job]:
     runs, those of jobs with standby on first (a warm query's code is its pipeline's and its backend's, not its job's).
     Every job in the serving driver, not only those with standby on: its crash takes them all down, and each restarts
     in the spare, whose first batch for a pipeline it has not warmed starts its Python workers and compiles its code
-    (seconds on a busy host). None when STATEKEEPER_SPARE_WARM_QUERIES is off: the spare keeps only its Spark
-    started."""
-    if not settings.SPARE_WARM_QUERIES:
+    (seconds on a busy host). None when STATEKEEPER_SPARE_WARM_QUERIES is off, or on a cluster: the spare keeps only
+    its Spark started (on a cluster, a warm query's batches would hold the cores the serving driver's jobs run on)."""
+    if not settings.SPARE_WARM_QUERIES or settings.SPARK_MASTER:
         return []
     first: dict[tuple[str, str], Job] = {}
     for job in _serving_jobs().order_by("-standby", "id"):

@@ -30,7 +30,7 @@ from dashboard.models import (
 from dashboard.selectors.incidents import run_incidents
 from dashboard.services.enqueue import KILL_DRIVER, START_RUN, enqueue, enqueue_on, job_actions_wake
 from dashboard.services.errors import ActionRefused
-from dashboard.services.hosts import host_for_launch, host_silent
+from dashboard.services.hosts import host_for_launch, host_silent, shared_master_label
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.lease import lease_acquire, lease_release
 from dashboard.services.processes import kill_group, pid_alive, spawn_process
@@ -106,7 +106,7 @@ def run_launch(*, run_id: int) -> Run:
         if shares_driver(job):  # the shared driver takes it from here (it polls for runs assigned to it)
             host = host_for_launch()
             run.driver_host, run.pid, run.log_path = host, host.pid, host.log_path
-            run.spark_master = f"local[{host.cores}] (shared driver {host.id})"
+            run.spark_master = shared_master_label(host)
             run.save()
             return run
         if (waiting := _claim_waiting_driver(run)) is not None:  # it polls for the run, as a shared driver does
@@ -162,9 +162,10 @@ def own_driver_settings(run: Run) -> dict[str, str]:
 
 
 def shares_driver(job: Job) -> bool:
-    """The job's query runs in the host's shared driver: it asks for one, and Spark runs in local mode here (a job on a
-    cluster has a driver of its own, whose executors are the job's)."""
-    return job.driver == DriverMode.SHARED and not settings.SPARK_MASTER
+    """The job's query runs in the host's shared driver: it asks for one. On a cluster the shared driver is one
+    application whose executors its jobs share (``shared_master``); a job with a driver of its own is an application of
+    its own there, its executors its own."""
+    return job.driver == DriverMode.SHARED
 
 
 def run_holds_process(run: Run) -> bool:
