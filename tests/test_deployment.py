@@ -57,3 +57,6 @@ def test_the_compose_cluster_is_the_one_the_tests_start_and_sees_the_checkpoint_
     # executors write the state files, drivers the offsets, the console reads both: one volume, at one path
     assert {volume_holding(name) for name in ("web", "worker", "beat", "spark-worker")} == {"checkpoints"}
     assert services["spark-worker"]["environment"]["SPARK_WORKER_CORES"]
+    # the shared driver's one executor must fit on a worker, or it would wait for cores forever
+    shared = int(services["worker"]["environment"]["STATEKEEPER_SHARED_DRIVER_CORES"])
+    assert shared <= int(services["spark-worker"]["environment"]["SPARK_WORKER_CORES"])

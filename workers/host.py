@@ -40,7 +40,7 @@ from dashboard.services.hosts import host_gone, host_may_end, shared_master, spa
 from dashboard.services.runs import pid_alive, respawn_in_own_driver, run_finish
 from dashboard.services.secrets import redact_logs
 from workers import job_lock
-from workers.driver import GreenJobLease, JobDriver, JobLease, cluster_probe, heap_fields, spark_stop
+from workers.driver import CoresWatch, GreenJobLease, JobDriver, JobLease, cluster_probe, heap_fields, spark_stop
 from workers.spark.cluster import driver_conf, is_cluster
 from workers.spark.fork_server import start_fork_server
 from workers.spark.query import spread_poll
@@ -62,6 +62,21 @@ SPARE_ON_CLUSTER = {
 }
 IDLE_SECONDS = 120.0  # no job for this long: the process ends (a launch starts a new one)
 CODE_CHECK_SECONDS = 10.0  # how often a spare compares the code it imported with the code on disk
+
+
+class HostCoresWatch(CoresWatch):
+    """While a shared driver on a cluster waits for its executor, every run assigned to it says why (``CoresWatch``)."""
+
+    def __init__(self, host_id: int, master: str, app_id: str, wanted: int) -> None:
+        super().__init__(0, master, app_id, wanted)
+        self.host_id = host_id
+
+    def _say(self, reason: str) -> None:
+        starting = Run.objects.filter(driver_host_id=self.host_id, status__in=(RunStatus.PENDING, RunStatus.STARTING))
+        starting.update(message=reason.replace("the job asks", "the shared driver asks"))
+        self.said = reason
+        if reason:
+            log.warning("%s", reason)
 
 
 class SharedDriver:
@@ -127,7 +142,12 @@ class SharedDriver:
         if settings.SHARED_DRIVER_SPREAD:  # each batch of a spread job is longer than its trigger's poll
             quiet(self.spark, (TRIGGER_BEHIND,))
         if not (self.spare and is_cluster(master)):  # a spare's probe would wait for the cores the serving one holds
-            self.executor_hosts, refusal = cluster_probe(self.spark, master, self.host.cores)
+            watch = HostCoresWatch(self.host.id, master, self.spark.sparkContext.applicationId, self.host.cores)
+            watch.start()
+            try:
+                self.executor_hosts, refusal = cluster_probe(self.spark, master, self.host.cores)
+            finally:
+                watch.stop()
             if refusal:
                 raise RuntimeError(refusal)
         self.loaded = {name: pipelines.code_version(name) for name in pipelines.names()}
