@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard import pipelines
@@ -168,6 +169,7 @@ class CoresWatch(threading.Thread):
     them, where on-call looks: the job's status and page, the API, and an alert after a while."""
 
     EVERY = 5.0
+    WHO = "the job"  # who asks for the cores, in the message
 
     def __init__(self, run_id: int, master: str, app_id: str, wanted: int) -> None:
         super().__init__(name="cores-watch", daemon=True)
@@ -185,7 +187,7 @@ class CoresWatch(threading.Thread):
         try:
             while self.cluster and not self.done.wait(self.EVERY):
                 cores = cluster_cores(self.ui)
-                reason = waiting_for_cores(cores, self.app_id, self.wanted) if cores else ""
+                reason = waiting_for_cores(cores, self.app_id, self.wanted, self.WHO) if cores else ""
                 if reason != self.said:
                     self._say(reason)
         finally:
@@ -193,8 +195,12 @@ class CoresWatch(threading.Thread):
                 self._say("")
             connection.close()
 
+    def starting(self) -> QuerySet[Run]:
+        """The runs that wait with this application."""
+        return Run.objects.filter(id=self.run_id, status__in=(RunStatus.PENDING, RunStatus.STARTING))
+
     def _say(self, reason: str) -> None:
-        Run.objects.filter(id=self.run_id, status__in=(RunStatus.PENDING, RunStatus.STARTING)).update(message=reason)
+        self.starting().update(message=reason)
         self.said = reason
         if reason:
             log.warning("%s", reason)

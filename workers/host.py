@@ -30,11 +30,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.failures import root_cause
 from dashboard.models import DriverHost, HostStatus, Run, RunStatus
+from dashboard.selectors.cluster import SHARED_APP
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
 from dashboard.services.hosts import host_gone, host_may_end, shared_master, spare_jobs, spare_retire, spare_warms
 from dashboard.services.runs import pid_alive, respawn_in_own_driver, run_finish
@@ -49,9 +51,9 @@ from workers.warm_query import KEEP_WARM_SECONDS, WarmQuery
 
 log = logging.getLogger("statekeeper.host")
 POLL_SECONDS = 0.25
-# A spare on a cluster holds no executor while it waits: its application asks for one when it has tasks (its probe at
-# the start, then the runs it takes over) and gives it back after a minute without any, so that the cluster's cores
-# are not held twice for the same jobs. Once it serves, its jobs' batches keep the executor.
+# A spare on a cluster holds no executor while it waits: its application asks for one when it has tasks (the runs it
+# takes over; it probes nothing at its start) and gives it back after a minute without any, so that the cluster's
+# cores are not held twice for the same jobs. Once it serves, its jobs' batches keep the executor.
 SPARE_ON_CLUSTER = {
     "spark.dynamicAllocation.enabled": "true",
     "spark.dynamicAllocation.shuffleTracking.enabled": "true",  # no external shuffle service
@@ -67,16 +69,14 @@ CODE_CHECK_SECONDS = 10.0  # how often a spare compares the code it imported wit
 class HostCoresWatch(CoresWatch):
     """While a shared driver on a cluster waits for its executor, every run assigned to it says why (``CoresWatch``)."""
 
+    WHO = "the shared driver"
+
     def __init__(self, host_id: int, master: str, app_id: str, wanted: int) -> None:
         super().__init__(0, master, app_id, wanted)
         self.host_id = host_id
 
-    def _say(self, reason: str) -> None:
-        starting = Run.objects.filter(driver_host_id=self.host_id, status__in=(RunStatus.PENDING, RunStatus.STARTING))
-        starting.update(message=reason.replace("the job asks", "the shared driver asks"))
-        self.said = reason
-        if reason:
-            log.warning("%s", reason)
+    def starting(self) -> QuerySet[Run]:
+        return Run.objects.filter(driver_host_id=self.host_id, status__in=(RunStatus.PENDING, RunStatus.STARTING))
 
 
 class SharedDriver:
@@ -126,8 +126,9 @@ class SharedDriver:
 
     def _start_spark(self) -> None:
         master = shared_master(self.host)
+        waiting_spare = self.spare and is_cluster(master)
         self.spark = build_session(
-            f"statekeeper-shared-{self.host.id}",
+            f"{SHARED_APP}{self.host.id}",
             master,
             extra={
                 "spark.driver.memory": settings.SHARED_DRIVER_MEMORY,
@@ -136,12 +137,12 @@ class SharedDriver:
                 "spark.sql.streaming.stopTimeout": str(settings.STOP_GRACE_SECONDS * 1000),
                 # on a cluster: one executor holding the driver's cores, shared by every job here
                 **driver_conf(master, self.host.cores, str(settings.BASE_DIR)),
-                **(SPARE_ON_CLUSTER if self.spare and is_cluster(master) else {}),
+                **(SPARE_ON_CLUSTER if waiting_spare else {}),
             },
         )
         if settings.SHARED_DRIVER_SPREAD:  # each batch of a spread job is longer than its trigger's poll
             quiet(self.spark, (TRIGGER_BEHIND,))
-        if not (self.spare and is_cluster(master)):  # a spare's probe would wait for the cores the serving one holds
+        if not waiting_spare:  # a spare's probe would wait for the cores the serving one holds
             watch = HostCoresWatch(self.host.id, master, self.spark.sparkContext.applicationId, self.host.cores)
             watch.start()
             try:

@@ -63,14 +63,14 @@ def cluster_cores(ui_url: str, timeout: float = 3) -> Cores | None:
     )
 
 
-def waiting_for_cores(cores: Cores, app_id: str, wanted: int) -> str:
-    """Why the application ``app_id`` has no executor yet, in the on-call's words; empty when it has its cores (or
-    the master does not list it)."""
+def waiting_for_cores(cores: Cores, app_id: str, wanted: int, who: str = "the job") -> str:
+    """Why the application ``app_id`` (``who`` asks for its cores) has no executor yet, in the on-call's words; empty
+    when it has its cores (or the master does not list it)."""
     app = next((a for a in cores.apps if a["id"] == app_id), None)
     if app is None or (app["state"] != "WAITING" and app["cores"] > 0):
         return ""
     return (
-        f"{CORES_WAIT}: the job asks for {wanted} core(s) and has {app['cores']}; the cluster's "
+        f"{CORES_WAIT}: {who} asks for {wanted} core(s) and has {app['cores']}; the cluster's "
         f"{cores.total} core(s) on {cores.workers} worker(s) are held by {cores.holders()} ({cores.free} free). It "
         "starts when cores free up: stop or scale down another job, or add a worker."
     )
