@@ -27,6 +27,7 @@ import collections
 import contextlib
 import os
 import random
+import re
 import statistics
 import tempfile
 import threading
@@ -191,6 +192,18 @@ def settle(jobs: list[Job], trigger: float) -> None:
     time.sleep(max(10.0, 3 * trigger))
 
 
+def spread_runs(jobs: list[Job]) -> tuple[int, int]:
+    """How many of the jobs' current runs in a shared driver have their batches spread over the interval, of how many
+    told: each shared driver logs which a query's start took (``DriverHost.phase_used``)."""
+    said: dict[int, bool] = {}
+    for path in DriverHost.objects.exclude(log_path="").values_list("log_path", flat=True):
+        with contextlib.suppress(OSError):
+            for run_id, how in re.findall(r"run (\d+): batches (spread|on Spark's tick)", Path(path).read_text()):
+                said[int(run_id)] = how == "spread"
+    current = [said[run.id] for run in Run.objects.filter(job__in=jobs, ended_at=None) if run.id in said]
+    return sum(current), len(current)
+
+
 def end_jobs(jobs: list[Job], worker_pid: int) -> None:
     """Stop the jobs, kill what is left of their drivers and the benchmark's worker, and archive the jobs."""
     for job in jobs:
@@ -235,6 +248,7 @@ def main() -> None:
     stamp = int(time.time())
     idle_mib = machine_used_mib()
     rows = []
+    spread = told = 0
     threading.Thread(target=produce, args=(client, jobs, halt), daemon=True).start()
     try:
         for step in steps:
@@ -252,6 +266,7 @@ def main() -> None:
                 f"CPU {row['cores']:.2f} cores",
                 flush=True,
             )
+        spread, told = spread_runs(jobs)  # before the runs end
     finally:
         halt.set()
         end_jobs(jobs, worker.pid)
@@ -261,7 +276,7 @@ def main() -> None:
     print(
         f"\n{'on a standalone cluster (one worker, 2 cores), ' if args.cluster else ''}"
         f"{args.pipeline} on {args.backend}, driver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job, trigger {args.trigger:g} s, "
-        f"batches spread: {'yes' if settings.SHARED_DRIVER_SPREAD and args.driver == 'shared' else 'no'}; "
+        f"batches spread: {spread} of {told} runs; "
         f"machine used before: {idle_mib} MiB\n"
     )
     print(

@@ -422,6 +422,10 @@ class SharedDriver:
         with self.phase_lock:
             if run_id in self.phases:
                 self.phases[run_id] = (trigger, 0.0 if used is None else used)
+        if used is None:
+            log.info("run %s: batches on Spark's tick, not spread (its plan runs batches without new data)", run_id)
+        else:
+            log.info("run %s: batches spread, %.2f s into each %g s interval", run_id, used, trigger)
 
     def _stop_all(self) -> None:
         self.spare_over.set()
