@@ -46,6 +46,7 @@ def our_app(spark_cluster: cluster.Standalone, job) -> dict:
     return next((app for app in apps if app["name"] == f"statekeeper-{job.name}"), {})
 
 
+@pytest.mark.chaos  # the default run kills an executor and a driver in the shared jobs' test below
 def test_a_job_on_the_cluster_survives_an_executor_and_a_driver_kill_exactly_once(
     make_job, redis, stream_name, spark_cluster, cluster_worker
 ):
@@ -53,7 +54,7 @@ def test_a_job_on_the_cluster_survives_an_executor_and_a_driver_kill_exactly_onc
     producer = Producer(redis, job.source_stream)
     producer.start()
     job_request_start(job=job)
-    run = wait_for(lambda: running_with_progress(job), 180, 1, "the first run to commit on the cluster")
+    run = wait_for(lambda: running_with_progress(job), 180, 0.5, "the first run to commit on the cluster")
     assert run.spark_master == spark_cluster.master_url
     assert run.executors, "the hosts its executors run on are recorded"
     assert our_app(spark_cluster, job)["cores"] == 1, "the job's parallelism is its cores on the cluster"
@@ -62,14 +63,14 @@ def test_a_job_on_the_cluster_survives_an_executor_and_a_driver_kill_exactly_onc
     executors = cluster.executor_processes(spark_cluster)
     assert len(executors) == 1
     os.kill(executors[0], signal.SIGKILL)
-    wait_for(lambda: set(cluster.executor_processes(spark_cluster)) - set(executors), 120, 1, "a new executor")
+    wait_for(lambda: set(cluster.executor_processes(spark_cluster)) - set(executors), 120, 0.5, "a new executor")
     committed = job.checkpoints.count()
-    wait_for(lambda: job.checkpoints.count() >= committed + 3, 120, 1, "batches after the executor's loss")
+    wait_for(lambda: job.checkpoints.count() >= committed + 3, 120, 0.5, "batches after the executor's loss")
     assert job.runs.get(id=run.id).status == RunStatus.RUNNING, "an executor's loss does not end the run"
 
     # the driver dies: a new one starts against the cluster from the checkpoint
     os.killpg(run.pid, signal.SIGKILL)
-    successor = wait_for(lambda: running_with_progress(job, run.id), 180, 1, "a successor on the cluster")
+    successor = wait_for(lambda: running_with_progress(job, run.id), 180, 0.5, "a successor on the cluster")
     assert successor.spark_master == spark_cluster.master_url
     wait_for(lambda: not pid_alive(run.pid), 30, 1, "the killed driver to be gone")
 
@@ -82,8 +83,8 @@ def test_shared_jobs_on_the_cluster_share_one_application_and_a_spare_takes_them
     make_job, redis, stream_name, spark_cluster, cluster_worker, settings
 ):
     """Jobs set to the shared driver run in one application on the cluster, its one executor holding the cores they
-    share, as the shared driver shares local[N]; its spare waits holding no core, and takes them over after a kill -9
-    of the shared driver once the master has freed its cores."""
+    share, as the shared driver shares local[N]; they go on through the loss of that executor; its spare waits holding
+    no core, and takes them over after a kill -9 of the shared driver once the master has freed its cores."""
     settings.SPARK_MASTER, settings.SPARK_MASTER_UI = spark_cluster.master_url, spark_cluster.ui_url
     jobs = [
         make_job(driver="shared", standby=True, trigger_interval_seconds=1),
@@ -93,7 +94,7 @@ def test_shared_jobs_on_the_cluster_share_one_application_and_a_spare_takes_them
     for job, producer in zip(jobs, producers, strict=True):
         producer.start()
         job_request_start(job=job)
-    runs = [wait_for(lambda j=job: running_with_progress(j), 240, 1, f"{job.name} to commit") for job in jobs]
+    runs = [wait_for(lambda j=job: running_with_progress(j), 240, 0.5, f"{job.name} to commit") for job in jobs]
     host = DriverHost.objects.get(id=runs[0].driver_host_id)
     assert runs[1].driver_host_id == host.id, "both jobs in the one shared driver"
     assert runs[0].spark_master == f"{spark_cluster.master_url} (shared driver {host.id})"
@@ -121,9 +122,20 @@ def test_shared_jobs_on_the_cluster_share_one_application_and_a_spare_takes_them
     )  # fmt: skip
     assert spare_app["cores"] == 0, "the spare holds none of the cluster's cores while it waits"
 
+    # the executor dies mid-stream: the worker starts another, the failed tasks are retried, the jobs go on
+    executors = cluster.executor_processes(spark_cluster)
+    os.kill(executors[0], signal.SIGKILL)
+    wait_for(lambda: set(cluster.executor_processes(spark_cluster)) - set(executors), 120, 0.5, "a new executor")
+    committed = {job.id: job.checkpoints.count() for job in jobs}
+    wait_for(lambda: all(job.checkpoints.count() >= committed[job.id] + 3 for job in jobs), 120, 0.5,
+             "batches after the executor's loss")  # fmt: skip
+    assert {r.status for r in Run.objects.filter(id__in=[r.id for r in runs])} == {RunStatus.RUNNING}, (
+        "an executor's loss ends no run"
+    )
+
     os.killpg(host.pid, signal.SIGKILL)
     for job, run in zip(jobs, runs, strict=True):
-        successor = wait_for(lambda j=job, r=run: running_with_progress(j, r.id), 240, 1, f"{job.name} back")
+        successor = wait_for(lambda j=job, r=run: running_with_progress(j, r.id), 240, 0.5, f"{job.name} back")
         assert successor.driver_host_id == spare.id, "restarted in the spare"
     apps = cluster.master_status(spark_cluster.ui_url)["activeapps"]
     assert [(app["name"], app["cores"]) for app in apps] == [(f"statekeeper-shared-{spare.id}", 2)]
@@ -131,6 +143,68 @@ def test_shared_jobs_on_the_cluster_share_one_application_and_a_spare_takes_them
     for job, producer in zip(jobs, producers, strict=True):
         drain_and_stop(job, producer, redis)
         assert sink_total(job) == producer.sent, f"{job.name}: every event exactly once across the kill"
+
+
+MOVING_URLS = """from dataclasses import replace
+
+from workers.spark.pipelines import url_counts
+
+PIPELINE = replace(url_counts.PIPELINE, name="moving-urls", title="Requests per URL, from a module a test edits")
+"""
+
+
+@pytest.mark.chaos
+def test_a_code_change_moves_the_shared_jobs_on_the_cluster_to_the_next_shared_driver_exactly_once(
+    make_job, redis, stream_name, spark_cluster, checkpoint_root, tmp_path, settings
+):
+    """A shared driver that cannot run a job's code as it is on disk now drains. In local mode it hands that run to a
+    driver of its own and runs its other jobs on; on a cluster its application would hold its executor's cores until
+    its last job left, and the driver of its own, or the next shared driver, would wait for them as long. There the
+    run goes to the next shared driver and every job follows it; the old one ends, freeing the cores."""
+    settings.SPARK_MASTER, settings.SPARK_MASTER_UI = spark_cluster.master_url, spark_cluster.ui_url
+    code = tmp_path / "moving_urls.py"
+    code.write_text(MOVING_URLS)
+    workers = CeleryWorkers(checkpoint_root, tmp_path / "worker.log", {
+        "STATEKEEPER_SPARK_MASTER": spark_cluster.master_url, "STATEKEEPER_SPARK_MASTER_UI": spark_cluster.ui_url,
+        "STATEKEEPER_PIPELINES": "moving_urls:PIPELINE",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH", "")])),
+    })  # fmt: skip
+    try:
+        changed = make_job(pipeline="moving-urls", driver="shared", trigger_interval_seconds=1)
+        other = make_job(driver="shared", trigger_interval_seconds=1, source_stream=f"{stream_name}:other")
+        producers = {job.id: Producer(redis, job.source_stream, rate=50) for job in (changed, other)}
+        for job in (changed, other):
+            producers[job.id].start()
+            job_request_start(job=job)
+        first = {job.id: wait_for(lambda j=job: running_with_progress(j), 240, 0.5, f"{job.name} to commit")
+                 for job in (changed, other)}  # fmt: skip
+        old = DriverHost.objects.get(id=first[changed.id].driver_host_id)
+        assert first[other.id].driver_host_id == old.id
+
+        code.write_text(MOVING_URLS + "# version 2 of the team's package, installed over the first\n")
+        job_request_stop(job=changed)
+        wait_for(lambda: not changed.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
+        job_request_start(job=changed)
+        back = {
+            job.id: wait_for(lambda j=job: running_with_progress(j, first[j.id].id), 240, 0.5, f"{job.name} moved")
+            for job in (changed, other)
+        }
+        new = DriverHost.objects.get(id=back[changed.id].driver_host_id)
+        assert new.id != old.id and back[other.id].driver_host_id == new.id, "both jobs in the next shared driver"
+        assert back[changed.id].spark_master == f"{spark_cluster.master_url} (shared driver {new.id})"
+        moved = Run.objects.get(id=first[other.id].id)
+        assert moved.status == RunStatus.STOPPED and "Moved to the next shared driver" in moved.message, moved.message
+        assert "changed since the shared driver loaded it" in moved.message
+        old.refresh_from_db()
+        assert old.status == HostStatus.GONE and "moved to the next shared driver" in old.message, old.message
+        apps = cluster.master_status(spark_cluster.ui_url)["activeapps"]
+        assert [(app["name"], app["cores"]) for app in apps] == [(f"statekeeper-shared-{new.id}", 2)]
+
+        for job in (changed, other):
+            drain_and_stop(job, producers[job.id], redis)
+            assert sink_total(job) == producers[job.id].sent, f"{job.name}: every event exactly once across the move"
+    finally:
+        end_workers_and_their_processes(workers)
 
 
 def caught_up(job, entries: int) -> None:
@@ -158,7 +232,7 @@ def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count
     before = job.runs.order_by("-id").first()
     execute(job, ActionKind.RESCALE, parallelism=2, state_partitions=3)
     second = send_events(redis, stream_name, "url-counts", 600, seed=2)  # an idle restart would record no batch
-    rescaled = wait_for(lambda: running_with_progress(job, before.id), 180, 1, "the rescaled job on the cluster")
+    rescaled = wait_for(lambda: running_with_progress(job, before.id), 180, 0.5, "the rescaled job on the cluster")
     assert rescaled.spark_master == spark_cluster.master_url and our_app(spark_cluster, job)["cores"] == 2
     # the Spark worker itself is lost (its JVM and its executor) and another takes its place: the application gets a
     # new executor there, the job goes on with the same driver
@@ -174,14 +248,14 @@ def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count
 
     # back to the savepoint: the job replays the second half from there and counts it once
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
     restarted_after = job.runs.order_by("-id").first()
     wait_for(lambda: not pid_alive(restarted_after.pid), 60, 0.5, "the stopped driver's process to exit")
     execute(job, ActionKind.RESTORE, savepoint=savepoint.id)  # and it starts the job again
-    wait_for(lambda: running_with_progress(job, restarted_after.id), 180, 1, "the restored job on the cluster")
+    wait_for(lambda: running_with_progress(job, restarted_after.id), 180, 0.5, "the restored job on the cluster")
     caught_up(job, first + second + third)
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
     assert sink_total(job) == first + second + third
 
 
@@ -190,21 +264,30 @@ def test_a_job_the_cluster_has_no_cores_for_says_so_warns_before_it_starts_and_a
 ):
     """The cluster's 2 cores held by one job: another is warned of before its start, its run says it waits for cores
     and who holds them (the driver only logs "Initial job has not accepted any resources"), an alert opens after
-    STATEKEEPER_ALERT_CLUSTER_WAIT, and it starts once the first stops."""
+    STATEKEEPER_ALERT_CLUSTER_WAIT, and it starts once the first stops. A job in the shared driver waits the same way:
+    its run says the shared driver's application asks for its cores, and it starts when they are free."""
     settings.SPARK_MASTER, settings.SPARK_MASTER_UI = spark_cluster.master_url, spark_cluster.ui_url
     holder = make_job(parallelism=2, trigger_interval_seconds=1)
     waiter = make_job(parallelism=1, trigger_interval_seconds=1, source_stream=f"{stream_name}:waiter")
+    shared = make_job(driver="shared", trigger_interval_seconds=1, source_stream=f"{stream_name}:shared")
     assert free_cores_warning(waiter) == "", "2 free cores: nothing to warn of"
     job_request_start(job=holder)
-    wait_for(lambda: our_app(spark_cluster, holder).get("cores") == 2, 180, 1, "the first job to hold both cores")
+    wait_for(lambda: our_app(spark_cluster, holder).get("cores") == 2, 180, 0.5, "the first job to hold both cores")
 
     warning = free_cores_warning(waiter)
     assert f"0 free core(s) of 2 (held by statekeeper-{holder.name} (2))" in warning and "asks for 1" in warning
     run = job_request_start(job=waiter)
-    run = wait_for(lambda: (r := Run.objects.get(id=run.id)).message.startswith(CORES_WAIT) and r, 180, 1,
+    run = wait_for(lambda: (r := Run.objects.get(id=run.id)).message.startswith(CORES_WAIT) and r, 180, 0.5,
                    "the waiting run to say why")  # fmt: skip
     assert run.status == RunStatus.STARTING
     assert f"held by statekeeper-{holder.name} (2) (0 free)" in run.message, run.message
+    shared_run = job_request_start(job=shared)
+    shared_run = wait_for(lambda: (r := Run.objects.get(id=shared_run.id)).message.startswith(CORES_WAIT) and r, 180,
+                          1, "the shared job's run to say why it waits")  # fmt: skip
+    assert shared_run.status in (RunStatus.PENDING, RunStatus.STARTING)
+    assert f"the shared driver asks for {settings.SHARED_DRIVER_CORES} core(s)" in shared_run.message, (
+        shared_run.message
+    )
     alerts_evaluate(now=run.requested_at + timedelta(seconds=30), deliver=lambda *a: None)
     assert not Alert.objects.filter(job=waiter, kind=AlertKind.CLUSTER_WAITING).exists(), "not before the set time"
     alerts_evaluate(now=run.requested_at + timedelta(seconds=settings.ALERT_CLUSTER_WAIT_SECONDS + 5),
@@ -213,9 +296,13 @@ def test_a_job_the_cluster_has_no_cores_for_says_so_warns_before_it_starts_and_a
     assert f"run #{run.id} starting for" in alert.message and f"statekeeper-{holder.name} (2)" in alert.message
 
     job_request_stop(job=holder)
-    started = wait_for(lambda: (r := Run.objects.get(id=run.id)).status == RunStatus.RUNNING and r, 180, 1,
+    started = wait_for(lambda: (r := Run.objects.get(id=run.id)).status == RunStatus.RUNNING and r, 180, 0.5,
                        "the waiting job to get the freed cores")  # fmt: skip
     assert not started.message.startswith(CORES_WAIT), "the run no longer says it waits"
     job_request_stop(job=waiter)
-    wait_for(lambda: not Run.objects.filter(job__in=[holder, waiter], status__in=["running", "stopping", "starting"])
-             .exists(), 120, 1, "both to stop")  # fmt: skip
+    shared_started = wait_for(lambda: (r := Run.objects.get(id=shared_run.id)).status == RunStatus.RUNNING and r, 180,
+                              1, "the shared job to get the freed cores")  # fmt: skip
+    assert not shared_started.message.startswith(CORES_WAIT), "the shared job's run no longer says it waits"
+    job_request_stop(job=shared)
+    wait_for(lambda: not Run.objects.filter(job__in=[holder, waiter, shared], status__in=["running", "stopping",
+             "starting"]).exists(), 120, 0.5, "all three to stop")  # fmt: skip

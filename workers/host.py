@@ -30,16 +30,24 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.failures import root_cause
-from dashboard.models import DriverHost, HostStatus, Run, RunStatus
+from dashboard.models import IN_FLIGHT_ACTIONS, Action, DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.selectors.cluster import SHARED_APP
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
+from dashboard.services.errors import ActionRefused
 from dashboard.services.hosts import host_gone, host_may_end, shared_master, spare_jobs, spare_retire, spare_warms
-from dashboard.services.runs import pid_alive, respawn_in_own_driver, run_finish
+from dashboard.services.runs import (
+    job_request_start,
+    pid_alive,
+    respawn_in_own_driver,
+    respawn_in_shared_driver,
+    run_finish,
+)
 from dashboard.services.secrets import redact_logs
 from workers import job_lock
 from workers.driver import CoresWatch, GreenJobLease, JobDriver, JobLease, cluster_probe, heap_fields, spark_stop
@@ -99,6 +107,9 @@ class SharedDriver:
         self.warming: threading.Thread | None = None
         self.started_in = 0.0  # seconds its Spark took to start
         self.executor_hosts: list[str] = []  # on a cluster, the hosts of its executors
+        # on a cluster, once it drains: why its jobs move to the next shared driver, and the runs stopped to move them
+        self.moving_why = ""
+        self.moved: set[int] = set()
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
@@ -169,6 +180,8 @@ class SharedDriver:
                 if self.retire_if_stale():
                     break
             self._take_new()
+            if self.moving_why:
+                self._move_all()
             self._reap()
             if time.monotonic() - last_leases >= settings.LEASE_RENEW_SECONDS:
                 self._renew()
@@ -179,6 +192,11 @@ class SharedDriver:
                 log.warning("the lock connection could not be opened again: %s", exc)
             if self.threads:
                 idle_since = time.monotonic()
+            elif self.moving_why and host_may_end(
+                self.host.id, timedelta(0), "Ended: its jobs moved to the next shared driver."
+            ):
+                log.info("every job moved to the next shared driver: ending, its cores freed for it")
+                return
             elif time.monotonic() - idle_since > IDLE_SECONDS and host_may_end(
                 self.host.id, timedelta(seconds=IDLE_SECONDS)
             ):
@@ -335,12 +353,55 @@ class SharedDriver:
         )
 
     def _hand_over(self, run: Run, why: str) -> None:
-        """Start the run in a driver of its own, and take no new runs (a launch starts a new shared driver)."""
-        DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
-            status=HostStatus.DRAINING, message=f"Draining: {why}."
-        )
-        pid = respawn_in_own_driver(run)
-        log.info("run %s handed to a driver of its own (pid %s): %s", run.id, pid, why)
+        """Take no new runs (a launch starts a new shared driver), and start the run elsewhere: in local mode in a
+        driver of its own, while the jobs here run on; on a cluster in the next shared driver, every job here after it
+        (``_move_all``). There this driver's application holds its executor's cores until its last job leaves, and a
+        driver of its own, or the next shared driver, would wait for them as long."""
+        if not is_cluster(shared_master(self.host)):
+            DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
+                status=HostStatus.DRAINING, message=f"Draining: {why}."
+            )
+            pid = respawn_in_own_driver(run)
+            log.info("run %s handed to a driver of its own (pid %s): %s", run.id, pid, why)
+            return
+        if not self.moving_why:
+            self.moving_why = why
+            DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
+                status=HostStatus.DRAINING,
+                message=f"Draining: {why}. On a cluster its jobs move to the next shared driver, which needs the "
+                "cores this one's application holds.",
+            )
+        host = respawn_in_shared_driver(run)
+        log.info("run %s handed to the shared driver %s: %s", run.id, host.id, why)
+
+    def _move_all(self) -> None:
+        """On a cluster, once draining: ask each query here to stop after its batch in flight; ``_run_job`` starts
+        its job again once its run has ended, in the next shared driver. A blue/green upgrade's new version, a run
+        someone asked to stop, and a job with an action in flight (which stops and starts it itself) are left be."""
+        for run_id, driver in list(self.drivers.items()):
+            if run_id in self.moved or driver.green:
+                continue
+            run = Run.objects.filter(id=run_id).values("job_id", "stop_requested_at").first()
+            if run is None or run["stop_requested_at"] is not None:
+                continue
+            if Action.objects.filter(job_id=run["job_id"], status__in=IN_FLIGHT_ACTIONS).exists():
+                continue
+            self.moved.add(run_id)
+            driver.stop_signal.set()
+            log.info("run %s: stopping after its batch in flight, to start in the next shared driver", run_id)
+
+    def _start_moved(self, job: Job, run_id: int) -> None:
+        """The job of a run stopped for the move (``_move_all``) starts again: a launch finds the next shared driver."""
+        note = f" Moved to the next shared driver: {self.moving_why} (on a cluster the jobs move together)."
+        try:
+            if Run.objects.filter(id=run_id, status=RunStatus.STOPPED).exists():
+                Run.objects.filter(id=run_id).update(message=Concat("message", Value(note)))
+                started = job_request_start(job=job)
+                log.info("run %s: job %s starts again as run %s", run_id, job.name, started.id)
+        except ActionRefused as exc:  # started by someone else meanwhile, archived: nothing to do here
+            log.info("run %s: job %s not started again here: %s", run_id, job.name, exc)
+        except DatabaseError as exc:
+            log.error("run %s: job %s could not be started again (start it by hand): %s", run_id, job.name, exc)
 
     def _run_job(self, run_id: int) -> None:
         run = Run.objects.select_related("job").get(id=run_id)
@@ -355,7 +416,7 @@ class SharedDriver:
             is_green = run.status == RunStatus.GREEN
             if is_green and (why := self.refusal(run.green["pipeline"])):
                 raise RuntimeError(f"{why}; a blue/green upgrade's new version needs the code loaded")
-            if why := self.refusal(job.pipeline):
+            if why := self.moving_why or self.refusal(job.pipeline):
                 self._hand_over(run, why)
                 handed = True
                 return
@@ -394,6 +455,8 @@ class SharedDriver:
                 Run.objects.filter(id=run_id).update(released_at=timezone.now())
             if locked or locked_green.is_set():
                 self.locks.let_go(job.id)  # after the run's end is recorded: a standby reads it as a death
+            if run_id in self.moved:
+                self._start_moved(job, run_id)
             connection.close()
 
     def _green_lock(self, job_id: int, locked: threading.Event) -> None:

@@ -189,9 +189,9 @@ def host_gone(host: DriverHost, why: str) -> None:
     )
 
 
-def host_may_end(host_id: int, idle_since: timedelta) -> bool:
+def host_may_end(host_id: int, idle_since: timedelta, why: str = "Ended: no job to run.") -> bool:
     """The shared driver asks whether it may end: it has no run in flight, none was assigned in ``idle_since``, and
-    from now on it takes none (GONE, under the row lock a launch takes too)."""
+    from now on it takes none (GONE, under the row lock a launch takes too; ``why`` its message)."""
     with transaction.atomic():
         host = DriverHost.objects.select_for_update().get(id=host_id)
         if host.status == HostStatus.SPARE:  # the supervisor ends it when it is no longer wanted
@@ -200,7 +200,7 @@ def host_may_end(host_id: int, idle_since: timedelta) -> bool:
         busy = Run.objects.filter(driver_host=host, status__in=ACTIVE_RUN_STATUSES).exists()
         if busy or Run.objects.filter(driver_host=host, requested_at__gte=recent).exists():
             return False
-        host.status, host.ended_at, host.message = HostStatus.GONE, timezone.now(), "Ended: no job to run."
+        host.status, host.ended_at, host.message = HostStatus.GONE, timezone.now(), why
         host.save(update_fields=["status", "ended_at", "message"])
         return True
 

@@ -104,9 +104,7 @@ def run_launch(*, run_id: int) -> Run:
         for name, value in own_driver_settings(run).items():
             setattr(run, name, value)
         if shares_driver(job):  # the shared driver takes it from here (it polls for runs assigned to it)
-            host = host_for_launch()
-            run.driver_host, run.pid, run.log_path = host, host.pid, host.log_path
-            run.spark_master = shared_master_label(host)
+            _assign_shared(run)
             run.save()
             return run
         if (waiting := _claim_waiting_driver(run)) is not None:  # it polls for the run, as a shared driver does
@@ -224,6 +222,26 @@ def respawn_in_own_driver(run: Run) -> int:
     pid = spawn_driver(run)
     Run.objects.filter(id=run.id).update(pid=pid, driver_host=None, **own)
     return pid
+
+
+def _assign_shared(run: Run) -> DriverHost:
+    """The run goes to this host's serving shared driver (a new one when none serves): its pid, log and Spark master
+    as that driver's. Inside the caller's transaction (``host_for_launch``); the caller saves the run."""
+    host = host_for_launch()
+    run.driver_host, run.pid, run.log_path = host, host.pid, host.log_path
+    run.spark_master = shared_master_label(host)
+    return host
+
+
+def respawn_in_shared_driver(run: Run) -> DriverHost:
+    """A launched run that a draining shared driver on a cluster will not run goes to the serving shared driver, a
+    new one when none serves (``workers/host.py``: there a driver of its own would wait for the cores the draining
+    one's application holds). Returns that driver."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run.id)
+        host = _assign_shared(run)
+        run.save(update_fields=["driver_host", "pid", "log_path", "spark_master"])
+    return host
 
 
 def job_request_stop(*, job: Job) -> Run:
