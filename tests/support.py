@@ -123,7 +123,7 @@ def drain_and_stop(job, producer: Producer, redis) -> None:
         "the job to catch up",
     )
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
 
 
 def execute(job, kind: str, **params) -> Action:
@@ -255,7 +255,7 @@ def events_counted(job: Job) -> int:
 def finished(action: Action, timeout: float = 400) -> Action:
     wait_for(
         lambda: Action.objects.filter(id=action.id, status__in=[ActionStatus.SUCCEEDED, ActionStatus.FAILED]).exists(),
-        timeout, 1, f"{action.get_kind_display()} #{action.id} to finish",
+        timeout, 0.5, f"{action.get_kind_display()} #{action.id} to finish",
     )  # fmt: skip
     action.refresh_from_db()
     return action

@@ -76,7 +76,7 @@ def running_team_job(
     orders = Orders(redis, stream_name)
     orders.send(40, seed=1)
     job_request_start(job=job)
-    blue = wait_for(lambda: running_with_progress(job), 240, 1, "the job to run")
+    blue = wait_for(lambda: running_with_progress(job), 240, 0.5, "the job to run")
     flow = Flow(orders)
     flow.start()
     return job, orders, blue, flow
@@ -156,7 +156,7 @@ def test_a_parameter_change_hands_over_in_the_shared_driver_with_every_sink_exac
     assert handed.status == RunStatus.STOPPED and f"after batch {action.params['handover_after']}" in handed.message
     assert isinstance(action.params["gap_seconds"], float), action.params
     assert action.params["first_batch"] > action.params["handover_after"]
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
     assert not (why := one_line(job, action)), why
     assert lake_batches_once(spark, lake)
 
@@ -193,8 +193,8 @@ def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_an
         flow.stop()
     job.refresh_from_db()
     assert job.pipeline == "customer-spend-v2" and job.checkpoint_dir == action.params["fork"]
-    wait_for(lambda: running_with_progress(job, again.id), 240, 1, "the job's restart on the new version")
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    wait_for(lambda: running_with_progress(job, again.id), 240, 0.5, "the job's restart on the new version")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
     assert not (why := one_line(job, action)), why
     assert lake_batches_once(spark, lake)
 
@@ -217,7 +217,7 @@ def test_an_abort_leaves_the_jobs_output_as_if_green_never_ran(
     assert job.pipeline == "customer-spend" and job.checkpoint_dir == "checkpoint"
     assert Run.objects.get(id=blue.id).status == RunStatus.RUNNING, "blue never stopped"
     assert not (job.directory / action.params["fork"]).exists() and not GreenBatch.objects.filter(action=action)
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
     # nothing of green's in any sink: only blue's token ever wrote there, and nothing was rewound
     fences = {p.read_text() for p in (lake / "_statekeeper" / "fences").iterdir()}
     assert fences == {str(blue.fencing_token)} and not (lake / "_statekeeper" / "rewound").exists()
@@ -242,8 +242,8 @@ def test_blue_killed_as_the_handover_is_asked_for_leaves_every_sink_exact(
         flow.stop()
     job.refresh_from_db()
     assert job.parameters["threshold"] == 70 and job.checkpoint_dir == action.params["fork"]
-    wait_for(lambda: running_with_progress(job, blue.id), 240, 1, "the new version running")
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    wait_for(lambda: running_with_progress(job, blue.id), 240, 0.5, "the new version running")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
     assert lake_batches_once(spark, lake)
     assert job.runs.filter(status__in=("pending", "starting", "running", "stopping")).count() == 1
 
@@ -287,8 +287,8 @@ def test_a_rescale_by_blue_green_hands_over_on_repartitioned_state_through_a_wor
     assert job.pipeline == "customer-spend" and blue.id != action.params["green_run"]
     fork = job.directory / action.params["fork"]
     assert lineage_base(fork) == -1, "the sinks number green's batch n as the job's n - 1"
-    wait_for(lambda: running_with_progress(job, action.params["green_run"]), 300, 1, "the job's restart")
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "every order in every sink")
+    wait_for(lambda: running_with_progress(job, action.params["green_run"]), 300, 0.5, "the job's restart")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
     newest = max(int(p.name) for p in (fork / "commits").iterdir() if p.name.isdigit())
     assert batch_offsets(fork, newest)["metadata"]["conf"]["spark.sql.shuffle.partitions"] == "3"
     assert not (why := one_line(job, action)), why

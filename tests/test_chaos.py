@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def pause_past_lease(job, run: Run) -> Run:
     """SIGSTOP a driver until a successor commits, then wake it: it must be gone within 10 s, having written nothing."""
     os.killpg(run.pid, signal.SIGSTOP)
-    successor = wait_for(lambda: running_with_progress(job, run.id), 180, 1, "a successor to the paused driver")
+    successor = wait_for(lambda: running_with_progress(job, run.id), 180, 0.5, "a successor to the paused driver")
     with contextlib.suppress(ProcessLookupError):
         os.killpg(run.pid, signal.SIGCONT)
     wait_for(lambda: not pid_alive(run.pid), 10, 0.2, "the paused driver's process to be gone")
@@ -47,7 +47,7 @@ def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None, pau
     producer = Producer(redis, job.source_stream, poison_every=3)
     producer.start()
     job_request_start(job=job)
-    run = wait_for(lambda: running_with_progress(job), 120, 1, "the first run to commit")
+    run = wait_for(lambda: running_with_progress(job), 120, 0.5, "the first run to commit")
     interrupted: list[int] = []
     for kill in range(kills):
         time.sleep(rng.uniform(0.5, 4))  # a random moment: between batches or in the middle of one
@@ -60,7 +60,9 @@ def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None, pau
             celery_worker.kill()
             time.sleep(rng.uniform(1, 5))
             celery_worker.start()
-        run = wait_for(lambda last=run.id: running_with_progress(job, last), 180, 1, f"recovery after kill {kill + 1}")
+        run = wait_for(
+            lambda last=run.id: running_with_progress(job, last), 180, 0.5, f"recovery after kill {kill + 1}"
+        )
     drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every good event counted exactly once"
     dead = {f[b"entry"].decode(): f for _, f in redis.xrange(job.dead_letter_stream)}
@@ -74,9 +76,10 @@ def chaos(job, redis, celery_worker, kills: int, kill_worker_at: int | None, pau
     assert all(r.restart_run_id for r in job.recoveries.all())
 
 
-@pytest.mark.browser
+@pytest.mark.chaos
 def test_two_kill_minus_nines_and_poison_lose_and_duplicate_nothing(make_job, redis, stream_name, celery_worker):
-    # a driver paused past its lease is in the default suite in test_fenced_driver.py, and here with -m chaos
+    # the default suite has a driver paused past its lease (test_fenced_driver.py), a driver killed (test_cluster.py's
+    # shared jobs, test_console_e2e.py) and poison among good events (test_poison_events.py), each on its own
     job = make_job(parallelism=1, trigger_interval_seconds=1, restart_strategy="fixed-delay", restart_delay_seconds=1)
     chaos(job, redis, celery_worker, kills=2, kill_worker_at=None)
 

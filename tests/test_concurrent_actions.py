@@ -55,15 +55,15 @@ def test_five_actions_at_once_on_five_jobs_all_succeed_with_every_count_exact(ma
     for job in jobs:
         job_request_start(job=job)
     for job in jobs:
-        wait_for(lambda j=job: counted(Job.objects.get(id=j.id)) == sent[j.id], 300, 1, f"{job.name} to catch up")
+        wait_for(lambda j=job: counted(Job.objects.get(id=j.id)) == sent[j.id], 300, 0.5, f"{job.name} to catch up")
 
     # The restore's job: a savepoint, more input, then stopped; it will be restored to the savepoint and replay.
     savepoint_action = finished(action_request(job=restored, kind=ActionKind.SAVEPOINT), 180)
     assert savepoint_action.status == ActionStatus.SUCCEEDED, savepoint_action.outcome
     sent[restored.id] += feed(redis, restored, 100, seed=2)
-    wait_for(lambda: url_total(restored) == sent[restored.id], 120, 1, "the restore's job to catch up")
+    wait_for(lambda: url_total(restored) == sent[restored.id], 120, 0.5, "the restore's job to catch up")
     job_request_stop(job=restored)
-    wait_for(lambda: not restored.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "its stop")
+    wait_for(lambda: not restored.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "its stop")
 
     # The shadow's job took a savepoint right after it caught up: nothing arrived after it to compare on.
     caught_up = finished(action_request(job=shadowed, kind=ActionKind.SAVEPOINT), 180)
@@ -91,11 +91,11 @@ def test_five_actions_at_once_on_five_jobs_all_succeed_with_every_count_exact(ma
 
     # Afterwards every job runs (the restored one on its fork, the rescaled one with 3 partitions) and counts
     # every event exactly once, old and new.
-    wait_for(lambda: all(running(job) for job in jobs), 300, 1, "every job to run again")
+    wait_for(lambda: all(running(job) for job in jobs), 300, 0.5, "every job to run again")
     for job in jobs:
         sent[job.id] += feed(redis, job, 50, seed=3)
     for job in jobs:
-        wait_for(lambda j=job: counted(Job.objects.get(id=j.id)) == sent[j.id], 300, 1, f"{job.name} to count all")
+        wait_for(lambda j=job: counted(Job.objects.get(id=j.id)) == sent[j.id], 300, 0.5, f"{job.name} to count all")
     assert [Job.objects.get(id=j.id).pipeline for j in upgraded] == ["user-sessions-v2"] * 2
     assert Job.objects.get(id=rescaled.id).state_partitions == 3
     assert Job.objects.get(id=restored.id).checkpoint_dir == f"checkpoint-restore-{done[2].id}"
@@ -109,7 +109,7 @@ def test_a_rescale_whose_worker_is_killed_mid_action_resumes_on_a_new_worker(mak
     job = new_job(make_job, "url-counts", state_backend="rocksdb", state_partitions=2)
     sent = feed(redis, job, 300, seed=1)
     job_request_start(job=job)
-    wait_for(lambda: url_total(job) == sent, 300, 1, "the job to catch up")
+    wait_for(lambda: url_total(job) == sent, 300, 0.5, "the job to catch up")
 
     rescale = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3})
     wait_for(
@@ -125,5 +125,5 @@ def test_a_rescale_whose_worker_is_killed_mid_action_resumes_on_a_new_worker(mak
     assert steps[-3:] == ["repartition", "check-state", "apply"], steps
     assert Job.objects.get(id=job.id).state_partitions == 3
     assert job.savepoints.filter(origin="before-rescale", status="verified").count() == 1, "one way back, not two"
-    wait_for(lambda: url_total(job) == sent, 300, 1, "the rescaled job to count every event once")
+    wait_for(lambda: url_total(job) == sent, 300, 0.5, "the rescaled job to count every event once")
     job_request_stop(job=job)

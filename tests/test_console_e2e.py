@@ -39,7 +39,7 @@ def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
     assert "Start of clicks requested" in page.content()
     wait_for(lambda: status_on_page(page, url) == "running", 90, 1, "the driver to run")
 
-    wait_for(lambda: job.checkpoints.count() > 0, 90, 1, "the first checkpoint to be ingested")
+    wait_for(lambda: job.checkpoints.count() > 0, 90, 0.5, "the first checkpoint to be ingested")
     page.goto(url)
     # every tab by its link, each its own address, the header with the status and the actions on each
     for label, address, shows in (
@@ -83,7 +83,7 @@ def test_an_operator_starts_watches_and_stops_a_job_and_sees_a_killed_driver(
             f"{page.locator('#run-status').inner_text()!r}): #job-actions is {actions!r}"
         ) from None
     start.click()
-    run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 90, 1, "the second run")
+    run = wait_for(lambda: job.runs.filter(status=RunStatus.RUNNING).first(), 90, 0.5, "the second run")
     os.killpg(run.pid, signal.SIGKILL)
     wait_for(lambda: status_on_page(page, url) == "lost", 60, 1, "the supervisor to notice the dead driver")
     assert "exited without reporting" in page.content()

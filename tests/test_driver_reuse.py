@@ -30,8 +30,8 @@ def test_an_upgrade_and_a_rescale_restart_the_job_in_its_driver_and_a_new_parall
     job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
     sent = send(redis, stream_name, 200, seed=1)
     job_request_start(job=job)
-    first = wait_for(lambda: running_with_progress(job), 180, 1, "version 1 to commit")
-    wait_for(lambda: caught_up(job, sent), 120, 1, "version 1 to count every event")
+    first = wait_for(lambda: running_with_progress(job), 180, 0.5, "version 1 to commit")
+    wait_for(lambda: caught_up(job, sent), 120, 0.5, "version 1 to count every event")
 
     upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2"}))
     assert upgrade.status == ActionStatus.SUCCEEDED and switched_to(job, "user-sessions-v2"), [
@@ -44,25 +44,25 @@ def test_an_upgrade_and_a_rescale_restart_the_job_in_its_driver_and_a_new_parall
     assert first.status == RunStatus.STOPPED and first.released_at is not None and first.reusable_until is None
     assert not run_holds_process(first), "the stopped run let go of the checkpoint though its process lives on"
     sent += send(redis, stream_name, 100, seed=2)
-    wait_for(lambda: caught_up(job, sent), 180, 1, "version 2 to count every event")
+    wait_for(lambda: caught_up(job, sent), 180, 0.5, "version 2 to count every event")
 
     # state partitions 2 → 3: the same Spark master, the same process, the repartitioned state
     rescale = finished(action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3}))
     assert rescale.status == ActionStatus.SUCCEEDED, rescale.outcome
     sent += send(redis, stream_name, 100, seed=3)
-    third = wait_for(lambda: running_with_progress(job, after_run=second.id), 180, 1, "the rescaled run to commit")
+    third = wait_for(lambda: running_with_progress(job, after_run=second.id), 180, 0.5, "the rescaled run to commit")
     assert third.pid == first.pid, "a rescale of the state partitions kept the driver"
-    wait_for(lambda: caught_up(job, sent), 180, 1, "the rescaled run to count every event")
+    wait_for(lambda: caught_up(job, sent), 180, 0.5, "the rescaled run to count every event")
     assert Job.objects.get(id=job.id).state_partitions == 3
 
     # parallelism 1 → 2 is local[2]: a JVM of its own, and the old process ends once the new run has it
     wider = finished(action_request(job=job, kind=ActionKind.RESCALE, params={"parallelism": 2}))
     assert wider.status == ActionStatus.SUCCEEDED, wider.outcome
     sent += send(redis, stream_name, 100, seed=4)
-    fourth = wait_for(lambda: running_with_progress(job, after_run=third.id), 240, 1, "the wider run to commit")
+    fourth = wait_for(lambda: running_with_progress(job, after_run=third.id), 240, 0.5, "the wider run to commit")
     assert fourth.pid != first.pid and fourth.spark_master == "local[2]"
     wait_for(lambda: not pid_alive(first.pid), 30, 0.5, "the old driver to end")
-    wait_for(lambda: caught_up(job, sent), 180, 1, "the wider run to count every event")
+    wait_for(lambda: caught_up(job, sent), 180, 0.5, "the wider run to count every event")
 
     # a plain stop: no restart follows, the driver ends at once
     job_request_stop(job=job)

@@ -26,11 +26,11 @@ def test_a_driver_paused_past_its_lease_is_gone_within_seconds_and_wrote_nothing
     producer = Producer(redis, stream_name, rate=100)
     producer.start()
     job_request_start(job=job)
-    old = wait_for(lambda: running_with_progress(job), 120, 1, "the first run to commit")
+    old = wait_for(lambda: running_with_progress(job), 120, 0.5, "the first run to commit")
     if host == "another host":  # the supervisor cannot signal a driver elsewhere: the driver must end itself
         Run.objects.filter(id=old.id).update(host="another-host")
     os.killpg(old.pid, signal.SIGSTOP)
-    successor = wait_for(lambda: running_with_progress(job, old.id), 180, 1, "a successor to commit")
+    successor = wait_for(lambda: running_with_progress(job, old.id), 180, 0.5, "a successor to commit")
     with contextlib.suppress(ProcessLookupError):
         os.killpg(old.pid, signal.SIGCONT)  # the old driver wakes up next to its successor, if it is still there
     wait_for(lambda: not pid_alive(old.pid), 10, 0.2, "the old driver's process to be gone")

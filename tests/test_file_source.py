@@ -63,8 +63,8 @@ def test_a_job_reads_new_files_dead_letters_bad_rows_and_counts_its_backlog_in_f
     lines += ["not json", json.dumps({"event_id": "late", "ts": now + 10 * 86_400_000, "user": "u1"}), ""]
     (inbox / "a.json").write_text("\n".join(lines) + "\n")
     driver = start_driver(job)
-    wait_for(lambda: ResultRow.objects.filter(job=job).count() == 40, 180, 1, "the 40 distinct events")
-    wait_for(lambda: len(dead_letters(redis, job)) == 3, 60, 1, "the three bad rows in the dead letters")
+    wait_for(lambda: ResultRow.objects.filter(job=job).count() == 40, 180, 0.5, "the 40 distinct events")
+    wait_for(lambda: len(dead_letters(redis, job)) == 3, 60, 0.5, "the three bad rows in the dead letters")
     assert driver.stop() == "stopped"
     reasons = {d["payload"][:12]: d["reason"] for d in dead_letters(redis, job)}
     assert "it would move the watermark" in reasons['{"event_id":'], reasons
@@ -83,7 +83,7 @@ def test_a_job_reads_new_files_dead_letters_bad_rows_and_counts_its_backlog_in_f
     assert console.lag_count(job, sample.lag_records) == "1 file", "the overview's lag says it as the header does"
 
     driver = start_driver(Job.objects.get(id=job.id))
-    wait_for(lambda: ResultRow.objects.filter(job=job).count() == 50, 180, 1, "the new file's events")
+    wait_for(lambda: ResultRow.objects.filter(job=job).count() == 50, 180, 0.5, "the new file's events")
     assert driver.stop() == "stopped"
     source_lag_sample()
     assert SourceLag.objects.filter(job=job).latest("sampled_at").lag_records == 0

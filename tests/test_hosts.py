@@ -47,20 +47,20 @@ def test_a_kill_goes_through_the_drivers_host_and_a_lost_host_hands_its_job_over
     producer = Producer(redis, job.source_stream)
     producer.start()
     job_request_start(job=job)
-    first = wait_for(lambda: running_with_progress(job), 180, 1, "the first run to commit")
+    first = wait_for(lambda: running_with_progress(job), 180, 0.5, "the first run to commit")
     assert first.host in two_hosts
 
     # this process is neither host: the kill is queued to the driver's host, whose worker kills the process there
     run_kill(first)
     wait_for(lambda: not pid_alive(first.pid), 30, 0.5, f"the driver on {first.host} to be killed")
-    second = wait_for(lambda: running_with_progress(job, first.id), 180, 1, "a restart after the kill")
+    second = wait_for(lambda: running_with_progress(job, first.id), 180, 0.5, "a restart after the kill")
     assert job.runs.get(id=first.id).status == RunStatus.LOST
 
     # the whole host of the running driver is lost: its worker and its driver, at once
     lost_host = second.host
     two_hosts[lost_host].kill()
     os.killpg(second.pid, signal.SIGKILL)
-    third = wait_for(lambda: running_with_progress(job, second.id), 180, 1, "the job to move to the other host")
+    third = wait_for(lambda: running_with_progress(job, second.id), 180, 0.5, "the job to move to the other host")
     assert third.host != lost_host and third.host in two_hosts
     # judged by its lease from the other host, where its pid means nothing
     assert job.runs.get(id=second.id).message.startswith(f"The driver on {lost_host} stopped renewing its lease")

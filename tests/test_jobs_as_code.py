@@ -229,7 +229,7 @@ def test_statekeeper_apply_takes_a_directory_of_specs_through_create_upgrade_ref
     counts = Job.objects.get(name="counts")
     assert counts.archived_at is not None and counts.savepoints.exists()
     wait_for(
-        lambda: not counts.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists(), 120, 1, "the archived job to stop"
+        lambda: not counts.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists(), 120, 0.5, "the archived job to stop"
     )
     assert url_total(counts) == sent["counts"] and exact()
     status = json.loads(cli(asgi_server, token, "status").stdout)

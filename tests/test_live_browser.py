@@ -52,7 +52,7 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     job = make_job(name="clicks", parallelism=1, trigger_interval_seconds=1, max_records_per_batch=40)
     send_events(redis, stream_name, "url-counts", 30)
     job_request_start(job=job)
-    wait_for(lambda: job.checkpoints.exists(), 120, 1, "the first checkpoint")
+    wait_for(lambda: job.checkpoints.exists(), 120, 0.5, "the first checkpoint")
 
     page.goto(f"{asgi_server}/jobs/clicks/")
     page.screenshot(path=str(tmp_path / "opened.png"))
@@ -87,7 +87,7 @@ def test_the_charts_follow_the_job_live(page, asgi_server, celery_worker, make_j
     # lease token in the row, and a stale copy written back fences it)
     Job.objects.filter(id=job.id).update(max_records_per_batch=5000)
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 60, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 60, 0.5, "the stop")
     # the header's run follows without a reload: its status and its message
     wait_for(lambda: run_shown(page) == "stopped", 30, 0.5, "the header to show the run stopped")
     assert "Stopped on request" in page.locator("#run-message").inner_text()

@@ -36,7 +36,7 @@ def test_a_standby_takes_over_a_killed_driver_and_counts_every_event_once(make_j
     producer = Producer(redis, stream_name, rate=100, poison_every=4)
     producer.start()
     job_request_start(job=job)
-    first = wait_for(lambda: running_with_progress(job), 120, 1, "the first run to commit")
+    first = wait_for(lambda: running_with_progress(job), 120, 0.5, "the first run to commit")
     standby = wait_for(lambda: ready_standby(job), 180, 0.5, "a standby to be warm")
     assert standby.rss_bytes and standby.rss_bytes > 100 << 20, "its memory cost (Python and JVM) is measured"
 

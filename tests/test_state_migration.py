@@ -70,7 +70,7 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
     orders = Orders(redis, stream_name)
     orders.send(60, seed=1)
     job_request_start(job=job)
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "the first orders")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "the first orders")
 
     # the plain upgrade is refused before anything stops, and says a migration is declared
     plain = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "customer-spend-daily"}))
@@ -92,7 +92,7 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
 
     # the upgrade with the migration, while orders flow: savepoint N, the migrated line goes on after N's offsets
     orders.send(20, seed=2)
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1, "the orders before it")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "the orders before it")
     before_migration = len(orders.sent)
     upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE,
                                       params={"pipeline": "customer-spend-daily", "migrate": 1}))  # fmt: skip
@@ -108,7 +108,7 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
     hourly = truth(orders, before_migration)
     touched = {f"{o['customer']['id']}|" for o in orders.sent[before_migration:]}
     daily = {k: v for k, v in truth(orders, window_minutes=1440).items() if any(k.startswith(t) for t in touched)}
-    wait_for(lambda: migrated_exactly(spark, job, team_database, lake, hourly, daily), 240, 1,
+    wait_for(lambda: migrated_exactly(spark, job, team_database, lake, hourly, daily), 240, 0.5,
              "the daily totals to go on from the migrated state in every sink")  # fmt: skip
     assert committed_batches(job.checkpoint_location)[0] == 0, "Spark's batches start again in the new checkpoint"
 
@@ -118,7 +118,7 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
     assert back.status == ActionStatus.SUCCEEDED and switched_to(job, "customer-spend"), back.outcome
     assert Job.objects.get(id=job.id).state_backend == StateBackend.MEMORY
     orders.send(10, seed=4)
-    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 1,
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5,
              "every order in its hour after the rollback, in every sink")  # fmt: skip
 
 
@@ -198,7 +198,7 @@ def test_a_migration_through_a_worker_kill_and_a_driver_kill_ends_migrated_or_ba
     sessions = Sessions(redis, stream_name)
     sessions.send(120, seed=1)
     job_request_start(job=job)
-    wait_for(lambda: totals_exact(job, sessions), 240, 1, "every user's first events")
+    wait_for(lambda: totals_exact(job, sessions), 240, 0.5, "every user's first events")
 
     upgrade = action_request(job=job, kind=ActionKind.UPGRADE,
                              params={"pipeline": "user-sessions-merged", "migrate": 1})  # fmt: skip
@@ -222,7 +222,7 @@ def test_a_migration_through_a_worker_kill_and_a_driver_kill_ends_migrated_or_ba
     assert migrated == (done.status == ActionStatus.SUCCEEDED), (job.pipeline, done.outcome)
     assert migrated or "rolled back by itself" in done.outcome, done.outcome
     sessions.send(40, seed=3)
-    wait_for(lambda: totals_exact(job, sessions), 300, 1,
+    wait_for(lambda: totals_exact(job, sessions), 300, 0.5,
              f"every user's events and amount, exact, on {job.pipeline} after the kills")  # fmt: skip
     assert not redis.xlen(job.dead_letter_stream) if redis.exists(job.dead_letter_stream) else True
 

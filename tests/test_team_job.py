@@ -26,7 +26,7 @@ from tests.support import CUSTOMERS, Orders, finished, running_with_progress, si
 def stop(job: Job) -> None:
     """Stop the job and wait for its driver's process to be gone (a restore or rollback refuses one still exiting)."""
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["starting", "running", "stopping"]).exists(), 120, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["starting", "running", "stopping"]).exists(), 120, 0.5, "the stop")
     pids = [pid for pid in job.runs.values_list("pid", flat=True) if pid]
     wait_for(lambda: not any(pid_alive(pid) for pid in pids), 60, 0.5, "the driver's process to exit")
 
@@ -90,15 +90,15 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
     orders.send(60, seed=1)
     orders.send_poison()
     job_request_start(job=job)
-    wait_for(lambda: totals_match(job, orders), 240, 1, "the first orders to be counted")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "the first orders to be counted")
 
     # a paused driver (SIGSTOP) while orders arrive: it carries on where it stopped once continued
-    run = wait_for(lambda: running_with_progress(job), 60, 1, "a running driver")
+    run = wait_for(lambda: running_with_progress(job), 60, 0.5, "a running driver")
     os.killpg(run.pid, signal.SIGSTOP)
     orders.send(20, seed=7)
     time.sleep(5)
     os.killpg(run.pid, signal.SIGCONT)
-    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the pause")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "every order after the pause")
 
     savepoint = finished(action_request(job=job, kind=ActionKind.SAVEPOINT, params={}))
     assert savepoint.status == ActionStatus.SUCCEEDED, savepoint.outcome
@@ -109,12 +109,12 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
     assert all(saved.batch_id <= stood[name] <= saved.batch_id + 1 for name in ("team-db", "lake")), stood
 
     # kill -9 the driver while orders arrive: the restart replays, nothing counts twice
-    run = wait_for(lambda: running_with_progress(job), 60, 1, "a running driver")
+    run = wait_for(lambda: running_with_progress(job), 60, 0.5, "a running driver")
     orders.send(40, seed=2)
     os.killpg(run.pid, signal.SIGKILL)
-    wait_for(lambda: running_with_progress(job, run.id), 180, 1, "the recovery after kill -9")
+    wait_for(lambda: running_with_progress(job, run.id), 180, 0.5, "the recovery after kill -9")
     orders.send(40, seed=3)
-    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the kill")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "every order after the kill")
 
     # roll back to a middle batch (of a stopped job, as the console asks): it replays what came after it
     stop(job)
@@ -124,13 +124,13 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
     middle = batches[len(batches) // 2]
     rolled = finished(action_request(job=job, kind=ActionKind.ROLLBACK, params={"batch": middle}))
     assert rolled.status == ActionStatus.SUCCEEDED, rolled.outcome
-    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the rollback")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "every order after the rollback")
 
     # restore the savepoint taken after the first orders: the rest are read again, counted once
     stop(job)
     restored = finished(action_request(job=job, kind=ActionKind.RESTORE, params={"savepoint": saved.id}))
     assert restored.status == ActionStatus.SUCCEEDED, restored.outcome
-    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the restore")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "every order after the restore")
 
     # a parameter change is an upgrade: the same pipeline, threshold 50; the rows it emits next say big at 50
     lower = finished(action_request(job=job, kind=ActionKind.UPGRADE,
@@ -140,7 +140,7 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
     assert Job.objects.get(id=job.id).parameters == {"window_minutes": 60, "threshold": 50.0, "lateness_minutes": 10,
                                                      "orders_dsn": team_database, "lake_dir": str(lake)}  # fmt: skip
     orders.send(30, seed=4)
-    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the parameter upgrade")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "every order after the parameter upgrade")
     touched = {o["customer"]["id"] for o in orders.sent[-30:]}
     at_fifty = orders.expected(threshold=50.0)
     for key, row in ResultRow.objects.filter(job=job, kind="spend").values_list("key", "value"):
@@ -151,7 +151,7 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
     v2 = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "customer-spend-v2"}))
     assert v2.status == ActionStatus.SUCCEEDED and switched_to(job, "customer-spend-v2"), v2.outcome
     orders.send(30, seed=5)
-    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the code upgrade")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "every order after the code upgrade")
     assert any("average" in r.value for r in ResultRow.objects.filter(job=job, kind="spend"))
 
     # and back: version 1 from the savepoint taken before version 2, with the threshold it ran with
@@ -159,7 +159,7 @@ def test_a_team_job_through_savepoint_kill_rollback_restore_and_upgrades_keeps_e
     assert back.status == ActionStatus.SUCCEEDED, back.outcome
     assert switched_to(job, "customer-spend") and Job.objects.get(id=job.id).parameters["threshold"] == 50.0
     orders.send(20, seed=6)
-    wait_for(lambda: totals_match(job, orders), 240, 1, "every order after the upgrade's rollback")
+    wait_for(lambda: totals_match(job, orders), 240, 0.5, "every order after the upgrade's rollback")
 
     stop(job)
     assert_every_sink_exact(spark, job, orders, team_database, lake)
@@ -207,6 +207,6 @@ def test_a_team_job_reads_its_nested_orders_from_parquet_files_and_refuses_csv_f
     job = make_job(pipeline="customer-spend", source_kind="files", source_path=str(inbox), source_format="parquet",
                    source_stream="files:orders", parallelism=1)  # fmt: skip
     driver = start_driver(job)
-    wait_for(lambda: totals_match(job, orders), 180, 1, "every Parquet order counted")
+    wait_for(lambda: totals_match(job, orders), 180, 0.5, "every Parquet order counted")
     assert driver.stop() == "stopped"
     assert not redis.xlen(job.dead_letter_stream), "no good order dead-lettered"

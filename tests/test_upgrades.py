@@ -119,8 +119,8 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
     sent = send(redis, stream_name, 300, seed=1)
     job_request_start(job=job)
-    first = wait_for(lambda: running_with_progress(job), 180, 1, "version 1 to commit")
-    wait_for(lambda: caught_up(job, sent), 120, 1, "version 1 to count every event")
+    first = wait_for(lambda: running_with_progress(job), 180, 0.5, "version 1 to commit")
+    wait_for(lambda: caught_up(job, sent), 120, 0.5, "version 1 to count every event")
     page = browser_login(live_server.url, "oncall")
     deploys = f"{live_server.url}/jobs/{job.name}/deploys"
 
@@ -145,7 +145,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     assert finished(action_request(job=job, kind=ActionKind.SAVEPOINT)).status == ActionStatus.SUCCEEDED
     shadow_users = ["u1", "u2", "u3"]
     sent += send(redis, stream_name, 200, seed=5, users=shadow_users)
-    wait_for(lambda: caught_up(job, sent), 120, 1, "version 1 to count the shadow run's input")
+    wait_for(lambda: caught_up(job, sent), 120, 0.5, "version 1 to count the shadow run's input")
     page.goto(deploys)
     page.select_option("select[name=pipeline]", "user-sessions-v2")
     page.fill("input[name=records]", "200")
@@ -173,14 +173,14 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     page.select_option("select[name=pipeline]", "user-sessions-v2")
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Upgrade", exact=True).click()
-    wait_for(lambda: switched_to(job, "user-sessions-v2"), 300, 1, "the switch to version 2")
+    wait_for(lambda: switched_to(job, "user-sessions-v2"), 300, 0.5, "the switch to version 2")
     sent += send(redis, stream_name, 200, seed=2)
     upgrade = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE).latest("id"))
     assert upgrade.status == ActionStatus.SUCCEEDED, upgrade.outcome
     assert [v["verdict"] for v in upgrade.params["plan"]["verdicts"]] == [EVOLVES]
     assert upgrade.params["plan_from"] == preview.id and upgrade.params["plan"] == preview.params["plan"]
     assert "plan" not in [p["step"] for p in upgrade.phases], "no batch re-run: the preview's plan stood"
-    wait_for(lambda: caught_up(job, sent), 180, 1, "version 2 to count every event")
+    wait_for(lambda: caught_up(job, sent), 180, 0.5, "version 2 to count every event")
     assert ResultRow.objects.filter(job=job, kind="totals", value__has_key="largest").exists(), "the new field"
     history = list(job.deploys.order_by("id"))
     assert [d.pipeline for d in history] == ["user-sessions", "user-sessions-v2"]
@@ -204,7 +204,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     assert page.get_by_role("button", name="Roll back the upgrade").count() == 0, "nothing left to roll back"
 
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
     assert events_counted(job) == sent, "every event counted exactly once across every switch"
 
 
@@ -226,7 +226,7 @@ def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_wi
     job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
     sent = send(redis, stream_name, 100, seed=1)
     job_request_start(job=job)
-    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event")
+    wait_for(lambda: user_events(job) == sent, 180, 0.5, "version 1 to count every event")
 
     # A quiet job: the upgrade to a version with a bug returns once its run is up, "not yet proven"; its first batch
     # then fails, and the watch rolls it back by itself and says why.
@@ -235,7 +235,10 @@ def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_wi
     assert "running, not yet proven" in failing.outcome
     sent += send(redis, stream_name, 20, seed=4, users=["boom", "u1"])
     rollback = wait_for(
-        lambda: Action.objects.filter(job=job, kind=ActionKind.UPGRADE_ROLLBACK).first(), 180, 1, "the watch's rollback"
+        lambda: Action.objects.filter(job=job, kind=ActionKind.UPGRADE_ROLLBACK).first(),
+        180,
+        0.5,
+        "the watch's rollback",
     )
     rollback = finished(rollback)
     assert rollback.status == ActionStatus.SUCCEEDED and rollback.origin == "upgrade-watch", rollback.outcome
@@ -243,11 +246,11 @@ def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_wi
     failing.refresh_from_db()
     assert failing.proof["state"] == "failed" and failing.proof["rollback"] == rollback.id
     assert switched_to(job, "user-sessions")
-    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event after the automatic rollback")
+    wait_for(lambda: user_events(job) == sent, 180, 0.5, "version 1 to count every event after the automatic rollback")
 
     # Input already waiting: the upgrade waits for the first batch, which fails, and rolls back within the action.
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
     sent += send(redis, stream_name, 20, seed=5, users=["boom", "u2"])
     failing = finished(
         action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2-broken", "start": 1})
@@ -261,18 +264,18 @@ def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_wi
         "roll-back-start",
     ]
     assert switched_to(job, "user-sessions")
-    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event after the rollback")
+    wait_for(lambda: user_events(job) == sent, 180, 0.5, "version 1 to count every event after the rollback")
 
     # An incompatible version, chosen with empty state: it reads on from where version 1 stopped, from nothing.
     regional = action_request(
         job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-by-region", "empty_state": 1}
     )
-    wait_for(lambda: switched_to(job, "user-sessions-by-region"), 300, 1, "the switch with empty state")
+    wait_for(lambda: switched_to(job, "user-sessions-by-region"), 300, 0.5, "the switch with empty state")
     after = send(redis, stream_name, 30, seed=6)
     regional = finished(regional)
     assert regional.status == ActionStatus.SUCCEEDED, regional.outcome
     assert "started with empty state (0 transformWithStateInPySparkExec)" in regional.outcome
-    wait_for(lambda: region_events(job) == after, 180, 1, "the regions to count only what came after the switch")
+    wait_for(lambda: region_events(job) == after, 180, 0.5, "the regions to count only what came after the switch")
     assert user_events(job) == sent, "version 1's results stay as they were"
     sent += after
 
@@ -280,9 +283,9 @@ def test_a_failed_upgrade_rolls_itself_back_and_an_incompatible_one_can_start_wi
     back = finished(action_request(job=job, kind=ActionKind.UPGRADE_ROLLBACK, params={"upgrade": regional.id}))
     assert back.status == ActionStatus.SUCCEEDED, back.outcome
     assert Job.objects.get(id=job.id).start_offset is None
-    wait_for(lambda: user_events(job) == sent, 180, 1, "version 1 to count every event again")
+    wait_for(lambda: user_events(job) == sent, 180, 0.5, "version 1 to count every event again")
     job_request_stop(job=job)
-    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 1, "the stop")
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
     assert user_events(job) == sent, "every event counted exactly once by version 1 across every switch"
 
 
