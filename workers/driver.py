@@ -49,7 +49,7 @@ from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.python_daemons import end_start_daemons
 from workers.spark.query import JobSpec, start_query
-from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_code, lean_jvm
+from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_after, jvm_exit_code, lean_jvm
 
 log = logging.getLogger("statekeeper.driver")
 FENCED_EXIT_SECONDS = 5  # a driver that lost its lease is gone this long after it notices, whatever hangs
@@ -349,8 +349,8 @@ class JobDriver:
             else:
                 run_started(run_id=self.run.id, executors=self.executor_hosts)
             return self._watch(query, keeper)
-        except Exception:
-            if (exit_code := jvm_exit_code(self.spark)) is not None:
+        except Exception as exc:
+            if (exit_code := jvm_exit_after(self.spark, exc)) is not None:  # killed: the shared driver's runs are lost
                 return self._jvm_gone(exit_code)
             trace = traceback.format_exc()
             run_finish(

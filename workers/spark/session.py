@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from typing import Any
 
+from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
 from workers.spark.class_archive import archive_options
@@ -148,6 +150,19 @@ def jvm_exit_code(spark: SparkSession | None) -> int | None:
     """The exit code of the JVM this process started for Spark, None while it runs (or when there is none)."""
     process = _jvm_process(spark)
     return None if process is None else process.poll()
+
+
+def jvm_exit_after(spark: SparkSession | None, error: BaseException, seconds: float = 3.0) -> int | None:
+    """The JVM's exit code, when ``error`` came from py4j finding the JVM's end of the gateway gone: a JVM killed a
+    moment ago may still be exiting (unmapping a large heap takes a while), so this waits up to ``seconds`` for its
+    exit to show. None at once for any other error, or when the JVM still runs after the wait."""
+    chain: BaseException | None = error
+    while chain is not None and not isinstance(chain, Py4JNetworkError | ConnectionError):
+        chain = chain.__cause__ or chain.__context__
+    deadline = time.monotonic() + (seconds if chain is not None else 0.0)
+    while (code := jvm_exit_code(spark)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return code
 
 
 # A driver of its own (or its standby) runs one job on local[parallelism]. When the job's state is in RocksDB (off the
