@@ -158,6 +158,7 @@ def measure(jobs: list[Job], client: Any, window: float, keeping_up: float) -> d
         "lag_max": max(lags),
         "keeping_up": sum(1 for lag in lags if lag <= keeping_up),
         "silent": sum(1 for job in jobs if not durations[job.id]),
+        "failed": Run.objects.filter(job__in=jobs, status=RunStatus.FAILED).count(),  # since the first step
     }
 
 
@@ -263,7 +264,7 @@ def main() -> None:
                 f"{row['jobs']} jobs: machine {row['machine']} MiB, jobs' processes {row['pss']} MiB "
                 f"({row['pss'] / len(jobs):.0f} a job), checkpoint p95 median {row['p95_median']:.0f} ms, "
                 f"max {row['p95_max']:.0f} ms, lag max {row['lag_max']}, keeping up {row['keeping_up']}/{len(jobs)}, "
-                f"CPU {row['cores']:.2f} cores",
+                f"CPU {row['cores']:.2f} cores, runs failed so far {row['failed']}",
                 flush=True,
             )
         spread, told = spread_runs(jobs)  # before the runs end
@@ -281,14 +282,14 @@ def main() -> None:
     )
     print(
         "| jobs | machine used | jobs' processes (PSS) | a job | CPU (cores) | checkpoint p95, median of jobs "
-        "| worst job | × single | lag max | keeping up |"
+        "| worst job | × single | lag max | keeping up | runs failed |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row['jobs']} | {row['machine']:,} MiB | {row['pss']:,} MiB | {row['pss'] / row['jobs']:.0f} MiB | {row['cores']:.2f} "
             f"| {row['p95_median']:,.0f} ms | {row['p95_max']:,.0f} ms | {row['p95_median'] / single:.2f} "
-            f"| {row['lag_max']:,} | {row['keeping_up']}/{row['jobs']} |"
+            f"| {row['lag_max']:,} | {row['keeping_up']}/{row['jobs']} | {row['failed']} |"
         )
 
 

@@ -150,7 +150,8 @@ def make_job(db: Any, stream_name: str) -> Callable[..., Any]:
 class DriverThread:
     """A job's driver run in this process on the shared SparkSession: the same code a driver process runs."""
 
-    def __init__(self, spark: Any, job: Any) -> None:
+    def __init__(self, spark: Any, job: Any, **options: Any) -> None:
+        """``options``: ``JobDriver``'s own (a start gate, a phase)."""
         from dashboard.models import Run
         from dashboard.services.lease import lease_acquire
 
@@ -159,7 +160,7 @@ class DriverThread:
         self.run = Run.objects.create(job=job, status="starting", fencing_token=token)
         from workers.driver import JobDriver
 
-        self.driver = JobDriver(spark, self.run.id)
+        self.driver = JobDriver(spark, self.run.id, **options)
         self.status: str | None = None
         self.thread = threading.Thread(target=self._go, daemon=True)
         self.thread.start()

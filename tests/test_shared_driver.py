@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from dashboard import pipelines
 from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.services.hosts import spare_warms
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
-from tests.conftest import send_events, wait_for
+from tests.conftest import DriverThread, read_through, send_events, wait_for
 from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
 from workers.host import SharedDriver, phase_gap, spread_phase
 from workers.spark.query import JobSpec, events_frame, spread_trigger
@@ -255,6 +256,45 @@ def test_a_job_that_keeps_sparks_tick_is_counted_on_it_and_the_next_job_keeps_aw
     host.phase_used(1, 2.0, 0.0)  # spread, at its phase
     host.phase_used(2, 2.0, None)  # not spread: on Spark's tick, 0
     assert host.take_phase(3, 2.0) == 1.0, "half an interval from the two batches that start on the tick"
+
+
+class WatchedGate(threading.BoundedSemaphore):
+    """A start gate of one that notes each take, and at each give the queries of the session that have made progress."""
+
+    def __init__(self, spark) -> None:
+        super().__init__(1)
+        self.spark, self.events = spark, []
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        taken = super().acquire(blocking, timeout)
+        self.events.append(("take", set()))
+        return taken
+
+    def release(self, n: int = 1) -> None:
+        self.events.append(("give", {q.name for q in self.spark.streams.active if q.lastProgress is not None}))
+        super().release(n)
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_a_start_gate_lets_the_next_query_start_only_once_the_first_has_committed(spark, make_job, redis, stream_name):
+    """On a cluster a shared driver starts as many queries at a time as it has cores (no fork server there for the
+    Python processes of their starts): a query holds the gate from its start to its first committed batch."""
+    jobs = [make_job(parallelism=1, trigger_interval_seconds=0.5, source_stream=f"{stream_name}:{n}") for n in (1, 2)]
+    for job in jobs:
+        send_events(redis, job.source_stream, "url-counts", 20, seed=1)
+    gate = WatchedGate(spark)
+    drivers = [DriverThread(spark, job, start_gate=gate) for job in jobs]
+    try:
+        for job in jobs:
+            wait_for(lambda j=job: read_through(j, redis, 20), 180, 0.5, f"{job.name} to read its events")
+    finally:
+        for driver in drivers:
+            driver.stop()
+    assert [kind for kind, _ in gate.events] == ["take", "give", "take", "give"], gate.events
+    first = next(job.name for job in jobs if job.name in gate.events[1][1])
+    assert gate.events[1][1] == {first}, "the first gave the gate once it had committed, before the second started"
+    assert gate.acquire(blocking=False), "given back by both"
 
 
 @pytest.mark.parametrize(("pipeline", "spread"), [("url-counts", True), ("minute-windows", False), ("dedup", False),

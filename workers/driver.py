@@ -216,6 +216,9 @@ def job_spec(job: Job, **overrides: Any) -> JobSpec:
     return JobSpec(**(job.run_values() | overrides))
 
 
+START_GATE_SECONDS = 30.0  # a query holds its shared driver's start gate until its first commit, or this long
+
+
 class JobDriver:
     def __init__(
         self,
@@ -229,6 +232,7 @@ class JobDriver:
         on_phase: Callable[[float | None], None] | None = None,
         lean: bool = False,
         reusable: bool = False,
+        start_gate: threading.Semaphore | None = None,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
@@ -241,7 +245,9 @@ class JobDriver:
         of a second or more on the restart's critical path. ``lean``: the process runs this one query (a driver of its
         own, or a standby that took over), so the Python daemons Spark needs only while a query starts are ended once
         it runs (``python_daemons``). ``reusable``: a driver of its own that can run the job's next run after this one
-        (``workers/next_run.py``): stopped for an upgrade or a rescale, it offers itself (``offered``)."""
+        (``workers/next_run.py``): stopped for an upgrade or a rescale, it offers itself (``offered``). ``start_gate``:
+        taken while the query starts, until its first batch is committed (or START_GATE_SECONDS): a shared driver on a
+        cluster starts only a few queries at a time (``workers/host.py``)."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared
@@ -254,6 +260,7 @@ class JobDriver:
         self.executor_hosts = executor_hosts or []  # where the job's executors run, on a cluster
         self.phase_seconds, self.on_phase = phase_seconds, on_phase
         self.code = code
+        self.start_gate, self.gate_until = start_gate, 0.0  # gate_until: while it holds the gate
         # a blue/green upgrade's new version (workers/green.py): this driver runs the job as green's run says, on its
         # fork, following the job's checkpoint until the handover
         self.green = dict(self.run.green) if self.run.status == RunStatus.GREEN else {}
@@ -337,6 +344,7 @@ class JobDriver:
         if isinstance(keeper, LeaseKeeper) and not keeper.is_alive():
             keeper.start()
         try:
+            self._gate_take()
             query = start_query(self.spark, spec, pipeline, writer, self.on_phase)
             keeper.queries.append(query)
             listener.query_id = str(query.id)
@@ -361,11 +369,22 @@ class JobDriver:
             )
             return RunStatus.FAILED
         finally:
+            self._gate_give()
             keeper.done.set()
             if jvm_exit_code(self.spark) is None:
                 time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
                 self.spark.streams.removeListener(listener)
             recording_thread().drain()  # and the last record be made before the run's end is recorded
+
+    def _gate_take(self) -> None:
+        if self.start_gate is not None:
+            self.start_gate.acquire()
+            self.gate_until = time.monotonic() + START_GATE_SECONDS
+
+    def _gate_give(self) -> None:
+        if self.start_gate is not None and self.gate_until:
+            self.gate_until = 0.0
+            self.start_gate.release()
 
     def _green_keeper(self) -> LeaseKeeper:
         keeper = GreenKeeper(self.job.id, 0, exit_when_fenced=False)
@@ -410,6 +429,8 @@ class JobDriver:
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=trace)
                 return RunStatus.FAILED
             stop_at = None
+            if self.gate_until and (time.monotonic() > self.gate_until or last_batch(query) is not None):
+                self._gate_give()
             if self.lean and last_batch(query) is not None:
                 self.lean = False  # once: the query has started, and its first batch is committed
                 try:

@@ -110,6 +110,13 @@ class SharedDriver:
         # on a cluster, once it drains: why its jobs move to the next shared driver, and the runs stopped to move them
         self.moving_why = ""
         self.moved: set[int] = set()
+        # On a cluster the Python processes of a query's start (its source's lookup, its stream reader) are Spark's
+        # own, each a new interpreter importing PySpark: there is no fork server there (its script's path would be
+        # handed to the executors too). Ten started at once on 2 busy cores outlasted Spark's wait for them to connect
+        # back, so there its queries start as many at a time as it has cores (``JobDriver.start_gate``).
+        self.starts = (
+            threading.BoundedSemaphore(max(1, self.host.cores)) if is_cluster(shared_master(self.host)) else None
+        )
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
@@ -428,7 +435,7 @@ class SharedDriver:
             phase = self.take_phase(run_id, job.trigger_interval_seconds) if settings.SHARED_DRIVER_SPREAD else None
             driver = JobDriver(
                 session, run_id, keeper=lease, shared=True, phase_seconds=phase, executor_hosts=self.executor_hosts, code=self.loaded[run.green["pipeline"] if is_green else job.pipeline],
-                on_phase=lambda used: self.phase_used(run_id, job.trigger_interval_seconds, used),
+                on_phase=lambda used: self.phase_used(run_id, job.trigger_interval_seconds, used), start_gate=self.starts,
             )  # fmt: skip
             if is_green:
                 driver.on_live = lambda: threading.Thread(
