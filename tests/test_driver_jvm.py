@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,30 @@ def descendants(pid: int) -> dict[int, bytes]:
                 found[child] = lines[child]
                 frontier.append(child)
     return found
+
+
+def test_a_broken_gateway_waits_for_the_dying_jvms_exit_and_any_other_error_does_not():
+    """A JVM killed a moment ago may still be exiting when py4j finds the gateway gone (it logs the broken connection
+    and raises a bare Py4JError): the driver waits for the exit to show, so the run is the JVM's death (a shared
+    driver's runs lost), not a failure of the query. A process stands in for the dying JVM."""
+    from py4j.protocol import Py4JError
+
+    from workers.spark.session import jvm_exit_after
+
+    dying = subprocess.Popen(["sleep", "0.5"])
+    spark = types.SimpleNamespace(sparkContext=types.SimpleNamespace(_gateway=types.SimpleNamespace(proc=dying)))
+    began = time.monotonic()
+    assert jvm_exit_after(spark, ValueError("the pipeline's own bug")) is None, "not a gateway error: no wait"
+    assert time.monotonic() - began < 0.3
+    assert jvm_exit_after(spark, Py4JError("An error occurred while calling o51.isActive")) == 0
+    assert time.monotonic() - began >= 0.4, "waited for the exit"
+    dying = subprocess.Popen(["sleep", "30"])
+    spark.sparkContext._gateway.proc = dying
+    try:
+        assert jvm_exit_after(spark, ConnectionResetError(), seconds=0.3) is None, "still running after the wait"
+    finally:
+        dying.kill()
+        dying.wait()
 
 
 def test_a_source_runner_that_dies_fails_the_run_naming_where_it_broke(make_job, celery_worker):

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from py4j.protocol import Py4JNetworkError
+from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError
 from pyspark.sql import SparkSession
 
 from workers.spark.class_archive import archive_options
@@ -155,9 +155,14 @@ def jvm_exit_code(spark: SparkSession | None) -> int | None:
 def jvm_exit_after(spark: SparkSession | None, error: BaseException, seconds: float = 3.0) -> int | None:
     """The JVM's exit code, when ``error`` came from py4j finding the JVM's end of the gateway gone: a JVM killed a
     moment ago may still be exiting (unmapping a large heap takes a while), so this waits up to ``seconds`` for its
-    exit to show. None at once for any other error, or when the JVM still runs after the wait."""
+    exit to show. None at once for any other error, or when the JVM still runs after the wait. py4j logs the broken
+    connection and raises a bare ``Py4JError`` ("An error occurred while calling o51.isActive"), chained to nothing;
+    a ``Py4JJavaError`` is an exception the JVM threw, so it still runs."""
     chain: BaseException | None = error
-    while chain is not None and not isinstance(chain, Py4JNetworkError | ConnectionError):
+    while chain is not None and not (
+        isinstance(chain, Py4JNetworkError | ConnectionError)
+        or (isinstance(chain, Py4JError) and not isinstance(chain, Py4JJavaError))
+    ):
         chain = chain.__cause__ or chain.__context__
     deadline = time.monotonic() + (seconds if chain is not None else 0.0)
     while (code := jvm_exit_code(spark)) is None and time.monotonic() < deadline:
