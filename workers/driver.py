@@ -429,9 +429,11 @@ class JobDriver:
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=trace)
                 return RunStatus.FAILED
             stop_at = None
-            if self.gate_until and (time.monotonic() > self.gate_until or last_batch(query) is not None):
+            # asked of the JVM (a progress's JSON) only while a first commit is awaited
+            committed = bool(self.gate_until or self.lean) and last_batch(query) is not None
+            if self.gate_until and (committed or time.monotonic() > self.gate_until):
                 self._gate_give()
-            if self.lean and last_batch(query) is not None:
+            if self.lean and committed:
                 self.lean = False  # once: the query has started, and its first batch is committed
                 try:
                     end_start_daemons(self.spark)

@@ -114,9 +114,8 @@ class SharedDriver:
         # own, each a new interpreter importing PySpark: there is no fork server there (its script's path would be
         # handed to the executors too). Ten started at once on 2 busy cores outlasted Spark's wait for them to connect
         # back, so there its queries start as many at a time as it has cores (``JobDriver.start_gate``).
-        self.starts = (
-            threading.BoundedSemaphore(max(1, self.host.cores)) if is_cluster(shared_master(self.host)) else None
-        )
+        self.cluster = is_cluster(shared_master(self.host))
+        self.starts = threading.BoundedSemaphore(max(1, self.host.cores)) if self.cluster else None
 
     def start(self) -> None:
         """Start Spark (seconds: a JVM) while the main loop already renews the leases of the runs assigned here."""
@@ -144,7 +143,7 @@ class SharedDriver:
 
     def _start_spark(self) -> None:
         master = shared_master(self.host)
-        waiting_spare = self.spare and is_cluster(master)
+        waiting_spare = self.spare and self.cluster
         self.spark = build_session(
             f"{SHARED_APP}{self.host.id}",
             master,
@@ -364,20 +363,17 @@ class SharedDriver:
         driver of its own, while the jobs here run on; on a cluster in the next shared driver, every job here after it
         (``_move_all``). There this driver's application holds its executor's cores until its last job leaves, and a
         driver of its own, or the next shared driver, would wait for them as long."""
-        if not is_cluster(shared_master(self.host)):
-            DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
-                status=HostStatus.DRAINING, message=f"Draining: {why}."
-            )
+        moving = (
+            " On a cluster its jobs move to the next shared driver, which needs the cores this one's application holds."
+        )
+        DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
+            status=HostStatus.DRAINING, message=f"Draining: {why}.{moving if self.cluster else ''}"
+        )  # once: it serves no more
+        if not self.cluster:
             pid = respawn_in_own_driver(run)
             log.info("run %s handed to a driver of its own (pid %s): %s", run.id, pid, why)
             return
-        if not self.moving_why:
-            self.moving_why = why
-            DriverHost.objects.filter(id=self.host.id, status=HostStatus.SERVING).update(
-                status=HostStatus.DRAINING,
-                message=f"Draining: {why}. On a cluster its jobs move to the next shared driver, which needs the "
-                "cores this one's application holds.",
-            )
+        self.moving_why = self.moving_why or why
         host = respawn_in_shared_driver(run)
         log.info("run %s handed to the shared driver %s: %s", run.id, host.id, why)
 
@@ -385,24 +381,21 @@ class SharedDriver:
         """On a cluster, once draining: ask each query here to stop after its batch in flight; ``_run_job`` starts
         its job again once its run has ended, in the next shared driver. A blue/green upgrade's new version, a run
         someone asked to stop, and a job with an action in flight (which stops and starts it itself) are left be."""
-        for run_id, driver in list(self.drivers.items()):
-            if run_id in self.moved or driver.green:
-                continue
-            run = Run.objects.filter(id=run_id).values("job_id", "stop_requested_at").first()
-            if run is None or run["stop_requested_at"] is not None:
-                continue
-            if Action.objects.filter(job_id=run["job_id"], status__in=IN_FLIGHT_ACTIONS).exists():
-                continue
+        drivers = {run_id: d for run_id, d in list(self.drivers.items()) if run_id not in self.moved and not d.green}
+        if not drivers:
+            return
+        busy = Action.objects.filter(status__in=IN_FLIGHT_ACTIONS).values("job_id")
+        movable = Run.objects.filter(id__in=drivers, stop_requested_at=None).exclude(job_id__in=busy)
+        for run_id in movable.values_list("id", flat=True):
             self.moved.add(run_id)
-            driver.stop_signal.set()
+            drivers[run_id].stop_signal.set()
             log.info("run %s: stopping after its batch in flight, to start in the next shared driver", run_id)
 
     def _start_moved(self, job: Job, run_id: int) -> None:
         """The job of a run stopped for the move (``_move_all``) starts again: a launch finds the next shared driver."""
         note = f" Moved to the next shared driver: {self.moving_why} (on a cluster the jobs move together)."
         try:
-            if Run.objects.filter(id=run_id, status=RunStatus.STOPPED).exists():
-                Run.objects.filter(id=run_id).update(message=Concat("message", Value(note)))
+            if Run.objects.filter(id=run_id, status=RunStatus.STOPPED).update(message=Concat("message", Value(note))):
                 started = job_request_start(job=job)
                 log.info("run %s: job %s starts again as run %s", run_id, job.name, started.id)
         except ActionRefused as exc:  # started by someone else meanwhile, archived: nothing to do here
