@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db.models import F
@@ -26,7 +27,7 @@ from dashboard.services.runs import job_request_start, job_request_stop, pid_ali
 from tests.conftest import DriverThread, read_through, send_events, wait_for
 from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
 from workers.host import SharedDriver, phase_gap, spread_phase
-from workers.spark.query import JobSpec, events_frame, spread_trigger
+from workers.spark.query import JobSpec, events_frame, runs_without_data, session_settings, spread_trigger
 from workers.spark.sources.redis_streams import RedisStreamReader
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -297,15 +298,59 @@ def test_a_start_gate_lets_the_next_query_start_only_once_the_first_has_committe
     assert gate.acquire(blocking=False), "given back by both"
 
 
-@pytest.mark.parametrize(("pipeline", "spread"), [("url-counts", True), ("minute-windows", False), ("dedup", False),
-                                                   ("order-state-machine", False)])  # fmt: skip
+def spread_spec(pipeline: str, **values: Any) -> JobSpec:
+    return JobSpec(**({
+        "job_id": 1, "name": "spread", "pipeline": pipeline, "stream": "s", "redis_url": "redis://127.0.0.1:6379/0",
+        "backend": "memory", "trigger_seconds": 2, "partitions": 2, "parallelism": 1, "checkpoint": "/nonexistent",
+        "batches_retained": 10, "max_records": 0, "dead_letter": "d", "phase_seconds": 0.5,
+    } | values))  # fmt: skip
+
+
+@pytest.mark.parametrize(("pipeline", "spread"), [
+    ("url-counts", True), ("minute-windows", False), ("dedup", False), ("customer-spend-daily", False),
+    ("order-state-machine", True), ("user-sessions", True), ("user-sessions-timed", False),
+])  # fmt: skip
 def test_only_a_plan_that_runs_no_batch_without_data_is_spread(spark, pipeline, spread):
-    spec = JobSpec(
-        job_id=1, name="spread", pipeline=pipeline, stream="s", redis_url="redis://127.0.0.1:6379/0", backend="memory",
-        trigger_seconds=2, partitions=2, parallelism=1, checkpoint="/nonexistent", batches_retained=10, max_records=0,
-        dead_letter="d", phase_seconds=0.5,
-    )  # fmt: skip
+    """A watermark (minute-windows, dedup; customer-spend-daily's event-time timers) or a processing-time clock
+    (user-sessions-timed's timers) keeps Spark's tick; transformWithState without a clock (order-state-machine,
+    user-sessions) is spread."""
+    spec = spread_spec(pipeline)
     chosen = pipelines.get(pipeline)
     output = apply(chosen, events_frame(spark, spec, chosen), pipelines.parameter_values(pipeline, {}))
     assert spread_trigger(spec, output) is spread
     assert spread_trigger(dataclasses.replace(spec, trigger_seconds=0.5), output) is False, "too short to spread"
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("pipeline", "idle"), [("order-state-machine", "none"), ("minute-windows", "after data"),
+                                                ("user-sessions-timed", "every poll")])  # fmt: skip
+def test_what_spark_runs_without_new_data_is_what_the_plan_is_judged_by(
+    spark, settings, redis, stream_name, tmp_path, pipeline, idle
+):
+    """Polled as a spread job is (every 250 ms), after one batch of events: a transformWithState without a clock runs
+    no batch without data, a watermark one (its move), a processing-time clock one at every poll."""
+    chosen = pipelines.get(pipeline)
+    spec = spread_spec(
+        pipeline, stream=stream_name, redis_url=settings.REDIS_URL, backend="rocksdb", checkpoint=str(tmp_path / "c")
+    )
+    session_settings(spark, spec, chosen)
+    output = apply(chosen, events_frame(spark, spec, chosen), pipelines.parameter_values(pipeline, {}))
+    send_events(redis, stream_name, pipeline, 20)
+    query = (
+        output.writeStream.outputMode(chosen.output_mode).foreachBatch(lambda frame, batch: frame.count())
+        .option("checkpointLocation", spec.checkpoint).trigger(processingTime="0.25 seconds").start()
+    )  # fmt: skip
+    try:
+        data = wait_for(lambda: next((p for p in query.recentProgress if p["numInputRows"] == 20), None), 120, 0.5,
+                        "the events' batch")["batchId"]  # fmt: skip
+        time.sleep(2.5)  # ten polls
+        without_data = {p["batchId"] for p in query.recentProgress if p["batchId"] > data}  # not an idle trigger's
+    finally:
+        query.stop()
+    counts = {
+        "none": len(without_data) == 0,
+        "after data": len(without_data) == 1,
+        "every poll": len(without_data) >= 4,
+    }
+    assert counts[idle], f"{len(without_data)} batches without data"
+    assert runs_without_data(output) is (idle != "none")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -75,9 +76,12 @@ JOB_SPEC_FIELDS = frozenset(f.name for f in fields(JobSpec))  # what a scratch q
 SPREAD_SLOTS = 20  # a spread job's trigger polls this often per interval: the phases a shared driver can give
 SPREAD_POLL_MIN = 0.25  # seconds: but no more often than this (each poll is a planning round with no batch)
 SPREAD_MIN_TRIGGER = 1.0  # seconds: a shorter interval has too few polls to spread over
-# Plans with these nodes run batches without new data (a watermark to move, timers): polled, they would run one at
-# each poll after a data batch, so they keep Spark's trigger.
-RUNS_WITHOUT_DATA = ("Watermark", "WithState", "FlatMapGroups")
+# How a plan's analyzed form shows that Spark runs its batches without new data. A processing-time clock (timers or
+# TTL of transformWithState in ProcessingTime mode, a ProcessingTimeTimeout of [flat]MapGroupsWithState) runs one at
+# every trigger; an event-time watermark runs one after each batch that moved it (to evict state, fire its timers). A
+# transformWithState or [flat]MapGroupsWithState with neither clock (NoTime, NoTimeout) runs none.
+PROCESSING_TIME = re.compile(r"TransformWithState\w*? .*, ProcessingTime, |ProcessingTimeTimeout")
+WATERMARK = "EventTimeWatermark"
 
 
 def spread_poll(trigger_seconds: float) -> float:
@@ -86,8 +90,10 @@ def spread_poll(trigger_seconds: float) -> float:
 
 
 def runs_without_data(frame: DataFrame) -> bool:
+    """Whether Spark runs batches of this plan without new data: polled at a spread job's tick rate, it would run
+    one at each poll (a processing-time clock) or one after each data batch (a watermark to move)."""
     plan = frame._jdf.queryExecution().analyzed().toString()
-    return any(word in plan for word in RUNS_WITHOUT_DATA)
+    return bool(PROCESSING_TIME.search(plan)) or WATERMARK in plan
 
 
 def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread: bool = False) -> DataFrame:
