@@ -259,6 +259,7 @@ def test_savepoint_rescale_inspector_and_restore_on_the_cluster_keep_every_count
     assert sink_total(job) == first + second + third
 
 
+@pytest.mark.chaos  # a failure run of three applications in turn, about two minutes
 def test_a_job_the_cluster_has_no_cores_for_says_so_warns_before_it_starts_and_alerts(
     make_job, redis, stream_name, spark_cluster, cluster_worker, settings
 ):

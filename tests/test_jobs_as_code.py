@@ -149,16 +149,16 @@ def test_statekeeper_apply_takes_a_directory_of_specs_through_create_upgrade_ref
     streams = {name: f"events:{name}:{tmp_path.name[-6:]}" for name in ("counts", "sessions", "spend")}
     (specs / "counts.yaml").write_text(
         f"pipeline: url-counts\nsource_stream: '{streams['counts']}'\nparallelism: 1\nstate_partitions: 2\n"
-        "trigger_interval_seconds: 1\n"
+        "trigger_interval_seconds: 1\ndriver: shared\n"
     )
     sessions = (
         "pipeline: {pipeline}\nsource_stream: '" + streams["sessions"] + "'\nstate_backend: rocksdb\nparallelism: 1\n"
-        "state_partitions: 2\ntrigger_interval_seconds: 1\nupgrade_mode: savepoint\n"
+        "state_partitions: 2\ntrigger_interval_seconds: 1\nupgrade_mode: savepoint\ndriver: shared\n"
     )
     (specs / "sessions.yaml").write_text(sessions.format(pipeline="user-sessions"))
     spend = (
         'pipeline = "customer-spend"\nsource_stream = "' + streams["spend"] + '"\nstate_backend = "rocksdb"\n'
-        'parallelism = 1\nstate_partitions = 2\ntrigger_interval_seconds = 1\nstate = "{state}"\n'
+        'parallelism = 1\nstate_partitions = 2\ntrigger_interval_seconds = 1\nstate = "{state}"\ndriver = "shared"\n'
         "[parameters]\nwindow_minutes = 30\n"
     )
     (specs / "spend.toml").write_text(spend.format(state="running"))
