@@ -12,7 +12,7 @@ and 3 s of its events (250 at a trigger of 2 s: a batch's worth arrives while it
 24): 40 jobs or more, each keeping up, with checkpoint p95 at most twice the single job's.
 
 ``--pipeline NAME --backend memory|rocksdb``: jobs of another pipeline, each fed its pipeline's sample events. A plan
-that runs batches without new data (a watermark, timers, ``transformWithState``) is not spread over the interval.
+that runs batches without new data (a watermark, a processing-time clock) is not spread over the interval.
 
 ``--cluster``: a Spark standalone cluster (a master and one worker of 2 cores, from the wheel's ``spark-class``) runs
 the jobs' tasks. With the shared driver, its jobs share one application's executor; the jobs' processes then include
@@ -232,7 +232,8 @@ def main() -> None:
     parser.add_argument(
         "--pipeline", default="url-counts",
         help="every job's pipeline: one whose plan runs batches without new data (minute-windows: a watermark; "
-        "user-sessions-timed: transformWithState and timers) keeps Spark's tick, not spread over the interval",
+        "user-sessions-timed: transformWithState with processing-time timers) keeps Spark's tick, not spread over "
+        "the interval; user-sessions (transformWithState without a clock) is spread",
     )  # fmt: skip
     parser.add_argument("--backend", choices=("memory", "rocksdb"), default="memory")
     args = parser.parse_args()
