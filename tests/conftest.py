@@ -62,6 +62,21 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture
+def spark_settings_kept(spark: Any) -> Iterator[Any]:
+    """The shared session's SQL settings put back as they were after the test: a query it starts on the session sets
+    its job's and pipeline's there (RocksDB's, Avro-encoded state), which would fail the memory jobs of the tests
+    after (each driver process has a session of its own)."""
+    before = dict(spark.conf.getAll)
+    yield spark
+    after = spark.conf.getAll
+    for key in after.keys() - before.keys():
+        spark.conf.unset(key)
+    for key, value in before.items():
+        if after.get(key) != value:
+            spark.conf.set(key, value)
+
+
+@pytest.fixture
 def kit_spark(spark: Any) -> Any:
     """The shared session as a team's test kit would find it: without the raw local file system a memory job's
     settings leave in the session's SQL settings (RocksDB cannot copy its files through it)."""

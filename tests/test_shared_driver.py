@@ -28,7 +28,6 @@ from tests.conftest import DriverThread, read_through, send_events, wait_for
 from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
 from workers.host import SharedDriver, phase_gap, spread_phase
 from workers.spark.query import JobSpec, events_frame, runs_without_data, session_settings, spread_trigger
-from workers.spark.session import RAW_LOCAL_FILES
 from workers.spark.sources.redis_streams import RedisStreamReader
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -325,8 +324,9 @@ def test_only_a_plan_that_runs_no_batch_without_data_is_spread(spark, pipeline, 
 @pytest.mark.spark
 @pytest.mark.parametrize(("pipeline", "idle"), [("order-state-machine", "none"), ("minute-windows", "after data"),
                                                 ("user-sessions-timed", "every poll")])  # fmt: skip
+@pytest.mark.usefixtures("spark_settings_kept")
 def test_what_spark_runs_without_new_data_is_what_the_plan_is_judged_by(
-    request, spark, settings, redis, stream_name, tmp_path, pipeline, idle
+    spark, settings, redis, stream_name, tmp_path, pipeline, idle
 ):
     """Polled as a spread job is (every 250 ms), after one batch of events: a transformWithState without a clock runs
     no batch without data, a watermark one (its move), a processing-time clock one at every poll."""
@@ -334,14 +334,8 @@ def test_what_spark_runs_without_new_data_is_what_the_plan_is_judged_by(
     spec = spread_spec(
         pipeline, stream=stream_name, redis_url=settings.REDIS_URL, backend="rocksdb", checkpoint=str(tmp_path / "c")
     )
-    # the job's SQL settings on the shared session, put back after: RocksDB's and the pipeline's (user-sessions' avro
-    # state encoding) would fail the memory jobs of the tests after (a new session cannot register the source again
-    # while the default one has it)
-    keys = {*spec.session_conf(), *chosen.conf, *RAW_LOCAL_FILES}
-    before = {key: spark.conf.get(key, None) for key in keys}
-    request.addfinalizer(
-        lambda: [spark.conf.set(k, v) if v is not None else spark.conf.unset(k) for k, v in before.items()]
-    )
+    # on the shared session, its settings put back after (a new session cannot register the source again while the
+    # default one has it)
     session_settings(spark, spec, chosen)
     output = apply(chosen, events_frame(spark, spec, chosen), pipelines.parameter_values(pipeline, {}))
     send_events(redis, stream_name, pipeline, 20)

@@ -15,18 +15,9 @@ from tests.conftest import run_through, send_events
 from workers.spark.state_tool import inspect
 
 
-@pytest.fixture
-def pipeline_conf_undone(spark):
-    """The pipeline's Spark settings (Avro-encoded state) are set on the shared session by its query: unset them
-    after, so that the tests after this one run on the session's own settings, as each driver process does."""
-    yield
-    for key in pipelines.get("user-sessions-timed").conf:
-        spark.conf.unset(key)
-
-
 @pytest.mark.spark
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("pipeline_conf_undone")
+@pytest.mark.usefixtures("spark_settings_kept")
 def test_the_inspector_lists_timers_and_ttl_and_the_preview_compares_them(
     spark, make_job, start_driver, redis, stream_name, tmp_path
 ):
