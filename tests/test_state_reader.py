@@ -3,6 +3,8 @@ still catches a damaged copy and is replaced when it dies."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import time
@@ -22,6 +24,7 @@ from dashboard.services.action_steps import (
     state_reader_stop,
     state_reader_warmed,
 )
+from dashboard.services.enqueue import RUN_ACTION
 from dashboard.services.errors import ActionFailed
 from dashboard.services.runs import pid_alive
 from tests.conftest import run_through, send_events, wait_for
@@ -74,6 +77,16 @@ def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_dama
     assert replaced and pid_alive(replaced), log.read_text()[-3000:] if log.exists() else "no reader log"
 
 
+def visits_sent(redis, action_id: int) -> int:
+    """How many visits of the action wait in the Celery broker's default queue (no worker consumes it here)."""
+    found = 0
+    for raw in redis.lrange("celery", 0, -1):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        found += message["headers"]["task"] == RUN_ACTION and args == [action_id]
+    return found
+
+
 def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_a_reader_killed_with_its_request(
     make_job, start_driver, redis, stream_name, tmp_path
 ):
@@ -104,6 +117,8 @@ def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_
     assert sum(answer["operators"][0]["rows"].values()) == 8, "8 URLs in the state, over its partitions"
     assert state_reader_pid() not in (None, pid), "a new reader answered"
     assert not list(spool.glob(f"action-{action.id}-*")), "the request and its answer are gone once read"
+    # the answer sends the action's visit: its step reads it then, not at Celery beat's next round
+    wait_for(lambda: visits_sent(redis, action.id) == 1, 10, 0.1, "the reader to send the action's visit")
 
     # a reader that cannot read it says why, and the step fails with that reason
     Action.objects.filter(id=action.id).update(status=ActionStatus.SUCCEEDED)

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run, RunStatus
+from dashboard.services.enqueue import RUN_ACTION
 from dashboard.services.errors import ActionFailed, ActionRefused
 from dashboard.services.runs import (
     job_request_start,
@@ -291,6 +292,7 @@ def state_reader_warm() -> int:
     return state_reader_pid() or spawn_process(
         "workers.spark.state_reader", str(settings.STATE_READER_SOCKET), settings.LOG_ROOT / "state-reader.log",
         str(settings.STATE_READER_IDLE_SECONDS),
+        env={"CELERY_BROKER_URL": settings.CELERY_BROKER_URL},  # where it sends the visit an answer wakes
     )  # fmt: skip
 
 
@@ -517,7 +519,8 @@ def state_read(
     asked = action.memo.get(key)
     if asked is None:
         if command in READER_COMMANDS and settings.STATE_READER_IDLE_SECONDS > 0:
-            request = {"command": command, "path": str(path), "number": number, "spec": spec or {}}
+            request = {"command": command, "path": str(path), "number": number, "spec": spec or {},
+                       "wake": {"task": RUN_ACTION, "args": [action.id]}}  # fmt: skip
             _spool_put(key, action, request)
             memo_save(action, **{key: {"spool": True, "restarts": 0}})
             state_reader_warm()

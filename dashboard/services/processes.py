@@ -13,9 +13,11 @@ from pathlib import Path
 from django.conf import settings
 
 
-def spawn_process(module: str, argument: int | str, log_path: Path, *more: str) -> int:
+def spawn_process(
+    module: str, argument: int | str, log_path: Path, *more: str, env: dict[str, str] | None = None
+) -> int:
     """``python -m module argument [more...]`` in a session of its own (it outlives the worker that started it, and its whole
-    group can be killed at once), writing to ``log_path``."""
+    group can be killed at once), writing to ``log_path``; ``env`` adds to the worker's environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
@@ -28,6 +30,7 @@ def spawn_process(module: str, argument: int | str, log_path: Path, *more: str) 
             env={
                 **os.environ,
                 "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "statekeeper.settings"),
+                **(env or {}),
             },
         )
     return proc.pid

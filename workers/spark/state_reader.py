@@ -5,8 +5,8 @@ ten to fifteen a new JVM costs.
     python -m workers.spark.state_reader SOCKET IDLE_SECONDS
 
 One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out; or the
-same request left as a file in the spool beside the socket, answered into a file there (how an action step asks
-without holding its worker, see ``serve_spool``). An
+same request left as a file in the spool beside the socket, answered into a file there, after which the asking
+action's visit is sent (how an action step asks without holding its worker, see ``serve_spool`` and ``wake``). An
 upgrade's plan, a state migration and the repartition of a copy the console made are answered too (each in a session
 of its own); when the pipeline's
 module changed on disk since the reader imported it, the answer is {"stale": …} and the reader ends. Each
@@ -117,7 +117,7 @@ def serve(path: Path, idle_seconds: float) -> int:
         server = socketserver.UnixStreamServer(str(path), Handler)
     finally:
         os.umask(old_mask)
-    server.timeout = 1.0
+    server.timeout = 0.1  # how often the spool is looked at between socket requests: a spooled request waits no longer
     threading.Thread(target=warm_up_quietly, args=(spark, path.parent, warm), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the console: remove the socket on the way out
     print(f"state reader listening on {path} (pid {os.getpid()}), warming up", flush=True)
@@ -185,8 +185,35 @@ def serve_spool(spool: Path, read: Any) -> bool:
         partial.write_text(json.dumps(result))
         partial.rename(taken.with_suffix(".answer"))
         taken.unlink(missing_ok=True)
+        if isinstance(request, dict) and isinstance(request.get("wake"), dict):
+            wake(request["wake"])
         return True
     return False
+
+
+WAKE_TIMEOUT = 2.0  # seconds to reach the broker: a broker away delays the next request by this much at most
+_BROKER: list[Any] = []  # the Celery app that sends wake-ups, made at the first one
+
+
+def wake(order: dict[str, Any]) -> None:
+    """Send the Celery task a spooled request names (``{"task", "args"}``: its action's visit) once its answer is
+    written, so the step reads it at once rather than when its wait ends at Celery beat's next round (a second or two;
+    that stays the way back when this message is lost). The broker is the console's (CELERY_BROKER_URL, which the
+    console sets when it starts the reader)."""
+    url = os.environ.get("CELERY_BROKER_URL", "")
+    if not url or not order.get("task"):
+        return
+    try:
+        if not _BROKER:
+            from celery import Celery
+
+            app = Celery("statekeeper-state-reader", broker=url)
+            app.conf.broker_connection_retry = False
+            app.conf.broker_transport_options = {"socket_timeout": WAKE_TIMEOUT, "socket_connect_timeout": WAKE_TIMEOUT}
+            _BROKER.append(app)
+        _BROKER[0].send_task(str(order["task"]), args=list(order.get("args") or []), retry=False)
+    except Exception as exc:  # the step still finds the answer on its next visit
+        print(f"could not wake {order.get('task')} {order.get('args')}: {describe(exc)}", flush=True)
 
 
 def warm_up_quietly(spark: Any, where: Path, done: threading.Event) -> None:
