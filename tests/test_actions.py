@@ -10,9 +10,16 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from dashboard.checkpoint_dir.files import checkpoint_format, committed_batches, directory_bytes, verify_files
+from dashboard.checkpoint_dir.files import (
+    checkpoint_format,
+    committed_batches,
+    copy_checkpoint,
+    directory_bytes,
+    verify_files,
+)
 from dashboard.models import ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
 from dashboard.selectors.partitions import partition_view
+from dashboard.services import upgrades
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.drills import drills_run
 from dashboard.services.errors import ActionRefused
@@ -20,7 +27,7 @@ from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.inspector import on_lineage
 from dashboard.services.storage import job_storage
 from tests.conftest import run_through, send_events, wait_for
-from tests.support import execute
+from tests.support import execute, send
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -126,6 +133,58 @@ def test_a_rocksdb_savepoint_holds_its_batch_alone_and_restores_exactly(make_job
     take_pending_start(job)
     run_through(start_driver(job), redis, first + second)
     assert sink_total(job) == first + second, "restored from the batch alone, the replay is exact"
+
+
+def snapshot_versions(root: Path, part: str) -> list[int]:
+    return sorted(int(p.name.split("_")[0].split(".")[0]) for p in (root / "state" / "0" / part).glob("*.zip"))
+
+
+def test_a_preview_copies_what_its_batch_needs_and_a_full_copy_when_that_is_not_enough(
+    make_job, start_driver, redis, stream_name, monkeypatch, tmp_path
+):
+    """A preview re-runs the job's last batch on a copy of its checkpoint: the state that batch began with (the
+    newest snapshot at or below it), not the hundred batches Spark retains. When the re-run on that copy fails
+    otherwise than by Spark's refusal of the new version (here the snapshot's SST files are lost), it runs again on
+    a full copy, and the verdict is that one's."""
+    job = make_job(pipeline="user-sessions", state_backend="rocksdb", max_records_per_batch=40)
+    sent = send(redis, stream_name, 400, seed=1)
+    run_through(start_driver(job), redis, sent)
+    batch = committed_batches(job.checkpoint_location)[-1]
+    trimmed = tmp_path / "trimmed"
+    copy_checkpoint(job.checkpoint_location, trimmed, batch, replay=True)
+    for part in ("0", "1"):
+        assert snapshot_versions(trimmed, part) == [batch, batch + 1], "the state the batch began with, and its own"
+        assert len(snapshot_versions(job.checkpoint_location, part)) > 5, "the live checkpoint retains many more"
+    assert sorted(int(p.name) for p in (trimmed / "commits").iterdir() if p.name.isdigit()) == [batch - 1, batch]
+
+    preview = execute(job, ActionKind.UPGRADE_PREVIEW, pipeline="user-sessions-v2")
+    verdict = preview.params["plan"]["summary"]
+    assert verdict.startswith(f"Compatible with user-sessions-v2 at batch {batch} (1 state variable(s)"), verdict
+    assert "plan_full" not in preview.memo, "the trimmed copy was enough"
+
+    real_copy = copy_checkpoint
+
+    def losing_the_ssts(src: Path, dst: Path, upto: int, batch_only: bool = False, replay: bool = False):
+        entries = real_copy(src, dst, upto, batch_only, replay)
+        if replay:
+            for sst in (dst / "state").rglob("SSTs/*"):
+                sst.unlink()
+        return entries
+
+    monkeypatch.setattr(upgrades, "copy_checkpoint", losing_the_ssts)
+    again = execute(job, ActionKind.UPGRADE_PREVIEW, pipeline="user-sessions-v2")
+    assert again.memo.get("plan_full") is True, "the re-run on the copy without its SST files failed"
+    assert again.params["plan"]["summary"] == verdict, "the full copy's verdict, not the broken copy's error"
+
+
+def test_a_spark_refusal_is_the_previews_answer_and_anything_else_is_run_again():
+    refused = {"replay_error": "[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match existing"}
+    assert not upgrades.not_a_refusal(refused)
+    assert not upgrades.not_a_refusal({"before": [], "after": []}), "no error"
+    lost = "org.apache.spark.SparkException: [CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error"
+    assert upgrades.not_a_refusal({"replay_error": lost})
+    python = "An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):"
+    assert upgrades.not_a_refusal({"replay_error": python}), "the batch's execution failed: no class to go by"
 
 
 def test_rollback_to_a_committed_batch_then_replay(make_job, start_driver, redis, stream_name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import zipfile
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dashboard.checkpoint_dir.disk import TEMPORARIES, file_batch, scan
+from dashboard.checkpoint_dir.disk import SNAPSHOT_KINDS, TEMPORARIES, file_batch, scan
 
 
 class CheckpointError(Exception):
@@ -159,8 +160,12 @@ def _copy_hashing(src: Path, dst: Path) -> FileEntry | None:
 
 
 def _bare(name: str) -> str:
-    """A file's name without Hadoop's checksum dressing (``.NAME.crc`` or ``NAME.crc``)."""
-    return name.removeprefix(".").removesuffix(".crc")
+    """A file's name without its checksums' dressing (Hadoop's ``.NAME.crc``, Spark's ``NAME.crc`` and Hadoop's
+    ``.NAME.crc.crc`` of that)."""
+    name = name.removeprefix(".")
+    while name.endswith(".crc"):
+        name = name.removesuffix(".crc")
+    return name
 
 
 def snapshot_only(src: Path, upto: int) -> dict[str, set[str]] | None:
@@ -181,54 +186,107 @@ def snapshot_only(src: Path, upto: int) -> dict[str, set[str]] | None:
             return None
         kept = set(zips)
         for name in zips:
-            try:
-                with zipfile.ZipFile(part / name) as snapshot:
-                    text = snapshot.read("metadata").decode()
-                listed = json.loads(text.split("\n", 1)[1])["sstFiles"]  # "v1", then the JSON
-            except (OSError, KeyError, IndexError, ValueError, zipfile.BadZipFile):
+            if (listed := _snapshot_ssts(part, name)) is None:
                 return None
-            kept |= {f"SSTs/{f['dfsSstFileName']}" for f in listed}
+            kept |= listed
         needs[str(part.relative_to(src))] = kept
     return needs or None
 
 
-def _needed(relative: str, upto: int, needs: dict[str, set[str]]) -> bool:
-    """Whether a copy of batch ``upto`` alone takes this file (``snapshot_only``'s answer in ``needs``): of the
-    offsets, ``upto - 1`` and ``upto`` (Spark reads both to restart) and of the commits ``upto``; of a partition, the
-    files its snapshot needs; everything else (metadata, schemas, the source's log) as a full copy takes it."""
+def _snapshot_ssts(part: Path, name: str) -> set[str] | None:
+    """The SST files a RocksDB snapshot (``name``, a zip in partition directory ``part``) lists, as ``SSTs/<file>``;
+    None when its metadata cannot be read."""
+    try:
+        with zipfile.ZipFile(part / name) as snapshot:
+            text = snapshot.read("metadata").decode()
+        listed = json.loads(text.split("\n", 1)[1])["sstFiles"]  # "v1", then the JSON
+    except (OSError, KeyError, IndexError, ValueError, zipfile.BadZipFile):
+        return None
+    return {f"SSTs/{f['dfsSstFileName']}" for f in listed}
+
+
+_STATE_STEM = re.compile(r"^\.?(\d+)(_[0-9a-fA-F-]+)?\.(delta|snapshot|zip|changelog)(?:\.crc)*$")
+
+
+def replay_only(src: Path, upto: int) -> dict[str, set[str]]:
+    """What re-running committed batch ``upto`` on a copy needs of each state partition (an upgrade's preview): the
+    state the batch began with, version ``upto``, is the newest snapshot at or below it and the change files after
+    it; the files of version ``upto + 1`` (the batch's own, which the re-run writes again) are kept as a full copy
+    keeps them, and the SST files each kept RocksDB snapshot lists. The hundred batches Spark retains before that
+    snapshot are left out. A partition is left out of the answer (every retained file copied) when it has no snapshot
+    at or below ``upto``, holds a folder other than RocksDB's ``SSTs`` and ``_metadata``, holds two files of one
+    version (two lineages: with checkpoint format 2 the one the commit chose may start from an older snapshot) or a
+    snapshot that cannot be read."""
+    needs: dict[str, set[str]] = {}
+    for part in sorted(p for p in (src / "state").glob("*/*") if p.is_dir() and p.name.isdigit()):
+        try:
+            entries = list(os.scandir(part))
+        except FileNotFoundError:
+            continue
+        if any(e.is_dir() and e.name not in ("SSTs", "_metadata") for e in entries):
+            continue
+        versions: dict[str, int] = {}  # a file's name (a checksum's too) -> its state version
+        stems: dict[tuple[int, bool], set[str]] = {}  # (version, snapshot) -> the files' ids (one per lineage)
+        for entry in entries:
+            if entry.is_dir() or entry.name.endswith(TEMPORARIES) or not (m := _STATE_STEM.match(entry.name)):
+                continue
+            version = int(m.group(1))
+            versions[entry.name] = version
+            stems.setdefault((version, m.group(3) in SNAPSHOT_KINDS), set()).add(m.group(2) or "")
+        if any(len(ids) > 1 for ids in stems.values()):
+            continue
+        base = max((v for (v, snapshot) in stems if snapshot and v <= upto), default=None)
+        if base is None:
+            continue
+        kept = {name for name, version in versions.items() if base <= version <= upto + 1}
+        ssts = [_snapshot_ssts(part, name) for name in kept if name.endswith(".zip")]
+        if any(listed is None for listed in ssts):
+            continue
+        needs[str(part.relative_to(src))] = kept.union(*[listed for listed in ssts if listed is not None])
+    return needs
+
+
+def _needed(relative: str, upto: int, needs: dict[str, set[str]], commits: tuple[int, ...]) -> bool:
+    """Whether a copy that takes only some of the checkpoint (``snapshot_only``'s or ``replay_only``'s answer in
+    ``needs``) takes this file: of the offsets, ``upto - 1`` and ``upto`` (Spark reads both to restart) and of the
+    commits those in ``commits``; of a partition in ``needs``, the files it lists; everything else (metadata, schemas,
+    the source's log, a partition not in ``needs``) as a full copy takes it."""
     owner, _ = file_batch(relative)
     if relative.startswith("offsets/") and owner is not None:
         return owner in (upto - 1, upto)
     if relative.startswith("commits/") and owner is not None:
-        return owner == upto
+        return owner in commits
     for part, kept in needs.items():
         if relative.startswith(part + "/"):
             inside = relative[len(part) + 1 :]
             folder, _, name = inside.rpartition("/")
             bare = f"{folder}/{_bare(name)}" if folder else _bare(name)
-            if bare in kept:
+            if bare in kept or inside in kept:
                 return True
             return not (folder == "SSTs" or file_batch(f"state/{name}")[0] is not None)
     return True
 
 
-def copy_checkpoint(src: Path, dst: Path, upto: int, batch_only: bool = False) -> list[FileEntry]:
+def copy_checkpoint(src: Path, dst: Path, upto: int, batch_only: bool = False, replay: bool = False) -> list[FileEntry]:
     """Copy the checkpoint at ``src`` as of committed batch ``upto`` into ``dst`` (which must not exist).
 
     ``batch_only``: what restarting at ``upto`` needs, not every batch the checkpoint retains (a savepoint): for a
     RocksDB job that writes a snapshot each batch, the newest snapshot and its SST files instead of a hundred
-    snapshots (``snapshot_only``); other state is copied whole."""
+    snapshots (``snapshot_only``); other state is copied whole. ``replay``: what re-running batch ``upto`` needs (an
+    upgrade's preview, after ``forget_batch``): the state from the newest snapshot the batch can start from
+    (``replay_only``), the offsets of ``upto - 1`` and ``upto``, the commits of both."""
     if upto not in committed_batches(src):
         raise CheckpointError(f"batch {upto} is not committed in {src}")
     if dst.exists():
         raise CheckpointError(f"{dst} already exists")
-    needs = snapshot_only(src, upto) if batch_only else None
+    needs = replay_only(src, upto) if replay else snapshot_only(src, upto) if batch_only else None
+    commits = (upto - 1, upto) if replay else (upto,)
     entries = []
     for dirpath, _, names in os.walk(src):
         for name in sorted(names):
             source = Path(dirpath) / name
             relative = str(source.relative_to(src))
-            if not _keep(relative, upto) or (needs is not None and not _needed(relative, upto, needs)):
+            if not _keep(relative, upto) or (needs is not None and not _needed(relative, upto, needs, commits)):
                 continue
             entry = _copy_hashing(source, dst / relative)
             if entry is not None:

@@ -129,6 +129,7 @@ MEMO: dict[str, Kind] = {
     "migration_start": dict,  # migration preview: the input range of the first batch ({"id", "n"})
     "migration_end": (dict, NoneType),  # None: no input after the batch to run a first batch on
     "plan_batch": int,  # upgrade preview: the batch the scratch copy re-runs
+    "plan_full": bool,  # upgrade preview: the re-run on the trimmed copy failed; it runs again on a full one
     "previous": str,  # the checkpoint directory a fork replaced
     "put_back": str,  # upgrade rollback: what was put back
     "source": dict,  # state inspector: the copy read ({"path", "batch", "origin"})

@@ -27,6 +27,8 @@ the rollback of any upgrade: the old version from savepoint N, the sinks rewindi
 
 from __future__ import annotations
 
+import logging
+import re
 from contextlib import suppress
 from dataclasses import asdict
 from datetime import timedelta
@@ -85,6 +87,8 @@ from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
 from dashboard.services.savepoints import savepoint_check, savepoint_files_checked, savepoint_steps
 from dashboard.services.secrets import value_problems
+
+log = logging.getLogger(__name__)
 
 WATCH_MIN_SECONDS = 120  # how long an upgrade waits for the first batch when input is waiting (at least 10 triggers)
 QUIET_SECONDS = 3  # how long the new run of a job with no input waiting must stay up before the upgrade returns
@@ -265,18 +269,33 @@ def _plan_copy(action: Action) -> Outcome:
     batch = batches[-1]
     scratch = scratch_dir(action, "preview")
     remove_tree(scratch)
-    action_progress(action, f"copying the checkpoint as of batch {batch} into a scratch directory")
+    action_progress(action, f"copying what re-running batch {batch} needs of the checkpoint into a scratch directory")
     try:
-        copy_checkpoint(job.checkpoint_location, scratch, batch)
+        copy_checkpoint(job.checkpoint_location, scratch, batch, replay=True)
     except CheckpointError as exc:
         raise ActionFailed(f"The checkpoint cannot be copied for the preview: {exc}") from None
     memo_save(action, plan_batch=batch)
     return Next("reader")
 
 
+SPARK_ERROR_CLASS = re.compile(r"\[[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*\]")
+
+
+def not_a_refusal(result: dict[str, Any]) -> bool:
+    """Whether a re-run's error may be the copy's rather than the new version's: Spark refuses a version on the state
+    while it plans the batch, with its error class (``[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE]``); a state file missing
+    shows as CANNOT_LOAD_STATE_STORE, or as the sink's Python error (the count that runs the batch) without a class."""
+    error = str(result.get("replay_error") or "")
+    return bool(error) and (
+        not SPARK_ERROR_CLASS.search(error) or "CANNOT_LOAD_STATE_STORE" in error or "FileNotFound" in error
+    )
+
+
 def _plan(action: Action) -> Outcome:
     """Re-run the copied batch with the new pipeline, in the warm state reader when it listens (a second or two),
-    else in a process of its own while the action waits; then the verdicts."""
+    else in a process of its own while the action waits; then the verdicts. The copy holds only what the re-run needs
+    (``copy_checkpoint``'s ``replay``); when the re-run fails otherwise than by Spark's refusal of the new version, it
+    runs again on a full copy, whose answer stands: a preview's verdict is never the trimmed copy's."""
     job = action.job
     target = str(action.params.get("pipeline", ""))
     batch = int(action.memo["plan_batch"])
@@ -285,14 +304,26 @@ def _plan(action: Action) -> Outcome:
         "reference": pipelines.reference(target), "parameters": action.params["parameters"],
     }  # fmt: skip
     shown = described(target, action.params["from_parameters"], action.params["parameters"])
-    action_progress(action, f"re-running batch {batch} with {shown} on the scratch copy")
+    full = bool(action.memo.get("plan_full"))
+    action_progress(action, f"re-running batch {batch} with {shown} on the scratch copy" + (" (whole)" if full else ""))
 
     def fresh_copy() -> None:  # the reader went away mid-plan, or runs older code: a process plans on a new copy
         remove_tree(scratch)
-        copy_checkpoint(job.checkpoint_location, scratch, batch)
+        copy_checkpoint(job.checkpoint_location, scratch, batch, replay=not full)
 
     try:
-        result = state_read(action, "plan", "plan", scratch, batch, spec, fresh_copy)
+        result = state_read(action, "plan-2" if full else "plan", "plan", scratch, batch, spec, fresh_copy)
+        if result is not None and not full and not_a_refusal(result):
+            log.info("preview #%s: the re-run on the trimmed copy failed (%s); again on a full copy", action.id,
+                     str(result["replay_error"])[:300])  # fmt: skip
+            memo_save(action, plan_full=True)
+            full = True
+            try:
+                fresh_copy()
+            except CheckpointError as exc:  # the batch left the live checkpoint meanwhile: Spark's answer stands
+                log.info("preview #%s: no full copy of batch %s: %s", action.id, batch, exc)
+            else:
+                result = state_read(action, "plan-2", "plan", scratch, batch, spec, fresh_copy)
     except ActionFailed:
         scratch_cleanup(action, "preview")
         raise
