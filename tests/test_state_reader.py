@@ -60,7 +60,9 @@ def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_dama
     assert page["total"] == 1 and '"/login"' in page["rows"][0]["key"]
     assert state_reader_pid() == pid, "one reader answered every read"
     wait_for(state_reader_warmed, 180, 0.5, "the reader's warm-up beside those reads to end")
-    assert "state reader warm after" in (settings.LOG_ROOT / "state-reader.log").read_text()
+    warmed = (settings.LOG_ROOT / "state-reader.log").read_text()
+    assert "state reader warm after" in warmed and "warm-up failed" not in warmed
+    assert not redis.keys("statekeeper:warmup:*"), "its warm-up's scratch stream (a batch read from Redis) is gone"
 
     # a shadow run's longer query is not the reader's: refused by the reader itself
     refused = _ask(settings.STATE_READER_SOCKET, {"command": "shadow", "path": str(good), "number": 4}, 60)

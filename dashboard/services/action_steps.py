@@ -293,7 +293,8 @@ def state_reader_warm() -> int:
     return state_reader_pid() or spawn_process(
         "workers.spark.state_reader", str(settings.STATE_READER_SOCKET), settings.LOG_ROOT / "state-reader.log",
         str(settings.STATE_READER_IDLE_SECONDS),
-        env={"CELERY_BROKER_URL": settings.CELERY_BROKER_URL},  # where it sends the visit an answer wakes
+        # where it sends the visit an answer wakes, and where its warm-up reads a scratch stream
+        env={"CELERY_BROKER_URL": settings.CELERY_BROKER_URL, "REDIS_URL": settings.REDIS_URL},
     )  # fmt: skip
 
 
