@@ -140,7 +140,7 @@ def snapshot_versions(root: Path, part: str) -> list[int]:
 
 
 def test_a_preview_copies_what_its_batch_needs_and_a_full_copy_when_that_is_not_enough(
-    make_job, start_driver, redis, stream_name, monkeypatch, tmp_path
+    spark_settings_kept, make_job, start_driver, redis, stream_name, monkeypatch, tmp_path
 ):
     """A preview re-runs the job's last batch on a copy of its checkpoint: the state that batch began with (the
     newest snapshot at or below it), not the hundred batches Spark retains. When the re-run on that copy fails
