@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import zipfile
@@ -18,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dashboard.checkpoint_dir.disk import SNAPSHOT_KINDS, TEMPORARIES, file_batch, scan
+from dashboard.checkpoint_dir.disk import TEMPORARIES, file_batch, scan
 
 
 class CheckpointError(Exception):
@@ -205,9 +204,6 @@ def _snapshot_ssts(part: Path, name: str) -> set[str] | None:
     return {f"SSTs/{f['dfsSstFileName']}" for f in listed}
 
 
-_STATE_STEM = re.compile(r"^\.?(\d+)(_[0-9a-fA-F-]+)?\.(delta|snapshot|zip|changelog)(?:\.crc)*$")
-
-
 def replay_only(src: Path, upto: int) -> dict[str, set[str]]:
     """What re-running committed batch ``upto`` on a copy needs of each state partition (an upgrade's preview): the
     state the batch began with, version ``upto``, is the newest snapshot at or below it and the change files after
@@ -225,14 +221,17 @@ def replay_only(src: Path, upto: int) -> dict[str, set[str]]:
             continue
         if any(e.is_dir() and e.name not in ("SSTs", "_metadata") for e in entries):
             continue
-        versions: dict[str, int] = {}  # a file's name (a checksum's too) -> its state version
-        stems: dict[tuple[int, bool], set[str]] = {}  # (version, snapshot) -> the files' ids (one per lineage)
+        versions: dict[str, int] = {}  # a state file's bare name -> its state version
+        stems: dict[tuple[int, bool], set[str]] = {}  # (version, snapshot) -> its files' stems (one per lineage)
         for entry in entries:
-            if entry.is_dir() or entry.name.endswith(TEMPORARIES) or not (m := _STATE_STEM.match(entry.name)):
+            bare = _bare(entry.name)
+            if entry.is_dir() or entry.name.endswith(TEMPORARIES):
                 continue
-            version = int(m.group(1))
-            versions[entry.name] = version
-            stems.setdefault((version, m.group(3) in SNAPSHOT_KINDS), set()).add(m.group(2) or "")
+            owner, snapshot = file_batch(f"state/{bare}")
+            if owner is None:
+                continue
+            versions[bare] = owner + 1
+            stems.setdefault((owner + 1, snapshot), set()).add(bare.split(".")[0])  # "12" or "12_<id>"
         if any(len(ids) > 1 for ids in stems.values()):
             continue
         base = max((v for (v, snapshot) in stems if snapshot and v <= upto), default=None)
@@ -261,7 +260,7 @@ def _needed(relative: str, upto: int, needs: dict[str, set[str]], commits: tuple
             inside = relative[len(part) + 1 :]
             folder, _, name = inside.rpartition("/")
             bare = f"{folder}/{_bare(name)}" if folder else _bare(name)
-            if bare in kept or inside in kept:
+            if bare in kept:
                 return True
             return not (folder == "SSTs" or file_batch(f"state/{name}")[0] is not None)
     return True

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import random
@@ -193,7 +194,17 @@ def serve_spool(spool: Path, read: Any) -> bool:
 
 
 WAKE_TIMEOUT = 2.0  # seconds to reach the broker: a broker away delays the next request by this much at most
-_BROKER: list[Any] = []  # the Celery app that sends wake-ups, made at the first one
+
+
+@functools.cache
+def _broker(url: str) -> Any:
+    """The Celery app that sends wake-ups to ``url``, made at the first one."""
+    from celery import Celery
+
+    app = Celery("statekeeper-state-reader", broker=url)
+    app.conf.broker_connection_retry = False
+    app.conf.broker_transport_options = {"socket_timeout": WAKE_TIMEOUT, "socket_connect_timeout": WAKE_TIMEOUT}
+    return app
 
 
 def wake(order: dict[str, Any]) -> None:
@@ -205,14 +216,7 @@ def wake(order: dict[str, Any]) -> None:
     if not url or not order.get("task"):
         return
     try:
-        if not _BROKER:
-            from celery import Celery
-
-            app = Celery("statekeeper-state-reader", broker=url)
-            app.conf.broker_connection_retry = False
-            app.conf.broker_transport_options = {"socket_timeout": WAKE_TIMEOUT, "socket_connect_timeout": WAKE_TIMEOUT}
-            _BROKER.append(app)
-        _BROKER[0].send_task(str(order["task"]), args=list(order.get("args") or []), retry=False)
+        _broker(url).send_task(str(order["task"]), args=list(order.get("args") or []), retry=False)
     except Exception as exc:  # the step still finds the answer on its next visit
         print(f"could not wake {order.get('task')} {order.get('args')}: {describe(exc)}", flush=True)
 
