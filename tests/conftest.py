@@ -42,6 +42,8 @@ def _close_other_connections(django_db_setup: Any, django_db_blocker: Any) -> It
     database can be dropped at the end. Only on a test database: a console running beside (bin/dev, a benchmark)
     keeps its connections."""
     yield
+    if not str(connection.settings_dict["NAME"]).startswith("test"):
+        return  # no test of this run used the database, so none was made: nothing to close, nothing to connect to
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
