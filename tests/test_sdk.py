@@ -264,3 +264,20 @@ def test_the_sdks_docstring_examples_run_as_written():
         assert result.failed == 0, f"statekeeper_sdk.{module.name}: {result.failed} example(s) failed"
         attempted += result.attempted
     assert attempted >= 10, "the SDK's examples were found"
+
+
+@pytest.mark.spark
+def test_a_replay_that_fails_in_its_batch_function_names_the_python_error_not_the_proxy(spark, tmp_path):
+    """A preview whose re-run fails inside ``foreachBatch`` (a pipeline's bug, a state file Spark cannot load) tells
+    the operator why: Spark reports such an error as py4j's "An exception was raised by the Python Proxy", and its
+    first line is all an operator used to see."""
+    from statekeeper_sdk.compatibility import replayed
+
+    def fails(batch, batch_id):
+        raise KeyError("region: version 2 reads a field version 1 never wrote")
+
+    rates = spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+    query = rates.writeStream.foreachBatch(fails).option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+    why = replayed(query, tmp_path / "checkpoint", 0, timeout=120)
+    assert why == "KeyError: 'region: version 2 reads a field version 1 never wrote'"
+    assert not query.isActive

@@ -18,6 +18,7 @@ every user's state as a region's); the comparison refuses it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,11 +234,34 @@ def summary(verdicts: list[Verdict], shown: str, batch: int, output_rows: int) -
 
 def describe(exc: BaseException) -> str:
     """A query's failure as an operator can act on it: for a JVM error the root Java exception (it names the file or
-    setting at fault), not Py4J's wrapper."""
+    setting at fault), not Py4J's wrapper; for an error raised in Python code the JVM called (a ``foreachBatch``
+    function, a count in it), the Python error the traceback ends with, not the proxy's "An exception was raised by
+    the Python Proxy".
+
+    >>> describe(RuntimeError("An exception was raised by the Python Proxy. Return Message: Traceback (most recent "
+    ...     "call last):\\n  File \\"job.py\\", line 3, in fb\\n    raise ValueError(\\"no key\\")\\nValueError: no key\\n"))
+    'ValueError: no key'
+    """
     java = getattr(exc, "java_exception", None)
     if java is not None:
         cause = java
         while cause.getCause() is not None:
             cause = cause.getCause()
-        return str(cause.toString())[:2000]
-    return (str(exc).splitlines() or [repr(exc)])[0][:2000]
+        text = str(cause.toString())
+        return (_python_error(text) or text)[:2000]
+    text = str(exc)
+    return (_python_error(text) or (text.splitlines() or [repr(exc)])[0])[:2000]
+
+
+# The line a Python traceback ends with: the error's class (dotted or not), then its message.
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<error>[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?)$")
+
+
+def _python_error(text: str) -> str:
+    """The last error line of the Python traceback in a py4j proxy's message, its class without its module; empty
+    when the text holds no traceback."""
+    if "Traceback (most recent call last):" not in text:
+        return ""
+    lines = text.split("Traceback (most recent call last):")[-1].splitlines()
+    found = [m["error"] for line in lines if (m := _PYTHON_ERROR.match(line.rstrip()))]
+    return found[0] if found else ""
