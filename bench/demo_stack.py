@@ -2,6 +2,7 @@
 
     ./bin/dev &                                      # then, once it says it is running:
     STATEKEEPER_ENV=development .venv/bin/python -m bench.demo_stack [--rounds 3] [--previews 5] [--skip-own]
+        [--changes savepoint|blue-green|both]
 
 Attaches to the running console (its database, Redis and Celery worker; nothing of its own but one job), starts the
 demo jobs that wait to be started, and adds one job with a driver of its own (``demo-bench-own``: user-sessions-timed
@@ -14,6 +15,8 @@ on RocksDB, reading the producer's ``events:sessions``), removed at the end. The
 - savepoint rescales of ``orders-rocksdb`` (state partitions 4 ↔ 6): the same two figures;
 - five actions at once on five jobs (the two upgrades, two rescales, a savepoint), each against its time alone;
 - ``--preview-first``: each upgrade follows a preview of the same change, as on the Deploys tab, whose plan it takes;
+- ``--changes blue-green`` (or ``both``): the same upgrades and rescales made blue/green, handing over by themselves
+  once green is caught up (``auto``): request → handover (the new run's first committed batch) and the output gap;
 - each action's phases (the steps the action engine timed), as medians.
 """
 
@@ -118,15 +121,20 @@ def change(job: Job, kind: str) -> dict[str, Any]:
     return {}
 
 
-def one(job: Job, kind: str, preview_first: bool = False) -> dict[str, Any]:
+def one(job: Job, kind: str, preview_first: bool = False, blue_green: bool = False) -> dict[str, Any]:
     """One action on the job and what it cost; ``preview_first``: an upgrade follows a preview of the same change,
-    as on the Deploys tab (its row also holds the preview's time, ``preview``)."""
+    as on the Deploys tab (its row also holds the preview's time, ``preview``); ``blue_green``: the upgrade or
+    rescale is made blue/green, handing over by itself once green is caught up (its row's ``first_batch`` is then
+    the request → the handover's first batch)."""
     old = running(job)
     asked = change(job, kind)
     previewed = None
     if preview_first and kind == ActionKind.UPGRADE:
         previewed = finished(request(job, ActionKind.UPGRADE_PREVIEW, asked))
-    action = finished(request(job, kind, asked))
+    if blue_green:
+        action = finished(request(job, ActionKind.BLUE_GREEN, {"pipeline": job.pipeline, **asked, "auto": 1}))
+    else:
+        action = finished(request(job, kind, asked))
     row = outcome(job, action, old.id if old else None)
     if previewed is not None:
         row["preview"] = took(previewed)
@@ -216,6 +224,12 @@ def main() -> None:
     parser.add_argument("--skip-own", action="store_true", help="no job with a driver of its own")
     parser.add_argument("--skip-at-once", action="store_true", help="no five actions at once")
     parser.add_argument(
+        "--changes",
+        choices=("savepoint", "blue-green", "both"),
+        default="savepoint",
+        help="how the rounds' upgrades and rescales are made",
+    )
+    parser.add_argument(
         "--preview-first",
         action="store_true",
         help="each upgrade follows a preview of the same change (the Deploys tab's flow)",
@@ -237,17 +251,26 @@ def main() -> None:
 
     first, preview_rows = previews(list(jobs.values()), args.previews)
     upgrades, own_upgrades, rescales = [], [], []
+    green: dict[str, list[dict[str, Any]]] = {"upgrades": [], "own": [], "rescales": []}
     for n in range(args.rounds):
-        upgrades.append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first))
-        if own is not None:
-            own_upgrades.append(one(own, ActionKind.UPGRADE, args.preview_first))
-        rescales.append(one(jobs["orders-rocksdb"], ActionKind.RESCALE))
-        last = [upgrades[-1], *own_upgrades[-1:], rescales[-1]]
+        last = []
+        if args.changes != "blue-green":
+            upgrades.append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first))
+            if own is not None:
+                own_upgrades.append(one(own, ActionKind.UPGRADE, args.preview_first))
+            rescales.append(one(jobs["orders-rocksdb"], ActionKind.RESCALE))
+            last += [upgrades[-1], *own_upgrades[-1:], rescales[-1]]
+        if args.changes != "savepoint":
+            green["upgrades"].append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first, True))
+            if own is not None:
+                green["own"].append(one(own, ActionKind.UPGRADE, args.preview_first, True))
+            green["rescales"].append(one(jobs["orders-rocksdb"], ActionKind.RESCALE, blue_green=True))
+            last += [green["upgrades"][-1], *green["own"][-1:], green["rescales"][-1]]
         print(f"  round {n + 1}: " + "; ".join(f"{r['job']} {r['kind']} first batch {r['first_batch']:.1f} s, gap "
                                                f"{r['gap']:.1f} s" for r in last), flush=True)  # fmt: skip
     together: list[dict[str, Any]] = []
     alone: dict[str, dict[str, Any]] = {}
-    if not args.skip_at_once:
+    if not args.skip_at_once and args.changes != "blue-green":
         plan: list[tuple[Job, str]] = [
             (jobs["spend-rocksdb"], ActionKind.UPGRADE),
             (jobs["orders-rocksdb"], ActionKind.RESCALE),
@@ -279,6 +302,12 @@ def main() -> None:
         print(summary("… the preview before each upgrade (shared, own)", upgrades + own_upgrades, "preview", "–"))
     print(summary("savepoint rescale: request → first batch", rescales, "first_batch", "–"))
     print(summary("… its output gap", rescales, "gap", "≤ 5 s"))
+    print(summary("blue/green upgrade, shared driver: request → handover", green["upgrades"], "first_batch", "–"))
+    print(summary("… its output gap", green["upgrades"], "gap", "≤ 3 s"))
+    print(summary("blue/green upgrade, own driver: request → handover", green["own"], "first_batch", "–"))
+    print(summary("… its output gap", green["own"], "gap", "≤ 3 s"))
+    print(summary("blue/green rescale: request → handover", green["rescales"], "first_batch", "–"))
+    print(summary("… its output gap", green["rescales"], "gap", "≤ 5 s"))
     if together:
         print("\n| five at once: job | action | alone | together | ratio (≤ 2×) |\n|---|---|---:|---:|---:|")
         for row in sorted(together, key=lambda r: r["job"]):
@@ -287,7 +316,9 @@ def main() -> None:
             print(f"| {row['job']} | {row['kind']} ({key.replace('_', ' ')}) | {solo:.2f} s | {row[key]:.2f} s | "
                   f"{row[key] / solo:.2f}× |")  # fmt: skip
     phases_table({"preview": preview_rows, "upgrade (shared)": upgrades, "upgrade (own)": own_upgrades,
-                  "rescale": rescales, "five at once": together})  # fmt: skip
+                  "rescale": rescales, "blue/green upgrade (shared)": green["upgrades"],
+                  "blue/green upgrade (own)": green["own"], "blue/green rescale": green["rescales"],
+                  "five at once": together})  # fmt: skip
 
 
 if __name__ == "__main__":
