@@ -292,7 +292,8 @@ def main() -> None:
 
     print(f"\n{os.cpu_count()} cores; load average at the end {os.getloadavg()[0]:.1f}\n")
     print("| measure | n | each | median | p95 | target |\n|---|---:|---|---:|---:|---|")
-    print(f"| the first preview ({first['job']}) | 1 | {first['done']:.2f} | – | – | ≤ 10 s |")
+    if first:
+        print(f"| the first preview ({first['job']}) | 1 | {first['done']:.2f} | – | – | ≤ 10 s |")
     print(summary("upgrade preview: request → verdict", preview_rows, "done", "≤ 3 s p95"))
     print(summary("savepoint upgrade, shared driver: request → first batch", upgrades, "first_batch", "≤ 8 s"))
     print(summary("… its output gap", upgrades, "gap", "≤ 3 s"))
