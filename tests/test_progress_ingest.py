@@ -88,6 +88,24 @@ def test_records_are_ingested_once_in_order(make_job, redis, tmp_path):
     assert redis.xlen(settings.PROGRESS_STREAM) == 0, "ingested entries leave the buffer"
 
 
+def test_a_restart_on_a_blue_green_checkpoint_does_not_record_again_the_batches_the_old_version_ran(
+    make_job, redis, tmp_path
+):
+    """The new version killed just after the handover, before it committed the old version's last batch: its restart
+    replays that batch (writing no sink), and the job's history keeps it once, the old version's."""
+    from dashboard.checkpoint_dir.files import mark_handed_over
+
+    job = make_job()
+    run = Run.objects.create(job=job, status="running")
+    fork = tmp_path / "checkpoint-green-7"
+    fork.mkdir()
+    mark_handed_over(fork, 4)
+    recorder = recorder_for(job, run, fork, store=True)
+    for batch in (4, 5, 6):
+        recorder.on_progress(progress(batch))
+    assert list(Checkpoint.objects.filter(job=job).order_by("id").values_list("batch_id", flat=True)) == [5, 6]
+
+
 def test_a_driver_stores_each_commit_at_once_and_the_ingest_adds_no_duplicate(make_job, redis, tmp_path):
     job = make_job()
     run = Run.objects.create(job=job, status="running")

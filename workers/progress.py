@@ -25,6 +25,7 @@ from pyspark import SparkContext
 from pyspark.sql.streaming import StreamingQueryListener
 
 from dashboard.checkpoint_dir.disk import CheckpointDisk
+from dashboard.checkpoint_dir.files import handed_over_after
 from dashboard.checkpoint_dir.journal import journal_append
 from dashboard.engine.live import live_add, live_message
 from dashboard.records import checkpoint_record, is_commit, parse_time
@@ -49,9 +50,16 @@ class ProgressRecorder:
         self.redis_url, self.stream, self.live = redis_url, stream, live
         self._redis: Any = None
         self.store = store
+        # a blue/green upgrade's checkpoint: the batches up to the handover are the old version's, in the job's history
+        # already (under its own checkpoint); a restart that replays one writes no sink for it (workers/sink.py)
+        self.handed_over_after = handed_over_after(checkpoint)
 
     def on_progress(self, progress: dict[str, Any]) -> dict[str, Any] | None:
         if not is_commit(progress):
+            return None
+        if self.handed_over_after is not None and progress["batchId"] <= self.handed_over_after:
+            log.info("batch %s of job %s was the version's it took over from: not recorded again", progress["batchId"],
+                     self.job_id)  # fmt: skip
             return None
         started_ms = parse_time(progress["timestamp"]).timestamp() * 1000
         record = checkpoint_record(progress, self.disk.measure(progress["batchId"], started_ms)) | {
