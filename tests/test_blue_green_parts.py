@@ -14,7 +14,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from dashboard.engine.sinks import Fenced, FileLog
 from dashboard.models import Action, ActionKind, ActionStatus, GreenBatch, ResultRow, ResultUndo, Run, RunStatus
-from dashboard.services.blue_green import action_rules, green_view, rules_problems
+from dashboard.services.blue_green import (
+    action_rules,
+    green_committed_lag,
+    green_view,
+    ready_to_hand_over,
+    rules_problems,
+)
 from tests.test_api import call, token  # noqa: F401  (a fixture)
 from workers.green import blue_output, diff
 from workers.spark.sources.redis_streams import BatchFollower, RedisStreamReader
@@ -167,6 +173,29 @@ def test_greens_rows_are_compared_with_what_the_job_wrote_for_the_same_batch(mak
     assert (found["added"], found["removed"], found["changed"], found["same"]) == (1, 0, 1, 1)
     assert {s["key"]: s["change"] for s in found["samples"]} == {"b": "changed", "d": "added"}
     assert diff(blue, {})["removed"] == 2
+
+
+@pytest.mark.django_db
+def test_the_handover_watches_for_greens_commit_of_the_jobs_batch_before_its_newest(make_job):
+    """Green whose batches take as long as the job's interval stays a batch behind; it commits the job's batch before
+    the newest only for a moment each batch. The handover catches that moment in one visit, rather than waiting out
+    its exact wait and handing over with green a batch further back (a batch more of output gap)."""
+    job = make_job(name="orders")
+    blue, green = job.directory / job.checkpoint_dir, job.directory / "checkpoint-green-1"
+    for batch in range(8):
+        commit_file(blue, batch)
+    for batch in range(6):
+        commit_file(green, batch)
+    action = Action.objects.create(job=job, kind=ActionKind.BLUE_GREEN, params={"fork": "checkpoint-green-1"})
+    assert green_committed_lag(action) == 2
+    assert not ready_to_hand_over(action, within=0.2), "green is two batches behind"
+    threading.Timer(0.4, commit_file, args=(green, 6)).start()
+    began = time.monotonic()
+    assert ready_to_hand_over(action, within=5)
+    assert 0.3 < time.monotonic() - began < 2, "seen within a watch, as green committed"
+    assert green_committed_lag(action) == 1
+    action.params["shift"] = 1  # a rescale: green's batch n is the job's n - 1
+    assert green_committed_lag(action) == 2
 
 
 def test_the_promotion_rules():

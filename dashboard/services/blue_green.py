@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -91,6 +92,7 @@ OWN_DRIVER_BYTES = 1_300_000_000  # what a driver of its own holds (bench.memory
 HEAP_HEADROOM = 0.8  # a shared driver takes green while its heap, with green's state, stays under this share
 CATCH_UP_WAIT_SECONDS = 1200  # how long a promotion waits for green to come within a batch of blue
 EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
+HANDOVER_WATCH_SECONDS = 2.0  # how long one visit of the handover watches for green's commit of blue's last but one
 BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
 GREEN_RESTART_SECONDS = 120  # green dead after the handover, no run of the job this long: the upgrade failed
 
@@ -463,6 +465,30 @@ def _follow(action: Action) -> Outcome:
     return Wait("green follows blue", 0.2)
 
 
+def green_committed_lag(action: Action) -> int | None:
+    """How many of blue's committed batches green has not committed yet, from both checkpoints' commit files (in
+    blue's numbers: green's run ``shift`` ahead); None before either has committed."""
+    job = action.job
+    blue = blue_last(job)
+    green = committed_batches(job.directory / action.params["fork"])
+    if blue is None or not green:
+        return None
+    return blue - (green[-1] - int(action.params.get("shift") or 0))
+
+
+def ready_to_hand_over(action: Action, within: float = HANDOVER_WATCH_SECONDS) -> bool:
+    """Whether green has committed every batch of blue's but the newest, watched every 50 ms for up to ``within``
+    seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        lag = green_committed_lag(action)
+        if lag is not None and lag <= 1:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def _handover(action: Action) -> Outcome:
     """Once green is caught up (within a batch of blue), the handover in one transaction; blue is fenced by it."""
     job = action.job
@@ -473,12 +499,19 @@ def _handover(action: Action) -> Outcome:
         return Next("follow")
     view = green_view(action)
     behind = view["behind"] if view["behind"] is not None and view["batches"] else None
-    # The closest moment is when green has committed what blue has; under steady input green stays a batch or two
-    # behind, and the handover then comes after blue's newest batch: green runs the ones it lacks as shadow, over
-    # the same offsets, and writes the job's sinks from the next. Only the output gap grows with the lag.
+    # The handover comes after blue's newest batch K: green runs what it lacks up to K as shadow, over the same
+    # offsets, and writes the job's sinks from K + 1, so the output gap runs from blue's K to green's K + 1. Once
+    # green has committed K - 1 it runs K as soon as blue commits it, and the gap is K's rest and K + 1. Green one
+    # batch behind by its compared batches may still be in K - 1, which adds a batch: where its batches take as long
+    # as blue's interval it stays there, but green's commit of K - 1 comes for a moment each batch, shorter than a
+    # wait's wake-up, so a visit watches for it (``ready_to_hand_over``).
     waited = step_seconds(action)
-    if behind is None or behind > 1 and waited < CATCH_UP_WAIT_SECONDS or behind == 1 and waited < EXACT_WAIT_SECONDS:
+    ready = behind is not None and behind <= 1 and ready_to_hand_over(action)
+    if not ready and (
+        behind is None or behind > 1 and waited < CATCH_UP_WAIT_SECONDS or behind == 1 and waited < EXACT_WAIT_SECONDS
+    ):
         return Wait(f"handing over once green is caught up (it is {behind} batch(es) behind)", 0.05)
+    assert behind is not None
     if behind > 1:  # on a host whose cores the job already fills, green runs no faster than the job
         memo_save(action, abort_reason=f"green was still {behind} batches behind after {CATCH_UP_WAIT_SECONDS} s: "
                   "it does not catch up on this host's cores; nothing was handed over")  # fmt: skip
