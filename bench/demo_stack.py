@@ -303,11 +303,20 @@ def main() -> None:
         print(summary("… the preview before each upgrade (shared, own)", upgrades + own_upgrades, "preview", "–"))
     print(summary("savepoint rescale: request → first batch", rescales, "first_batch", "–"))
     print(summary("… its output gap", rescales, "gap", "≤ 5 s"))
-    print(summary("blue/green upgrade, shared driver: request → handover", green["upgrades"], "first_batch", "–"))
+    print(
+        summary(
+            "blue/green upgrade, shared driver: request → first batch in the sinks",
+            green["upgrades"],
+            "first_batch",
+            "–",
+        )
+    )
     print(summary("… its output gap", green["upgrades"], "gap", "≤ 3 s"))
-    print(summary("blue/green upgrade, own driver: request → handover", green["own"], "first_batch", "–"))
+    print(
+        summary("blue/green upgrade, own driver: request → first batch in the sinks", green["own"], "first_batch", "–")
+    )
     print(summary("… its output gap", green["own"], "gap", "≤ 3 s"))
-    print(summary("blue/green rescale: request → handover", green["rescales"], "first_batch", "–"))
+    print(summary("blue/green rescale: request → first batch in the sinks", green["rescales"], "first_batch", "–"))
     print(summary("… its output gap", green["rescales"], "gap", "≤ 5 s"))
     if together:
         print("\n| five at once: job | action | alone | together | ratio (≤ 2×) |\n|---|---|---:|---:|---:|")
