@@ -16,7 +16,7 @@ on RocksDB, reading the producer's ``events:sessions``), removed at the end. The
 - five actions at once on five jobs (the two upgrades, two rescales, a savepoint), each against its time alone;
 - ``--preview-first``: each upgrade follows a preview of the same change, as on the Deploys tab, whose plan it takes;
 - ``--changes blue-green`` (or ``both``): the same upgrades and rescales made blue/green, handing over by themselves
-  once green is caught up (``auto``): request → handover (the new run's first committed batch) and the output gap;
+  once green is caught up (``auto``): request → the new version's first batch in the sinks, and the output gap;
 - each action's phases (the steps the action engine timed), as medians.
 """
 
@@ -125,7 +125,7 @@ def one(job: Job, kind: str, preview_first: bool = False, blue_green: bool = Fal
     """One action on the job and what it cost; ``preview_first``: an upgrade follows a preview of the same change,
     as on the Deploys tab (its row also holds the preview's time, ``preview``); ``blue_green``: the upgrade or
     rescale is made blue/green, handing over by itself once green is caught up (its row's ``first_batch`` is then
-    the request → the handover's first batch)."""
+    the request → the new version's first batch in the sinks)."""
     old = running(job)
     asked = change(job, kind)
     previewed = None

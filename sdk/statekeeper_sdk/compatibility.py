@@ -258,8 +258,8 @@ _PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<error>[A-Za-z_]\w*(?:Error|
 
 
 def _python_error(text: str) -> str:
-    """The last error line of the Python traceback in a py4j proxy's message, its class without its module; empty
-    when the text holds no traceback."""
+    """The error line the (last) Python traceback in a py4j proxy's message ends with, its class without its module;
+    empty when the text holds no traceback. What follows that line (Spark's description of the query) is not read."""
     if "Traceback (most recent call last):" not in text:
         return ""
     lines = text.split("Traceback (most recent call last):")[-1].splitlines()
