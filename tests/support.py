@@ -3,6 +3,7 @@ their end, a driver's processes. Fixtures stay in conftest.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -29,6 +30,7 @@ from dashboard.models import (
     RunStatus,
 )
 from dashboard.services.actions import action_execute, action_request
+from dashboard.services.enqueue import RUN_ACTION
 from dashboard.services.runs import job_request_stop
 from tests.conftest import send_events, wait_for
 
@@ -292,3 +294,13 @@ def every_sink_exact(spark: Any, job: Job, orders: Orders, dsn: str, lake: Path)
     except Exception:
         return False
     return True
+
+
+def visits_sent(redis: Any, action_id: int) -> int:
+    """How many visits of the action wait in the Celery broker's default queue (no worker consumes it here)."""
+    found = 0
+    for raw in redis.lrange("celery", 0, -1):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        found += message["headers"]["task"] == RUN_ACTION and args == [action_id]
+    return found

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from django.conf import settings
+from django.utils import timezone
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from dashboard.engine.sinks import Fenced, FileLog
@@ -18,11 +22,11 @@ from dashboard.services.blue_green import (
     action_rules,
     green_committed_lag,
     green_view,
-    ready_to_hand_over,
     rules_problems,
 )
+from tests.support import visits_sent
 from tests.test_api import call, token  # noqa: F401  (a fixture)
-from workers.green import blue_output, diff
+from workers.green import GreenRecorder, blue_output, diff
 from workers.spark.sources.redis_streams import BatchFollower, RedisStreamReader
 
 
@@ -176,24 +180,34 @@ def test_greens_rows_are_compared_with_what_the_job_wrote_for_the_same_batch(mak
 
 
 @pytest.mark.django_db
-def test_the_handover_watches_for_greens_commit_of_the_jobs_batch_before_its_newest(make_job):
+def test_green_wakes_the_upgrade_as_it_commits_the_jobs_batch_before_its_newest(
+    make_job, redis, tmp_path, django_capture_on_commit_callbacks
+):
     """Green whose batches take as long as the job's interval stays a batch behind; it commits the job's batch before
-    the newest only for a moment each batch. The handover catches that moment in one visit, rather than waiting out
-    its exact wait and handing over with green a batch further back (a batch more of output gap)."""
+    the newest only for a moment each batch, shorter than a wait's wake-up. Green's driver sends the upgrade's visit
+    as it commits, so the handover sees that moment, rather than waiting out its exact wait and handing over with
+    green a batch further back (a batch more of output gap)."""
     job = make_job(name="orders")
     blue, green = job.directory / job.checkpoint_dir, job.directory / "checkpoint-green-1"
     for batch in range(8):
         commit_file(blue, batch)
     for batch in range(6):
         commit_file(green, batch)
-    action = Action.objects.create(job=job, kind=ActionKind.BLUE_GREEN, params={"fork": "checkpoint-green-1"})
-    assert green_committed_lag(action) == 2
-    assert not ready_to_hand_over(action, within=0.2), "green is two batches behind"
-    threading.Timer(0.4, commit_file, args=(green, 6)).start()
-    began = time.monotonic()
-    assert ready_to_hand_over(action, within=5)
-    assert 0.3 < time.monotonic() - began < 2, "seen within a watch, as green committed"
-    assert green_committed_lag(action) == 1
+    action = Action.objects.create(job=job, kind=ActionKind.BLUE_GREEN, status=ActionStatus.RUNNING,
+                                   params={"fork": "checkpoint-green-1"}, wake_at=timezone.now() + timedelta(minutes=1))  # fmt: skip
+    assert green_committed_lag(action) == 2, "green is two batches behind"
+    recorder = GreenRecorder(job_id=job.id, run_id=0, checkpoint=green, journal=tmp_path / "journal",
+                             redis_url=settings.REDIS_URL, stream="unused")  # fmt: skip
+    recorder.green_setup(action.id, SimpleNamespace(after=None, live=threading.Event()))  # type: ignore[arg-type]
+    with django_capture_on_commit_callbacks(execute=True):
+        recorder.on_progress({"batchId": 6, "durationMs": {"triggerExecution": 5}, "numInputRows": 0})
+    assert visits_sent(redis, action.id) == 0, "an idle trigger commits nothing"
+
+    commit_file(green, 6)
+    with django_capture_on_commit_callbacks(execute=True):
+        recorder.on_progress({"batchId": 6, "durationMs": {"addBatch": 3, "triggerExecution": 5}, "numInputRows": 9})
+    assert visits_sent(redis, action.id) == 1, "green's commit sends the upgrade's visit at once"
+    assert green_committed_lag(action) == 1, "and that visit finds green ready to take over"
     action.params["shift"] = 1  # a rescale: green's batch n is the job's n - 1
     assert green_committed_lag(action) == 2
 

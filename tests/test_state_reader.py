@@ -3,8 +3,6 @@ still catches a damaged copy and is replaced when it dies."""
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import signal
 import time
@@ -24,10 +22,10 @@ from dashboard.services.action_steps import (
     state_reader_stop,
     state_reader_warmed,
 )
-from dashboard.services.enqueue import RUN_ACTION
 from dashboard.services.errors import ActionFailed
 from dashboard.services.runs import pid_alive
 from tests.conftest import run_through, send_events, wait_for
+from tests.support import visits_sent
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -77,16 +75,6 @@ def test_the_warm_reader_answers_as_a_new_process_would_and_still_catches_a_dama
     # reader is still starting: it takes the lock within seconds)
     replaced = wait_for(lambda: (new := state_reader_pid()) != pid and new, 60, 0.5, "a new reader to hold the lock")
     assert replaced and pid_alive(replaced), log.read_text()[-3000:] if log.exists() else "no reader log"
-
-
-def visits_sent(redis, action_id: int) -> int:
-    """How many visits of the action wait in the Celery broker's default queue (no worker consumes it here)."""
-    found = 0
-    for raw in redis.lrange("celery", 0, -1):
-        message = json.loads(raw)
-        args = json.loads(base64.b64decode(message["body"]))[0]
-        found += message["headers"]["task"] == RUN_ACTION and args == [action_id]
-    return found
 
 
 def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_a_reader_killed_with_its_request(

@@ -27,6 +27,8 @@ from statekeeper_sdk import Pipeline, Rejected
 
 from dashboard.engine.sinks import Fenced
 from dashboard.models import GreenBatch, ResultRow, ResultUndo, Run, RunStatus
+from dashboard.records import is_commit
+from dashboard.services.enqueue import job_actions_wake
 from workers.progress import ProgressRecorder
 from workers.sink import CHUNK, _storable, output_rows, persisted, results_rows
 
@@ -185,4 +187,6 @@ class GreenRecorder(ProgressRecorder):
                 duration_ms=int(durations.get("triggerExecution") or 0),
                 input_rows=int(progress.get("numInputRows") or 0),
             )
+            if is_commit(progress):  # the handover's moment may be now: green has committed what blue had but one
+                job_actions_wake(self.job_id)
         return None

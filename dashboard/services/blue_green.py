@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -92,7 +91,6 @@ OWN_DRIVER_BYTES = 1_300_000_000  # what a driver of its own holds (bench.memory
 HEAP_HEADROOM = 0.8  # a shared driver takes green while its heap, with green's state, stays under this share
 CATCH_UP_WAIT_SECONDS = 1200  # how long a promotion waits for green to come within a batch of blue
 EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
-HANDOVER_WATCH_SECONDS = 2.0  # how long one visit of the handover watches for green's commit of blue's last but one
 BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
 GREEN_RESTART_SECONDS = 120  # green dead after the handover, no run of the job this long: the upgrade failed
 
@@ -476,19 +474,6 @@ def green_committed_lag(action: Action) -> int | None:
     return blue - (green[-1] - int(action.params.get("shift") or 0))
 
 
-def ready_to_hand_over(action: Action, within: float = HANDOVER_WATCH_SECONDS) -> bool:
-    """Whether green has committed every batch of blue's but the newest, watched every 50 ms for up to ``within``
-    seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        lag = green_committed_lag(action)
-        if lag is not None and lag <= 1:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-
-
 def _handover(action: Action) -> Outcome:
     """Once green is caught up (within a batch of blue), the handover in one transaction; blue is fenced by it."""
     job = action.job
@@ -504,9 +489,10 @@ def _handover(action: Action) -> Outcome:
     # green has committed K - 1 it runs K as soon as blue commits it, and the gap is K's rest and K + 1. Green one
     # batch behind by its compared batches may still be in K - 1, which adds a batch: where its batches take as long
     # as blue's interval it stays there, but green's commit of K - 1 comes for a moment each batch, shorter than a
-    # wait's wake-up, so a visit watches for it (``ready_to_hand_over``).
+    # wait's wake-up: green's driver wakes the action as it commits (``GreenRecorder``), and the visit sees it.
     waited = step_seconds(action)
-    ready = behind is not None and behind <= 1 and ready_to_hand_over(action)
+    lag = green_committed_lag(action)
+    ready = behind is not None and behind <= 1 and lag is not None and lag <= 1
     if not ready and (
         behind is None or behind > 1 and waited < CATCH_UP_WAIT_SECONDS or behind == 1 and waited < EXACT_WAIT_SECONDS
     ):
