@@ -77,6 +77,7 @@ def jvm_of(pid: int) -> int:
     raise AssertionError(f"no JVM under process {pid}")
 
 
+@pytest.mark.chaos  # kill -9 of two JVMs, about half a minute: beyond the default suite's budget
 def test_a_killed_jvm_fails_its_own_drivers_run_and_ends_the_shared_driver_with_every_run_lost(make_job, celery_worker):
     own = make_job(name="own", driver="own", parallelism=1, restart_strategy="none", trigger_interval_seconds=1)
     shared = make_job(name="shared", driver="shared", parallelism=1, restart_strategy="none",

@@ -24,7 +24,7 @@ def caught_up(job: Job, sent: int) -> bool:
 
 @pytest.mark.spark
 @pytest.mark.django_db(transaction=True)
-def test_an_upgrade_and_a_rescale_restart_the_job_in_its_driver_and_a_new_parallelism_in_a_new_one(
+def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_driver(
     make_job, redis, stream_name, celery_worker
 ):
     job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
@@ -55,21 +55,37 @@ def test_an_upgrade_and_a_rescale_restart_the_job_in_its_driver_and_a_new_parall
     wait_for(lambda: caught_up(job, sent), 180, 0.5, "the rescaled run to count every event")
     assert Job.objects.get(id=job.id).state_partitions == 3
 
+    # a plain stop: no restart follows, the driver ends at once
+    job_request_stop(job=job)
+    wait_for(lambda: not pid_alive(third.pid), 60, 0.5, "the driver to end after a plain stop")
+    third.refresh_from_db()
+    assert third.status == RunStatus.STOPPED and third.reusable_until is None and third.released_at is None
+    assert events_counted(job) == sent, "every event counted once across two restarts"
+
+
+@pytest.mark.spark
+@pytest.mark.chaos  # two JVM starts on top of the test above's path: beyond the default suite's budget
+@pytest.mark.django_db(transaction=True)
+def test_a_new_parallelism_starts_a_new_driver_and_the_old_one_ends_once_the_new_run_has_the_job(
+    make_job, redis, stream_name, celery_worker
+):
+    job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
+    sent = send(redis, stream_name, 200, seed=1)
+    job_request_start(job=job)
+    first = wait_for(lambda: running_with_progress(job), 180, 0.5, "the job to commit")
+    wait_for(lambda: caught_up(job, sent), 120, 0.5, "the job to count every event")
+
     # parallelism 1 → 2 is local[2]: a JVM of its own, and the old process ends once the new run has it
     wider = finished(action_request(job=job, kind=ActionKind.RESCALE, params={"parallelism": 2}))
     assert wider.status == ActionStatus.SUCCEEDED, wider.outcome
     sent += send(redis, stream_name, 100, seed=4)
-    fourth = wait_for(lambda: running_with_progress(job, after_run=third.id), 240, 0.5, "the wider run to commit")
-    assert fourth.pid != first.pid and fourth.spark_master == "local[2]"
+    second = wait_for(lambda: running_with_progress(job, after_run=first.id), 240, 0.5, "the wider run to commit")
+    assert second.pid != first.pid and second.spark_master == "local[2]"
     wait_for(lambda: not pid_alive(first.pid), 30, 0.5, "the old driver to end")
     wait_for(lambda: caught_up(job, sent), 180, 0.5, "the wider run to count every event")
-
-    # a plain stop: no restart follows, the driver ends at once
     job_request_stop(job=job)
-    wait_for(lambda: not pid_alive(fourth.pid), 60, 0.5, "the driver to end after a plain stop")
-    fourth.refresh_from_db()
-    assert fourth.status == RunStatus.STOPPED and fourth.reusable_until is None and fourth.released_at is None
-    assert events_counted(job) == sent, "every event counted once across three restarts"
+    wait_for(lambda: not pid_alive(second.pid), 60, 0.5, "the driver to end after a plain stop")
+    assert events_counted(job) == sent, "every event counted once across the move"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 # the other host's form takes as long again: selected with -m chaos, to keep the default suite within its budget
-@pytest.mark.parametrize("host", ["this host", pytest.param("another host", marks=pytest.mark.chaos)])
+# a driver paused past its lease, about a minute each: -m chaos (the fence itself: tests/test_job_start.py)
+@pytest.mark.chaos
+@pytest.mark.parametrize("host", ["this host", "another host"])
 def test_a_driver_paused_past_its_lease_is_gone_within_seconds_and_wrote_nothing(
     host, make_job, redis, stream_name, celery_worker
 ):

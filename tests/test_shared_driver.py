@@ -128,6 +128,7 @@ def test_a_killed_shared_driver_loses_every_job_and_each_comes_back_exact(make_j
         assert sink_total(job) == producer.sent, f"{job.name}: every event exactly once across the kill"
 
 
+@pytest.mark.chaos  # kill -9 of the serving driver, about a minute; the default suite's kill of a shared driver and the spare's takeover is tests/test_cluster.py's
 def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when_the_serving_one_dies(
     make_job, redis, stream_name, celery_worker, as_role, settings
 ):

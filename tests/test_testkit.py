@@ -14,7 +14,7 @@ def test_the_example_teams_tests_run_in_a_venv_without_the_console(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     installed = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(ROOT / "sdk"),
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-compile", str(ROOT / "sdk"),
          str(ROOT / "examples" / "team_orders"), "pytest"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
