@@ -3,6 +3,7 @@ running the package's own tests (examples/team_orders/tests, written with statek
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_example_teams_tests_run_in_a_venv_without_the_console(tmp_path):
+    # nothing of this run's own Python reaches the team's: Spark's Python workers would otherwise run the console's
+    # interpreter, named by PYSPARK_PYTHON once the suite's SparkSession has started, and find its packages there
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH",
+                                                           "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE")}  # fmt: skip
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     installed = subprocess.run(
@@ -25,6 +31,6 @@ def test_the_example_teams_tests_run_in_a_venv_without_the_console(tmp_path):
     ran = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null",
          "--rootdir", str(tmp_path), str(ROOT / "examples" / "team_orders" / "tests")],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert ran.returncode == 0 and "7 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-2000:]
