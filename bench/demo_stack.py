@@ -37,7 +37,7 @@ import django  # noqa: E402
 django.setup()
 
 from bench.figures import committed, pct  # noqa: E402
-from dashboard.models import Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
+from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
@@ -239,12 +239,10 @@ def main() -> None:
     if missing:
         raise SystemExit(f"the demo stack is not up here (no {', '.join(missing)}): start ./bin/dev first")
     jobs = {name: Job.objects.get(name=name) for name in DEMO}
-    for job in jobs.values():
-        if running(job) is None:
-            job_request_start(job=job)
     own = None if args.skip_own else own_job()
-    if own is not None and running(own) is None:
-        job_request_start(job=own)
+    for job in [*jobs.values(), *([own] if own else [])]:
+        if not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():  # the stack may be starting it already
+            job_request_start(job=job)
     for job in [*jobs.values(), *([own] if own else [])]:
         flowing(job)
     print(f"the four demo jobs{' and ' + OWN if own else ''} run; load average {os.getloadavg()[0]:.1f}", flush=True)
