@@ -110,8 +110,9 @@ def one_line(job: Job, action: Action) -> str:
         "a batch of the new version's twice" if len(green) != len(set(green)) else "",
         "no batch of the new version's" if not green else "",
         f"the new version's first batch {min(green)} is not after {after}" if green and min(green) <= after else "",
-        # the batch the job had in flight at the handover, at most, which green replaced
-        f"the job committed {max(blue)}, more than one batch after {after}" if max(blue) > after + 1 else "",
+        # at most the job's newest batch, which the handover came before and green's first batch replaced, and the
+        # batch the job had in flight at the handover, which green replaced too
+        f"the job committed {max(blue)}, more than two batches after {after}" if max(blue) > after + 2 else "",
     ]
     return "; ".join(filter(None, problems)) + (
         f" (job {sorted(blue)[-5:]}, new {sorted(green)[:5]})" if any(problems) else ""

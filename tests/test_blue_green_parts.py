@@ -22,11 +22,12 @@ from dashboard.services.blue_green import (
     action_rules,
     green_committed_lag,
     green_view,
+    handover_point,
     rules_problems,
 )
 from tests.support import visits_sent
 from tests.test_api import call, token  # noqa: F401  (a fixture)
-from workers.green import GreenRecorder, blue_output, diff
+from workers.green import GreenRecorder, GreenState, blue_output, diff
 from workers.spark.sources.redis_streams import BatchFollower, RedisStreamReader
 
 
@@ -210,6 +211,30 @@ def test_green_wakes_the_upgrade_as_it_commits_the_jobs_batch_before_its_newest(
     assert green_committed_lag(action) == 1, "and that visit finds green ready to take over"
     action.params["shift"] = 1  # a rescale: green's batch n is the job's n - 1
     assert green_committed_lag(action) == 2
+
+
+@pytest.mark.django_db
+def test_green_takes_over_before_the_jobs_newest_batch_unless_its_writer_began_that_batch_as_a_shadow(make_job):
+    """The handover comes after the job's batch before its newest, so that green's batch of the newest number is the
+    first it writes to the job's sinks (it replaces the job's output of it): a batch sooner than after the newest. A
+    batch green's writer has begun as a shadow already is not written again: the handover then comes after it."""
+    job = make_job(name="orders")
+    run = Run.objects.create(job=job, status=RunStatus.GREEN, green={"action": 1})
+    state = GreenState(run.id)
+    assert state.decide(7) == (RunStatus.GREEN, 0, None), "a shadow before the handover"
+    assert Run.objects.get(id=run.id).green == {"action": 1, "shadowing": 7}, "recorded under the run's lock"
+    assert handover_point(8, 7) == 7, "the job is at 8, green has not begun its 8: green's 8 replaces the job's"
+    assert handover_point(8, 6) == 7, "green further back: still after 7, green's 7 and 8 are the job's"
+    state.decide(8)
+    assert handover_point(8, Run.objects.get(id=run.id).green["shadowing"]) == 8, "8 begun as a shadow: after it"
+    assert handover_point(8, 8, shift=1) == 7, "a rescale: green's 8 is the job's 7"
+    assert handover_point(8, None) == 8, "no record (a green of an earlier release): after the newest, as before"
+
+    Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING, fencing_token=5,
+                                         green={"action": 1, "shadowing": 8, "handover": 8})  # fmt: skip
+    assert state.decide(9) == (RunStatus.RUNNING, 5, 8), "the job's batch, written with the handover's token"
+    assert state.decide(8) == (RunStatus.RUNNING, 5, 8), "a replay of 8 after a restart: the writer shadows it"
+    assert Run.objects.get(id=run.id).green["shadowing"] == 8, "nothing recorded for the job's batches"
 
 
 def test_the_promotion_rules():

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from pyspark.sql import DataFrame
 from statekeeper_sdk import Pipeline, Rejected
 
@@ -50,6 +50,26 @@ class GreenState:
         status, token, green = row
         after = (green or {}).get("handover")
         return str(status), int(token or 0), int(after) if after is not None else None
+
+    def decide(self, batch_id: int) -> tuple[str, int, int | None]:
+        """What green's batch ``batch_id`` is, read as its writer begins: the job's (handed over after an earlier
+        batch) or a shadow. A shadow is recorded on the run (``green["shadowing"]``) under its row's lock, which the
+        handover takes too: either the handover came first, and the batch is the job's, or it sees the shadow and
+        takes over after that batch (``dashboard.services.blue_green.handover_point``)."""
+        with transaction.atomic():
+            row = (
+                Run.objects.select_for_update().filter(id=self.run_id)
+                .values_list("status", "fencing_token", "green").first()
+            )  # fmt: skip
+            if row is None:
+                return "gone", 0, None
+            status, token, green = row
+            green = green or {}
+            after = int(green["handover"]) if green.get("handover") is not None else None
+            live = status == RunStatus.RUNNING and token and after is not None and batch_id > after
+            if not live and status in (RunStatus.GREEN, RunStatus.RUNNING) and batch_id > green.get("shadowing", -1):
+                Run.objects.filter(id=self.run_id).update(green={**green, "shadowing": batch_id})
+        return str(status), int(token or 0), after
 
 
 class GreenLease:
@@ -139,7 +159,7 @@ def green_writer(
 
     def write(frame: DataFrame, batch_id: int) -> None:
         try:
-            status, token, after = lease.state.read()
+            status, token, after = lease.state.decide(batch_id)
             if status == RunStatus.RUNNING and token and after is not None and batch_id > after:
                 lease.go_live(token, after)
                 if token not in writers:

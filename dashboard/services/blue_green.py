@@ -474,6 +474,20 @@ def green_committed_lag(action: Action) -> int | None:
     return blue - (green[-1] - int(action.params.get("shift") or 0))
 
 
+def handover_point(newest: int, shadowing: int | None, shift: int = 0) -> int:
+    """The batch of blue's after which green takes over: the one before blue's newest, so that green's batch of the
+    newest number replaces blue's output of it, unless green's writer has begun that batch as a shadow already
+    (``shadowing``, green's number of the last batch it took as a shadow). Without that record (a green of an
+    earlier release), after blue's newest, as before.
+
+    >>> handover_point(10, 9), handover_point(10, 10), handover_point(10, None), handover_point(10, 10, shift=1)
+    (9, 10, 10, 9)
+    """
+    if shadowing is None:
+        return newest
+    return min(newest, max(newest - 1, int(shadowing) - shift))
+
+
 def _handover(action: Action) -> Outcome:
     """Once green is caught up (within a batch of blue), the handover in one transaction; blue is fenced by it."""
     job = action.job
@@ -484,12 +498,13 @@ def _handover(action: Action) -> Outcome:
         return Next("follow")
     view = green_view(action)
     behind = view["behind"] if view["behind"] is not None and view["batches"] else None
-    # The handover comes after blue's newest batch K: green runs what it lacks up to K as shadow, over the same
-    # offsets, and writes the job's sinks from K + 1, so the output gap runs from blue's K to green's K + 1. Once
-    # green has committed K - 1 it runs K as soon as blue commits it, and the gap is K's rest and K + 1. Green one
-    # batch behind by its compared batches may still be in K - 1, which adds a batch: where its batches take as long
-    # as blue's interval it stays there, but green's commit of K - 1 comes for a moment each batch, shorter than a
-    # wait's wake-up: green's driver wakes the action as it commits (``GreenRecorder``), and the visit sees it.
+    # Green runs blue's batches as a shadow, over the same offsets, and writes the job's sinks from the batch after
+    # the handover point (``handover_point``). Once green has committed blue's K - 1, with blue at K, the handover can
+    # come after K - 1: green's K, over the offsets blue's K read, then replaces blue's output of K in every sink (as
+    # after a restore), and the sinks go without a new batch only until green commits it. Green one batch behind by
+    # its compared batches may still be in K - 1; where its batches take as long as blue's interval it stays there,
+    # and green's commit of K - 1 comes for a moment each batch, shorter than a wait's wake-up: green's driver wakes
+    # the action as it commits (``GreenRecorder``), and the visit sees it.
     waited = step_seconds(action)
     lag = green_committed_lag(action)
     ready = behind is not None and behind <= 1 and lag is not None and lag <= 1
@@ -505,12 +520,15 @@ def _handover(action: Action) -> Outcome:
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(id=job.id)
         blue = locked.runs.filter(status__in=ACTIVE_RUN_STATUSES).first()  # a restart of blue, pending, included
-        after = blue_last(locked)
-        if after is None:
+        newest = blue_last(locked)
+        if newest is None:
             raise ActionFailed(f"{job.name}'s checkpoint has no committed batch to hand over after; nothing changed.")
+        shift = int(action.params.get("shift") or 0)  # green's number for blue's batch ``after`` is after + shift
+        # green's writer records each batch it takes as a shadow under this row's lock (workers/green.py: decide)
+        green_now = Run.objects.select_for_update().get(id=run.id).green or {}
+        after = handover_point(newest, green_now.get("shadowing"), shift)
         token = int(locked.lease_token or 0) + 1
         now = timezone.now()
-        shift = int(action.params.get("shift") or 0)  # green's number for blue's batch ``after`` is after + shift
         if blue is not None:
             Run.objects.filter(id=blue.id).update(
                 status=RunStatus.STOPPED, ended_at=now,
@@ -518,7 +536,7 @@ def _handover(action: Action) -> Outcome:
             )  # fmt: skip
         Run.objects.filter(id=run.id).update(
             status=RunStatus.RUNNING, fencing_token=token, started_at=now, last_heartbeat_at=now,
-            green={**Run.objects.get(id=run.id).green, "handover": after + shift},
+            green={**green_now, "handover": after + shift},
         )  # fmt: skip
         Job.objects.filter(id=job.id).update(
             lease_token=token, lease_expires_at=now + timedelta(seconds=settings.LEASE_TTL_SECONDS),
