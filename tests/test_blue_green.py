@@ -157,6 +157,8 @@ def test_a_parameter_change_hands_over_in_the_shared_driver_with_every_sink_exac
     assert handed.status == RunStatus.STOPPED and f"after batch {action.params['handover_after']}" in handed.message
     assert isinstance(action.params["gap_seconds"], float), action.params
     assert action.params["first_batch"] > action.params["handover_after"]
+    after = action.params["handover_after"]
+    assert all(after < b <= after + 2 for b in action.params["replaced"]), action.params  # named in the outcome
     wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
     assert not (why := one_line(job, action)), why
     assert lake_batches_once(spark, lake)

@@ -157,6 +157,7 @@ PARAMS: dict[str, Kind] = {
     "handover_at": str,
     "gap_seconds": (float, int, NoneType),
     "first_batch": int,
+    "replaced": list,  # blue/green: the old version's batches past the handover that green wrote again
     "ending": dict,
     "start": dict,
     "records": int,

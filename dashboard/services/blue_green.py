@@ -577,7 +577,14 @@ def _live(action: Action) -> Outcome:
         (first.committed_at + timedelta(milliseconds=first.duration_ms))
         - (blue_batch.committed_at + timedelta(milliseconds=blue_batch.duration_ms))
     ).total_seconds() if blue_batch else None  # fmt: skip
-    remember(action, gap_seconds=round(gap, 3) if gap is not None else None, first_batch=first.batch_id)
+    # the old version's batches past the handover point (its newest, when the handover came before it, and one it had
+    # in flight): green wrote them again, and the history holds both versions' records of them
+    replaced = sorted(
+        Checkpoint.objects.filter(job=job, run_id=action.params.get("blue_run"), batch_id__gt=after or -1)
+        .values_list("batch_id", flat=True)
+    )  # fmt: skip
+    remember(action, gap_seconds=round(gap, 3) if gap is not None else None, first_batch=first.batch_id,
+             replaced=replaced)  # fmt: skip
     return _upgraded(action, run, first.batch_id)
 
 
@@ -595,6 +602,11 @@ def _upgraded(action: Action, run: Run, first: int | None) -> Done:
         f"Blue/green upgrade of {action.job.name} to {target_shown(action)}: run #{run.id} took over after batch "
         f"{action.params['handover_after']}"
         + (f" and committed batch {first} to the job's sinks" if first is not None else ", no batch yet")
+        + (
+            f" (in place of the old version's output of batch {', '.join(map(str, replaced))})"
+            if (replaced := action.params.get("replaced"))
+            else ""
+        )
         + (f"; output gap {gap:.2f} s" if gap is not None else "")
         + f". Beside blue it ran {t['compared']} batch(es): {t['added']} rows added, "
         f"{t['removed']} removed, {t['changed']} changed, {t['same']} the same. Savepoint #{action.params['savepoint']}"
