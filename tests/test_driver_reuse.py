@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -22,16 +23,22 @@ def caught_up(job: Job, sent: int) -> bool:
     return events_counted(job) == sent
 
 
+def sessions_job_running(make_job: Any, redis: Any, stream_name: str) -> tuple[Job, Run, int]:
+    """A user-sessions job on RocksDB in a driver of its own (local[1]), started and caught up with 200 events."""
+    job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
+    sent = send(redis, stream_name, 200, seed=1)
+    job_request_start(job=job)
+    first = wait_for(lambda: running_with_progress(job), 180, 0.5, "the job to commit")
+    wait_for(lambda: caught_up(job, sent), 120, 0.5, "the job to count every event")
+    return job, first, sent
+
+
 @pytest.mark.spark
 @pytest.mark.django_db(transaction=True)
 def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_driver(
     make_job, redis, stream_name, celery_worker
 ):
-    job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
-    sent = send(redis, stream_name, 200, seed=1)
-    job_request_start(job=job)
-    first = wait_for(lambda: running_with_progress(job), 180, 0.5, "version 1 to commit")
-    wait_for(lambda: caught_up(job, sent), 120, 0.5, "version 1 to count every event")
+    job, first, sent = sessions_job_running(make_job, redis, stream_name)
 
     upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={"pipeline": "user-sessions-v2"}))
     assert upgrade.status == ActionStatus.SUCCEEDED and switched_to(job, "user-sessions-v2"), [
@@ -69,11 +76,7 @@ def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_dri
 def test_a_new_parallelism_starts_a_new_driver_and_the_old_one_ends_once_the_new_run_has_the_job(
     make_job, redis, stream_name, celery_worker
 ):
-    job = make_job(pipeline="user-sessions", state_backend="rocksdb", parallelism=1, trigger_interval_seconds=1)
-    sent = send(redis, stream_name, 200, seed=1)
-    job_request_start(job=job)
-    first = wait_for(lambda: running_with_progress(job), 180, 0.5, "the job to commit")
-    wait_for(lambda: caught_up(job, sent), 120, 0.5, "the job to count every event")
+    job, first, sent = sessions_job_running(make_job, redis, stream_name)
 
     # parallelism 1 → 2 is local[2]: a JVM of its own, and the old process ends once the new run has it
     wider = finished(action_request(job=job, kind=ActionKind.RESCALE, params={"parallelism": 2}))
