@@ -8,8 +8,10 @@ import re
 import shutil
 import sqlite3
 import traceback
+import uuid
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -75,6 +77,49 @@ def test_a_team_table_holds_each_batch_once_refuses_a_stale_token_and_drops_what
     assert write(forked, 2, "b2-fork", [("f", "x", 6)]).rows == 1
     for writer in (driver, forked):
         writer.close()
+
+
+def test_a_probe_names_the_sink_a_new_target_may_not_write_and_writes_nothing(team_database, tmp_path):
+    """Before a blue/green upgrade hands the job's output to a new target, its sinks are tried without writing: a
+    role without the rights a write takes, or a directory that cannot be made, is named as the batch's failure would
+    name it, the password masked; with the rights granted the probe passes, and the table is as it was."""
+    owner = TableWriter(TableSink(**{**COUNTS.__dict__, "dsn": team_database}), "orders-job", token=3)
+    write(owner, 0, "b0", [("a", "x", 1)])
+    owner.probe()
+    owner.close()
+    role = f"reader_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(team_database, autocommit=True) as db:
+        db.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
+        db.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    server = urlsplit(team_database)
+    limited = server._replace(netloc=f"{role}:pw-{role}@{server.hostname}:{server.port or 5432}").geturl()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    pipeline = replace(get_pipeline("url-counts"), sinks=(
+        TableSink(**{**COUNTS.__dict__, "dsn": limited}), FileSink("lake", path=str(blocker / "lake")),
+    ))  # fmt: skip
+    sinks = SinkSet(job_id=0, job_name="orders-job", token=0, pipeline=pipeline, parameters={})
+    problems = sinks.probe()
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("sink counts (counts in postgresql://") and "InsufficientPrivilege" in problems[0]
+    assert f"pw-{role}" not in problems[0], "the password is masked"
+    assert problems[1].startswith("sink lake (") and "NotADirectoryError" in problems[1], problems[1]
+
+    with psycopg.connect(team_database, autocommit=True) as db:
+        db.execute(f"GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        db.execute(f"GRANT CREATE ON SCHEMA public TO {role}")  # a write's CREATE TABLE IF NOT EXISTS asks for it
+    lake = replace(get_pipeline("url-counts"), sinks=(TableSink(**{**COUNTS.__dict__, "dsn": limited}),
+                                                       FileSink("lake", path=str(tmp_path / "lake"))))  # fmt: skip
+    granted = SinkSet(job_id=0, job_name="orders-job", token=0, pipeline=lake, parameters={})
+    assert granted.probe() == []
+    granted.close()
+    assert table(team_database, "SELECT k, n, batch_id FROM counts") == [("a", 1, 0)], "the probe wrote nothing"
+    assert table(team_database, f"SELECT batch_id, token FROM {COMMITS}") == [(0, 3)]
+    assert [p.name for p in (tmp_path / "lake").iterdir()] == [], "the directory made, the probe's file gone"
+    with psycopg.connect(team_database, autocommit=True) as db:
+        db.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+        db.execute(f"REVOKE ALL ON SCHEMA public FROM {role}")
+        db.execute(f"DROP ROLE {role}")
 
 
 def test_the_table_contract_works_through_another_db_api_driver(tmp_path):

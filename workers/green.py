@@ -71,6 +71,14 @@ class GreenState:
                 Run.objects.filter(id=self.run_id).update(green={**green, "shadowing": batch_id})
         return str(status), int(token or 0), after
 
+    def note_sinks(self, problems: list[str]) -> None:
+        """The job's sinks that the new version could not write at its last try (empty: it could), on the run for
+        the upgrade's steps: no handover while there is one (dashboard/services/blue_green.py: ``_follow``)."""
+        with transaction.atomic():
+            green = Run.objects.select_for_update().filter(id=self.run_id).values_list("green", flat=True).first()
+            if green is not None and (green.get("sink_problems") or []) != problems:
+                Run.objects.filter(id=self.run_id).update(green={**green, "sink_problems": problems})
+
 
 class GreenLease:
     """No lease until the handover, then the token the handover gave green's run, renewed as any driver's. A run
@@ -156,6 +164,7 @@ def green_writer(
     0 (its checkpoint's lineage), so that green's batch n is compared with what blue wrote as the sinks' base + n, and
     recorded (``GreenBatch``) under blue's number for it, n - shift."""
     writers: dict[int, Callable[[DataFrame, int], None]] = {}
+    probes: list[Any] = []  # the job's sinks as the new version would write them, bound to its parameters
 
     def write(frame: DataFrame, batch_id: int) -> None:
         try:
@@ -174,6 +183,11 @@ def green_writer(
                 connection.close()
 
     def shadow(frame: DataFrame, batch_id: int) -> None:
+        # the new version's sinks tried at each batch, without writing: a target it cannot write (a new table's grants,
+        # a directory it may not create) holds the handover back, and is found before the job's output moves to it
+        if not probes:
+            probes.append(live(0).sinks)  # type: ignore[attr-defined]
+        lease.state.note_sinks(probes[0].probe())
         rejected: list[Rejected] = []
         with persisted(frame):
             at_once = frame.count() <= CHUNK

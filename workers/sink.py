@@ -39,6 +39,7 @@ from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the 
     Written,
     chunked,
     lineage_digest,
+    probe_files,
     rejected_output,
     write_files,
     write_kafka,
@@ -254,6 +255,11 @@ def batch_offsets_bytes(checkpoint: str, batch_id: int) -> bytes:
         return b""
 
 
+def _failure(sink: Any, exc: BaseException) -> str:
+    cause = (str(exc).strip() or "no message").splitlines()[0][:500]
+    return f"sink {sink.name} ({sink.where()}): {type(exc).__name__}: {cause}"
+
+
 class SinkSet:
     """Every sink of a job's pipeline, bound to the job's parameters, and how each writes a batch."""
 
@@ -303,8 +309,21 @@ class SinkSet:
         except Fenced:
             raise
         except Exception as exc:
-            cause = (str(exc).strip() or "no message").splitlines()[0][:500]
-            raise SinkError(f"sink {sink.name} ({sink.where()}): {type(exc).__name__}: {cause}") from exc
+            raise SinkError(_failure(sink, exc)) from exc
+
+    def probe(self) -> list[str]:
+        """Each of the job's own tables and file sinks that could not take a write now, named as its batch's failure
+        would name it (empty: every one can). Nothing is written (``TableWriter.probe``, ``probe_files``)."""
+        problems = []
+        for sink in self.sinks:
+            try:
+                if isinstance(sink, TableSink):
+                    self.tables[sink.name].probe()
+                elif isinstance(sink, FileSink):
+                    probe_files(sink)
+            except Exception as exc:
+                problems.append(_failure(sink, exc))
+        return problems
 
     def trim(self, floor: int | None) -> None:
         """The results table kept to each view's bound, and the sinks' bookkeeping before ``floor`` removed (see

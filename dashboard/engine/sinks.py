@@ -142,6 +142,28 @@ class TableWriter:
             finally:
                 self.connection, self.created = None, False
 
+    def probe(self) -> None:
+        """What a batch's write takes of the database, tried in a transaction that is rolled back: the connection,
+        the commit tables and the sink's own DDL (made, as a first write makes them), and the rights of each kind of
+        statement a write runs, on statements that touch no row. A new target's grants are so known before a
+        blue/green upgrade hands the job's output to it. Raises what the database raised."""
+        table, column = quoted(self.sink.table), quoted(self.sink.batch_column)
+        try:
+            self.connect()
+            with self._cursor() as cursor:
+                for statement in (
+                    f"UPDATE {FENCES} SET token = token WHERE 1 = 0",
+                    f"INSERT INTO {FENCES} SELECT * FROM {FENCES} WHERE 1 = 0",
+                    f"DELETE FROM {COMMITS} WHERE 1 = 0",
+                    f"INSERT INTO {COMMITS} SELECT * FROM {COMMITS} WHERE 1 = 0",
+                    f"DELETE FROM {table} WHERE 1 = 0",
+                    f"UPDATE {table} SET {column} = {column} WHERE 1 = 0",
+                    f"INSERT INTO {table} SELECT * FROM {table} WHERE 1 = 0",
+                ):
+                    cursor.execute(statement)
+        finally:
+            self._abandon()
+
     def _cursor(self) -> Any:
         cursor = self.connection.cursor()
         return cursor if hasattr(cursor, "__enter__") else _Closing(cursor)
@@ -531,6 +553,16 @@ def _path(uri: str) -> Path:
     from urllib.parse import unquote, urlparse
 
     return Path(unquote(urlparse(uri).path))
+
+
+def probe_files(sink: FileSink) -> None:
+    """A file sink's directory made (as a first write makes it) and written to, with a file that is removed at once:
+    its rights known before a blue/green upgrade hands the job's output to it."""
+    directory = _path(sink.path)
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".statekeeper-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def write_files(

@@ -454,7 +454,11 @@ def _follow(action: Action) -> Outcome:
         f"added, {t['removed']} removed, {t['changed']} changed, {t['same']} the same"
         + (f"; rules not met: {'; '.join(problems)}" if problems else ""),
     )
-    if run.green.get("promote") or (view["auto"] and caught_up and not problems):
+    if blocked := run.green.get("sink_problems"):  # the new version cannot write the job's sinks: no handover
+        problems = [*problems, *(f"the new version cannot write {p}" for p in blocked)]
+        action_progress(action, f"green at batch {green_at}, {behind if behind is not None else '?'} behind blue; "
+                        f"no handover while {'; '.join(blocked)}")  # fmt: skip
+    elif run.green.get("promote") or (view["auto"] and caught_up and not problems):
         return Next("handover")
     if view["auto"] and step_seconds(action) > float(action.params.get("catch_up_seconds") or CATCH_UP_SECONDS):
         memo_save(action, abort_reason="green did not catch up and pass its rules in time"
