@@ -464,7 +464,7 @@ def _follow(action: Action) -> Outcome:
         memo_save(action, abort_reason="green did not catch up and pass its rules in time"
                   + (f" ({'; '.join(problems)})" if problems else ""))  # fmt: skip
         return Next("abort")
-    return Wait("green follows blue", 0.2)
+    return Wait(action.progress or "green follows blue", 0.2)  # the line above, which a wait's note replaces
 
 
 def green_committed_lag(action: Action) -> int | None:
