@@ -404,6 +404,11 @@ class Run(models.Model):
         return self.heap_after_gc_bytes / self.heap_max_bytes
 
 
+# A blue/green upgrade's new version that has not taken over: a run beside the job's, not the job's own. The job's
+# header, its row in the list and its latest driver are its own run's (``Job.runs.exclude(BESIDE_THE_JOB)``).
+BESIDE_THE_JOB = models.Q(green__has_key="action") & ~models.Q(green__has_key="handover")
+
+
 class CheckpointKind(models.TextChoices):
     FULL = "full", "Full"
     INCREMENTAL = "incremental", "Incremental"

@@ -262,6 +262,7 @@ def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job
                                    params={"pipeline": "url-counts", "plan": {"target": "url-counts"}, "auto": 1,
                                            "no_removed": 1, "bg_batch": 3})  # fmt: skip
     assert call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", operator).status_code == 409, "no green yet"
+    blue = Run.objects.create(job=job, status=RunStatus.RUNNING)
     green = Run.objects.create(job=job, status=RunStatus.GREEN, green={"action": action.id})
     action.params["green_run"] = green.id
     action.save()
@@ -275,6 +276,10 @@ def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job
 
     page = as_role("operator").get("/jobs/orders/deploys").content.decode()
     assert 'value="blue-green"' in page and 'id="blue-green"' in page
+    # the job's own run heads its page, its row and its API record, with its Stop, not green beside it
+    assert 'id="run-status" data-rendered="running"' in page and ">Stop</button>" in page
+    assert call(client, "GET", "/api/v1/jobs/orders", viewer).json()["status"] == "running"
+    assert call(client, "GET", "/api/v1/jobs/orders", viewer).json()["driver"]["run"] == blue.id
     assert 'data-green-diff="0/0/1/2"' in page and "Promote (hand over)" in page and "/a" in page
     panel = as_role("viewer", "v2").get("/jobs/orders/blue-green").content.decode()
     assert 'data-green-diff="0/0/1/2"' in panel and "Promote (hand over)" not in panel, "a viewer sees, cannot act"

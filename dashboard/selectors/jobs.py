@@ -17,6 +17,7 @@ from dashboard import pipelines
 from dashboard.connections import redis_client
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
+    BESIDE_THE_JOB,
     Alert,
     Checkpoint,
     CheckpointRollup,
@@ -30,7 +31,7 @@ from dashboard.selectors import charts, lag
 
 
 def job_list() -> QuerySet[Job]:
-    latest_run = Run.objects.filter(job=OuterRef("pk")).order_by("-id")
+    latest_run = Run.objects.filter(job=OuterRef("pk")).exclude(BESIDE_THE_JOB).order_by("-id")
     open_alerts = (
         Alert.objects.filter(job=OuterRef("pk"), resolved_at__isnull=True)
         .order_by()
