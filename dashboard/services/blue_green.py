@@ -584,7 +584,7 @@ def _live(action: Action) -> Outcome:
     # the old version's batches past the handover point (its newest, when the handover came before it, and one it had
     # in flight): green wrote them again, and the history holds both versions' records of them
     replaced = sorted(
-        Checkpoint.objects.filter(job=job, run_id=action.params.get("blue_run"), batch_id__gt=after or -1)
+        Checkpoint.objects.filter(job=job, run_id=action.params.get("blue_run"), batch_id__gt=-1 if after is None else after)
         .values_list("batch_id", flat=True)
     )  # fmt: skip
     remember(action, gap_seconds=round(gap, 3) if gap is not None else None, first_batch=first.batch_id,
