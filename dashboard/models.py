@@ -191,6 +191,13 @@ class Job(models.Model):
     def checkpoint_location(self) -> Path:
         return self.directory / self.checkpoint_dir
 
+    @property
+    def own_runs(self) -> models.QuerySet[Run]:
+        """The job's runs but a blue/green upgrade's new version beside it (``BESIDE_THE_JOB``): what its latest run
+        means wherever it is read (the page's header and its live push, the list, the API, a standby's watch and
+        takeover, a restart)."""
+        return self.runs.exclude(BESIDE_THE_JOB)
+
     def run_values(self) -> dict[str, Any]:
         """What a query of this job runs with, as plain values (the fields of ``workers.spark.query.JobSpec``): the
         driver, a standby's warm query and the state tool's scratch queries all start from these."""
@@ -405,7 +412,7 @@ class Run(models.Model):
 
 
 # A blue/green upgrade's new version that has not taken over: a run beside the job's, not the job's own. The job's
-# header, its row in the list and its latest driver are its own run's (``Job.runs.exclude(BESIDE_THE_JOB)``).
+# header, its row in the list and its latest driver are its own run's (``Job.own_runs``).
 BESIDE_THE_JOB = models.Q(green__has_key="action") & ~models.Q(green__has_key="handover")
 
 

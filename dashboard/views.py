@@ -36,7 +36,6 @@ from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
-    BESIDE_THE_JOB,
     IN_FLIGHT_ACTIONS,
     ActionKind,
     Alert,
@@ -103,7 +102,7 @@ JOB_TABS = (
 def _job_tab(request: HttpRequest, job: Job, tab: str, context: dict[str, Any]) -> HttpResponse:
     """Render one tab of the job page under the header every tab shares."""
     header = {
-        "run": job.runs.exclude(BESIDE_THE_JOB).order_by("-id").first(),  # not a blue/green green beside it
+        "run": job.own_runs.order_by("-id").first(),
         "lag": jobs.job_lag_status(job),
         "open_alerts": list(job.alerts.filter(resolved_at__isnull=True).order_by("-opened_at")),
         "action_in_flight": job.actions.filter(status__in=IN_FLIGHT_ACTIONS).first(),

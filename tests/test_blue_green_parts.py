@@ -18,6 +18,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from dashboard.engine.sinks import Fenced, FileLog
 from dashboard.models import Action, ActionKind, ActionStatus, GreenBatch, ResultRow, ResultUndo, Run, RunStatus
+from dashboard.selectors.jobs import job_lag_status
 from dashboard.services.blue_green import (
     action_rules,
     green_committed_lag,
@@ -280,6 +281,7 @@ def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job
     assert 'id="run-status" data-rendered="running"' in page and ">Stop</button>" in page
     assert call(client, "GET", "/api/v1/jobs/orders", viewer).json()["status"] == "running"
     assert call(client, "GET", "/api/v1/jobs/orders", viewer).json()["driver"]["run"] == blue.id
+    assert job_lag_status(job)["run"]["status"] == "running", "and the header's live push says so too"
     assert 'data-green-diff="0/0/1/2"' in page and "Promote (hand over)" in page and "/a" in page
     panel = as_role("viewer", "v2").get("/jobs/orders/blue-green").content.decode()
     assert 'data-green-diff="0/0/1/2"' in panel and "Promote (hand over)" not in panel, "a viewer sees, cannot act"

@@ -107,7 +107,7 @@ def wait_for_death(
                 whose = pipelines.whose_code(job.pipeline, loaded) if loaded else "the pipeline's code"
                 standby_end(standby, f"{whose[0].upper()}{whose[1:]} changed on disk since this standby imported it.")
                 return None
-        latest = job.runs.order_by("-id").values_list("status", flat=True).first()
+        latest = job.own_runs.order_by("-id").values_list("status", flat=True).first()
         if latest == RunStatus.RUNNING:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > settings.STANDBY_IDLE_SECONDS:

@@ -27,7 +27,6 @@ from dashboard.access import ADMIN, OPERATOR, VIEWER, refusal
 from dashboard.api.tokens import token_user
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
-    BESIDE_THE_JOB,
     Action,
     ActionKind,
     Checkpoint,
@@ -180,7 +179,7 @@ def job_json(job: Job) -> dict[str, Any]:
 def _driver(job: Job) -> dict[str, Any] | None:
     """The latest run's driver: its pid and host, and whether its process is still alive (a stopped job whose driver
     is still exiting cannot be restored or rolled back until it has)."""
-    last = job.runs.exclude(BESIDE_THE_JOB).order_by("-id").first()
+    last = job.own_runs.order_by("-id").first()
     if last is None:
         return None
     shown = run_json(last)

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from dashboard.checkpoint_dir.files import PlannedBatch, planned_batch
 from dashboard.failures import root_cause, signature
-from dashboard.models import ACTIVE_RUN_STATUSES, BESIDE_THE_JOB, Job, Run, RunStatus
+from dashboard.models import ACTIVE_RUN_STATUSES, Job, Run, RunStatus
 
 FAILED = (RunStatus.FAILED, RunStatus.LOST)
 
@@ -43,7 +43,7 @@ def exception_history(job: Job, limit: int = 200) -> list[ExceptionGroup]:
 
 def failing_batch(job: Job) -> PlannedBatch | None:
     """The batch a down job would replay first, when its last run failed: what 'skip these entries' would skip."""
-    last = job.runs.exclude(BESIDE_THE_JOB).order_by("-id").first()
+    last = job.own_runs.order_by("-id").first()
     if last is None or last.status in ACTIVE_RUN_STATUSES or last.status not in FAILED:
         return None
     return planned_batch(job.checkpoint_location)

@@ -122,7 +122,7 @@ def job_lag_status(job: Job, now: datetime | None = None, recent: list[dict[str,
     while it runs; while it is down, its source's backlog says STOP as soon as records wait (no progress event can
     say it then). With it, the job's latest run (its status and message), which the page's header shows live."""
     now = now or timezone.now()
-    latest = job.runs.order_by("-id").values("status", "message").first()
+    latest = job.own_runs.order_by("-id").values("status", "message").first()
     # the message cut as the header's template cuts it, so the page shows the same text before and after a push
     run = {"status": latest["status"], "message": Truncator(latest["message"]).chars(140)} if latest else None
     if not job.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():

@@ -151,7 +151,7 @@ def recoveries_supervise() -> list[str]:
         try:
             restart = job_request_start(job=job)
         except ActionRefused as exc:  # the operator started it already: that run counts as the restart
-            restart = job.runs.order_by("-id").first()
+            restart = job.own_runs.order_by("-id").first()
             notes.append(f"{job.name}: {exc}")
         Recovery.objects.filter(id=recovery.id).update(restart_run=restart)
         notes.append(f"{job.name}: restarted as run {restart and restart.id}")

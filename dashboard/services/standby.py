@@ -72,7 +72,7 @@ def standby_takeover(*, standby_id: int, lock_wait_ms: float) -> Run | None:
     job = standby.job
     with transaction.atomic():
         job = Job.objects.select_for_update().get(id=job.id)
-        dead = job.runs.order_by("-id").first()
+        dead = job.own_runs.order_by("-id").first()
         refusal = standby_refusal(job)
         if dead is None or dead.stop_requested_at:
             refusal = refusal or "the last run was asked to stop"
