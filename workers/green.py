@@ -36,15 +36,27 @@ log = logging.getLogger("statekeeper.green")
 SAMPLES = 5  # rows that differ kept per batch, to show
 
 
+def is_the_jobs(state: tuple[str, int, int | None], batch_id: int) -> bool:
+    """Whether green's batch ``batch_id`` goes to the job's sinks: green has taken over (running, with a token),
+    after an earlier batch."""
+    status, token, after = state
+    return status == RunStatus.RUNNING and bool(token) and after is not None and batch_id > after
+
+
 class GreenState:
     """What green's run says now: still beside blue, handed over (with the token and the batch it took over after),
     or ended (aborted). Read from the database once per batch and once per lease renewal."""
 
     def __init__(self, run_id: int) -> None:
         self.run_id = run_id
+        self.sink_problems: list[str] = []  # as last noted on the run (a new green run starts with none)
 
     def read(self) -> tuple[str, int, int | None]:
-        row = Run.objects.filter(id=self.run_id).values_list("status", "fencing_token", "green").first()
+        return self._parsed(Run.objects.filter(id=self.run_id).values_list("status", "fencing_token", "green").first())
+
+    @staticmethod
+    def _parsed(row: tuple[str, int | None, dict[str, Any] | None] | None) -> tuple[str, int, int | None]:
+        """Green's status, the token the handover gave it (0 before) and the batch it took over after (None)."""
         if row is None:
             return "gone", 0, None
         status, token, green = row
@@ -53,31 +65,31 @@ class GreenState:
 
     def decide(self, batch_id: int) -> tuple[str, int, int | None]:
         """What green's batch ``batch_id`` is, read as its writer begins: the job's (handed over after an earlier
-        batch) or a shadow. A shadow is recorded on the run (``green["shadowing"]``) under its row's lock, which the
-        handover takes too: either the handover came first, and the batch is the job's, or it sees the shadow and
-        takes over after that batch (``dashboard.services.blue_green.handover_point``)."""
+        batch, ``is_the_jobs``) or a shadow. A shadow is recorded on the run (``green["shadowing"]``) under its row's
+        lock, which the handover takes too: either the handover came first, and the batch is the job's, or it sees
+        the shadow and takes over after that batch (``dashboard.services.blue_green.handover_point``)."""
         with transaction.atomic():
             row = (
                 Run.objects.select_for_update().filter(id=self.run_id)
                 .values_list("status", "fencing_token", "green").first()
             )  # fmt: skip
-            if row is None:
-                return "gone", 0, None
-            status, token, green = row
-            green = green or {}
-            after = int(green["handover"]) if green.get("handover") is not None else None
-            live = status == RunStatus.RUNNING and token and after is not None and batch_id > after
-            if not live and status in (RunStatus.GREEN, RunStatus.RUNNING) and batch_id > green.get("shadowing", -1):
+            status, token, after = state = self._parsed(row)
+            green = (row[2] if row else None) or {}
+            shadow = status in (RunStatus.GREEN, RunStatus.RUNNING) and not is_the_jobs(state, batch_id)
+            if shadow and batch_id > green.get("shadowing", -1):
                 Run.objects.filter(id=self.run_id).update(green={**green, "shadowing": batch_id})
-        return str(status), int(token or 0), after
+        return state
 
     def note_sinks(self, problems: list[str]) -> None:
         """The job's sinks that the new version could not write at its last try (empty: it could), on the run for
         the upgrade's steps: no handover while there is one (dashboard/services/blue_green.py: ``_follow``)."""
+        if problems == self.sink_problems:  # this process alone notes them: no change, no write
+            return
         with transaction.atomic():
             green = Run.objects.select_for_update().filter(id=self.run_id).values_list("green", flat=True).first()
-            if green is not None and (green.get("sink_problems") or []) != problems:
+            if green is not None:
                 Run.objects.filter(id=self.run_id).update(green={**green, "sink_problems": problems})
+        self.sink_problems = problems
 
 
 class GreenLease:
@@ -168,8 +180,8 @@ def green_writer(
 
     def write(frame: DataFrame, batch_id: int) -> None:
         try:
-            status, token, after = lease.state.decide(batch_id)
-            if status == RunStatus.RUNNING and token and after is not None and batch_id > after:
+            status, token, after = state = lease.state.decide(batch_id)
+            if is_the_jobs(state, batch_id):
                 lease.go_live(token, after)
                 if token not in writers:
                     writers[token] = live(token)

@@ -448,23 +448,22 @@ def _follow(action: Action) -> Outcome:
     problems = rules_problems(view["rules"], view["totals"])
     t = view["totals"]
     caught_up = behind is not None and behind <= 1 and t["compared"] > 0
-    action_progress(
-        action,
-        f"green at batch {green_at}, {behind if behind is not None else '?'} behind blue; diff so far: {t['added']} "
-        f"added, {t['removed']} removed, {t['changed']} changed, {t['same']} the same"
-        + (f"; rules not met: {'; '.join(problems)}" if problems else ""),
-    )
+    where = f"green at batch {green_at}, {behind if behind is not None else '?'} behind blue"
     if blocked := run.green.get("sink_problems"):  # the new version cannot write the job's sinks: no handover
+        line = f"{where}; no handover while {'; '.join(blocked)}"
         problems = [*problems, *(f"the new version cannot write {p}" for p in blocked)]
-        action_progress(action, f"green at batch {green_at}, {behind if behind is not None else '?'} behind blue; "
-                        f"no handover while {'; '.join(blocked)}")  # fmt: skip
-    elif run.green.get("promote") or (view["auto"] and caught_up and not problems):
-        return Next("handover")
+    else:
+        line = (
+            f"{where}; diff so far: {t['added']} added, {t['removed']} removed, {t['changed']} changed, {t['same']} "
+            "the same" + (f"; rules not met: {'; '.join(problems)}" if problems else "")
+        )
+        if run.green.get("promote") or (view["auto"] and caught_up and not problems):
+            return Next("handover")
     if view["auto"] and step_seconds(action) > float(action.params.get("catch_up_seconds") or CATCH_UP_SECONDS):
         memo_save(action, abort_reason="green did not catch up and pass its rules in time"
                   + (f" ({'; '.join(problems)})" if problems else ""))  # fmt: skip
         return Next("abort")
-    return Wait(action.progress or "green follows blue", 0.2)  # the line above, which a wait's note replaces
+    return Wait(line, 0.2)  # the action's progress line until the next visit
 
 
 def green_committed_lag(action: Action) -> int | None:
