@@ -11,9 +11,11 @@ from django.db.models import Sum
 from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
+from dashboard.checkpoint_dir.files import closing_file
 from dashboard.models import Checkpoint, ResultRow, RunStatus
 from dashboard.services.checkpoints import progress_stream_ingest
-from tests.conftest import read_through, run_through, send_events, wait_for
+from dashboard.services.runs import job_request_stop
+from tests.conftest import DriverThread, read_through, run_through, send_events, wait_for
 from workers.spark.pipelines import order_state_machine
 from workers.spark.state_tool import FORMAT_VERSION, answer
 
@@ -89,6 +91,44 @@ def test_a_job_behind_its_trigger_stops_after_the_batch_in_flight_and_its_restar
     assert sink_total(job) == sent, "the interrupted batch replayed once: nothing lost, nothing counted twice"
     batch_ids = list(Checkpoint.objects.filter(job=job).order_by("batch_id").values_list("batch_id", flat=True))
     assert batch_ids == list(range(len(batch_ids)))
+
+
+def test_a_stop_reaches_a_driver_of_its_own_without_waiting_for_its_lease_renewal(
+    make_job, start_driver, redis, stream_name, settings
+):
+    # the driver beats and renews its lease every LEASE_RENEW seconds; a stop request (an upgrade's, a rescale's) is
+    # looked for far more often, so an action that stops the job does not wait out the renewal interval
+    settings.LEASE_RENEW_SECONDS, settings.LEASE_TTL_SECONDS = 60, 180
+    job = make_job()
+    sent = send_events(redis, stream_name, "url-counts", 50)
+    driver = start_driver(job)
+    wait_for(lambda: read_through(job, redis, sent), 120, what="the events read")
+    job_request_stop(job=job)
+    driver.thread.join(20)
+    assert not driver.thread.is_alive(), "the stop waited for the lease's renewal (60 s)"
+    assert driver.status == RunStatus.STOPPED
+
+
+def test_a_spread_job_stopped_between_batches_takes_what_arrived_in_a_last_batch(
+    spark, make_job, redis, stream_name
+):
+    # a spread job (the shared driver gives it a phase) admits new entries once an interval, at its phase; stopped
+    # between two, it runs one more batch at once over what has arrived, so the next run (an upgrade's, a rescale's)
+    # starts right after a commit rather than an interval's worth of events behind
+    job = make_job(trigger_interval_seconds=30, parallelism=1)
+    first = send_events(redis, stream_name, "url-counts", 40, seed=1)
+    driver = DriverThread(spark, job, phase_seconds=0.0)
+    try:
+        wait_for(lambda: read_through(job, redis, first), 120, what="the first batch")
+        assert driver.driver.spread, "a Redis stream job given a phase is spread"
+        second = send_events(redis, stream_name, "url-counts", 25, seed=2)
+        assert driver.stop() == RunStatus.STOPPED
+    finally:
+        driver.driver.stop_signal.set()
+    progress_stream_ingest(client=redis)
+    assert sink_total(job) == first + second, "the events after the last phase were read before the stop"
+    assert Checkpoint.objects.filter(job=job).aggregate(n=Sum("input_rows"))["n"] == first + second
+    assert not closing_file(job.checkpoint_location).exists()
 
 
 def test_malformed_events_go_to_the_dead_letter_stream_and_the_job_keeps_running(

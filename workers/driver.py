@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,6 +29,7 @@ from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import (
+    closing_file,
     follow_mirror,
     handover_file,
     lineage_base,
@@ -217,6 +219,8 @@ def job_spec(job: Job, **overrides: Any) -> JobSpec:
 
 
 START_GATE_SECONDS = 30.0  # a query holds its shared driver's start gate until its first commit, or this long
+STOP_LOOK_SECONDS = 0.25  # how often a driver of its own looks for a stop request
+CLOSING_WAIT_SECONDS = 2.0  # a spread source polls every 0.25-0.5 s: it sees a stopping driver's ask by then
 
 
 class JobDriver:
@@ -259,6 +263,7 @@ class JobDriver:
         self.stop_signal = threading.Event()
         self.executor_hosts = executor_hosts or []  # where the job's executors run, on a cluster
         self.phase_seconds, self.on_phase = phase_seconds, on_phase
+        self.spread = False  # its batches start at its phase (``start_query`` says, through ``_phase_taken``)
         self.code = code
         self.start_gate, self.gate_until = start_gate, 0.0  # gate_until: while it holds the gate
         # a blue/green upgrade's new version (workers/green.py): this driver runs the job as green's run says, on its
@@ -345,7 +350,7 @@ class JobDriver:
             keeper.start()
         try:
             self._gate_take()
-            query = start_query(self.spark, spec, pipeline, writer, self.on_phase)
+            query = start_query(self.spark, spec, pipeline, writer, self._phase_taken)
             keeper.queries.append(query)
             listener.query_id = str(query.id)
             if keeper.lost.is_set():  # lost while starting: stop before the first batch
@@ -375,6 +380,11 @@ class JobDriver:
                 time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
                 self.spark.streams.removeListener(listener)
             recording_thread().drain()  # and the last record be made before the run's end is recorded
+
+    def _phase_taken(self, phase: float | None) -> None:
+        self.spread = phase is not None
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     def _gate_take(self) -> None:
         if self.start_gate is not None:
@@ -413,8 +423,12 @@ class JobDriver:
         return RunStatus.FAILED
 
     def _watch(self, query: Any, keeper: JobLease) -> str:
+        # a driver of its own looks for a stop request every STOP_LOOK_SECONDS (an action that stops the job waits no
+        # longer for it) and beats every LEASE_RENEW; a shared driver's main loop sets ``stop_signal`` at once
+        look = settings.LEASE_RENEW_SECONDS if self.shared else STOP_LOOK_SECONDS
+        beat_due = 0.0
         while True:
-            self.stop_signal.wait(settings.LEASE_RENEW_SECONDS if query.isActive else 0)
+            self.stop_signal.wait(look if query.isActive else 0)
             # fenced: someone else may own the checkpoint now (the keeper stopped the query), or the query failed
             # because the lease is gone (the sink refused the stale token before the keeper noticed)
             if keeper.lost.is_set() or (not query.isActive and not keeper.renew()):
@@ -440,7 +454,11 @@ class JobDriver:
                 except Exception as exc:  # a Spark whose internals moved: the daemons idle on, nothing breaks
                     log.warning("the Python daemons of the query's start were left running: %s", exc)
             if not self.shared:
-                Run.objects.filter(id=self.run.id).update(last_heartbeat_at=timezone.now(), **heap_fields(self.spark))
+                if time.monotonic() >= beat_due:
+                    beat_due = time.monotonic() + settings.LEASE_RENEW_SECONDS
+                    Run.objects.filter(id=self.run.id).update(
+                        last_heartbeat_at=timezone.now(), **heap_fields(self.spark)
+                    )
                 stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
             if stop_at or self.stop_signal.is_set():
                 message = self._drain_and_stop(query)
@@ -458,6 +476,8 @@ class JobDriver:
 
         in_flight = last_batch(query)
         deadline = time.monotonic() + settings.STOP_GRACE_SECONDS
+        if self.spread and not query.status.get("isTriggerActive"):
+            self._last_batch_now()
         while query.status.get("isTriggerActive") and last_batch(query) == in_flight:
             if time.monotonic() >= deadline:
                 query.stop()
@@ -468,6 +488,18 @@ class JobDriver:
             time.sleep(0.05)
         query.stop()
         return "Stopped on request after the batch in flight committed."
+
+    def _last_batch_now(self) -> None:
+        """A spread query between batches: its source admits what has arrived since its last batch now rather than at
+        the job's next phase (``closing_file``), so the stop comes right after a commit and the next run (an upgrade's,
+        a rescale's) has only the time of its own start to catch up. Returns once the source has seen the ask (a batch
+        is then being planned, or there was nothing new), or after CLOSING_WAIT_SECONDS."""
+        closing = closing_file(Path(self.job.checkpoint_location))
+        closing.write_text("")
+        until = time.monotonic() + CLOSING_WAIT_SECONDS
+        while closing.exists() and time.monotonic() < until:
+            time.sleep(0.02)
+        closing.unlink(missing_ok=True)
 
 
 def failure_text(error: Any) -> str:

@@ -12,8 +12,8 @@ A spare (dashboard/services/hosts.py) runs the same loop with no run assigned, i
 serving shared driver's process. Meanwhile it runs a warm query (workers/warm_query.py) for each pipeline and state
 backend the serving one runs with standby on, as a job's own standby does, and stops them when it starts serving.
 
-The main loop, every POLL_SECONDS: beat, take the runs assigned here, and every LEASE_RENEW seconds renew every job's
-lease, beat for their runs and pass on stop requests. It ends the process when it has had no job for IDLE_SECONDS,
+The main loop, every POLL_SECONDS: beat, take the runs assigned here, pass on stop requests, and every LEASE_RENEW
+seconds renew every job's lease and beat for their runs. It ends the process when it has had no job for IDLE_SECONDS,
 and on SIGTERM stops every query after its batch in flight.
 """
 
@@ -189,6 +189,7 @@ class SharedDriver:
             if self.moving_why:
                 self._move_all()
             self._reap()
+            self._pass_stops()
             if time.monotonic() - last_leases >= settings.LEASE_RENEW_SECONDS:
                 self._renew()
                 last_leases = time.monotonic()
@@ -297,23 +298,34 @@ class SharedDriver:
             if not thread.is_alive():
                 del self.threads[run_id]
 
+    def _running(self) -> list[int]:
+        return [run_id for run_id, lease in self.leases.items() if not lease.lost.is_set()]
+
     def _renew(self) -> None:
-        """Every job's lease, its run's heartbeat, and a stop request passed to its driver."""
+        """Every job's lease and its run's heartbeat."""
         for lease in list(self.leases.values()):
             if not lease.done.is_set():
                 lease.renew()
-        running = [run_id for run_id, lease in self.leases.items() if not lease.lost.is_set()]
-        if not running:
+        if not (running := self._running()):
             return
         try:
             # one JVM for all its jobs: each run carries the shared heap's figures
             Run.objects.filter(id__in=running).update(last_heartbeat_at=timezone.now(), **heap_fields(self.spark))
+        except DatabaseError as exc:
+            log.warning("heartbeat not recorded: %s", exc)
+
+    def _pass_stops(self) -> None:
+        """A stop request passed to its run's driver at the next turn of the main loop (an action that stops a job
+        waits no longer for it than POLL_SECONDS), in one query for every job here."""
+        if not (running := self._running()):
+            return
+        try:
             asked = Run.objects.filter(id__in=running, stop_requested_at__isnull=False).values_list("id", flat=True)
             for run_id in asked:
                 if (driver := self.drivers.get(run_id)) is not None:
                     driver.stop_signal.set()
         except DatabaseError as exc:
-            log.warning("heartbeat not recorded: %s", exc)
+            log.warning("stop requests not read: %s", exc)
 
     def _jvm_gone(self, code: int) -> None:
         """Spark's JVM ended under every job here (out of heap, or killed): record why and end the whole process

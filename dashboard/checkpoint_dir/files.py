@@ -333,6 +333,13 @@ def handover_file(checkpoint: Path) -> Path:
     return checkpoint.parent / f"{checkpoint.name}.handover"
 
 
+def closing_file(checkpoint: Path) -> Path:
+    """A stopping driver's word to its query's source (a spread Redis stream source, whose batches start at the job's
+    phase of the interval): admit what has arrived now, so the last batch before the stop takes it and the next run
+    starts right after a commit; the source removes it as it admits. Beside the checkpoint directory, named after it."""
+    return checkpoint.parent / f"{checkpoint.name}.closing"
+
+
 def follow_mirror(checkpoint: Path) -> Path:
     """Where a blue/green upgrade keeps copies of the job's committed batches' offset and commit files for its new
     version, whose checkpoint is ``checkpoint``: Spark purges the job's own past its retention (``batches_retained``),

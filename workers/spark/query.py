@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
 
-from dashboard.checkpoint_dir.files import committed_batches, lineage, seed_dir
+from dashboard.checkpoint_dir.files import closing_file, committed_batches, lineage, seed_dir
 from workers.spark.manifest import ManifestKeeper
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
@@ -110,8 +110,10 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
     spark.dataSource.register(RedisStreamDataSource)
     reader = spark.readStream.format(FORMAT_NAME)
     if spread and spec.phase_seconds is not None:
-        reader = reader.option("admitEveryMs", str(round(spec.trigger_seconds * 1000))).option(
-            "admitPhaseMs", str(round(spec.phase_seconds * 1000))
+        reader = (
+            reader.option("admitEveryMs", str(round(spec.trigger_seconds * 1000)))
+            .option("admitPhaseMs", str(round(spec.phase_seconds * 1000)))
+            .option("closingFile", str(closing_file(Path(spec.checkpoint.removeprefix("file:")))))
         )
     if spec.follow:
         reader = (

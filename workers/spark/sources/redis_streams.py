@@ -137,6 +137,8 @@ class RedisStreamReader(DataSourceStreamReader):
         # over the interval (Spark starts every processing-time trigger on the same tick of the clock); see ``admits``.
         self.admit_every = int(options.get("admiteveryms", "0"))
         self.admit_phase = int(options.get("admitphasems", "0"))
+        # its driver is stopping: admit now, once (``closing_file``), so the last batch before the stop takes what came
+        self.closing_file = options.get("closingfile", "")
         self._admitted: int | None = None  # the interval whose entries the last batch took
         # A blue/green upgrade's new version runs the job's batches: until the handover file exists, each of its
         # batches reads exactly the offsets of the job's batch of that number, once the job has committed it.
@@ -181,7 +183,18 @@ class RedisStreamReader(DataSourceStreamReader):
         """With ``admitEveryMs``, whether a batch may take new entries now: once in each interval counted from the
         phase (the query's trigger polls more often). The first call admits, so a restarted job's first batch does not
         wait for its phase."""
-        return self.admit_every <= 0 or self.interval_at(now_ms) != self._admitted
+        closing = self._closing()  # looked at every time: its removal is the driver's sign that it was seen
+        return closing or self.admit_every <= 0 or self.interval_at(now_ms) != self._admitted
+
+    def _closing(self) -> bool:
+        """Whether the driver asked for a last batch before its stop (the file's removal tells it the ask was seen)."""
+        if not self.closing_file:
+            return False
+        try:
+            os.unlink(self.closing_file)
+        except FileNotFoundError:
+            return False
+        return True
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if self.follow is not None:
