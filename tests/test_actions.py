@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from statekeeper_sdk.compatibility import EVOLVES, compare
 
+from dashboard import pipelines
 from dashboard.checkpoint_dir.files import (
     checkpoint_format,
     committed_batches,
@@ -28,6 +30,7 @@ from dashboard.services.inspector import on_lineage
 from dashboard.services.storage import job_storage
 from tests.conftest import run_through, send_events, wait_for
 from tests.support import execute, send
+from workers.spark import state_tool
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -158,9 +161,30 @@ def test_a_preview_copies_what_its_batch_needs_and_a_full_copy_when_that_is_not_
     assert sorted(int(p.name) for p in (trimmed / "commits").iterdir() if p.name.isdigit()) == [batch - 1, batch]
 
     preview = execute(job, ActionKind.UPGRADE_PREVIEW, pipeline="user-sessions-v2")
-    verdict = preview.params["plan"]["summary"]
+    plan = preview.params["plan"]
+    verdict = plan["summary"]
     assert verdict.startswith(f"Compatible with user-sessions-v2 at batch {batch} (1 state variable(s)"), verdict
     assert "plan_full" not in preview.memo, "the trimmed copy was enough"
+    # Spark planned the batch (its verdict then given) before the batch ran on the copy, which proved it
+    assert plan["proven"] is True and plan["verdict_at"] <= plan["proven_at"], plan
+    assert 0 < plan["seconds"]["planned"] < plan["seconds"]["ran"], plan["seconds"]
+    # what the verdict is given from as Spark plans: the schemas it wrote then, read before the batch committed, are
+    # those its state reader reads once the batch has run
+    planned = tmp_path / "planned"
+    copy_checkpoint(job.checkpoint_location, planned, batch, replay=True)
+    given: list[tuple[dict, bool]] = []
+    spec = upgrades.scratch_spec(job, f"{job.dead_letter_stream}:planned") | {
+        "reference": pipelines.reference("user-sessions-v2"), "parameters": job.parameters,
+    }  # fmt: skip
+    result = state_tool.answer(spark_settings_kept, "plan", str(planned), batch, spec,
+                               lambda early: given.append((early, (planned / "commits" / str(batch)).exists())))  # fmt: skip
+    ((early, committed),) = given
+    assert not committed, "the verdict's schemas were read before the batch committed"
+    assert early["before"] == result["before"] and early["after"] == result["after"]
+    assert [v.verdict for v in compare(early, pipelines.find(job.pipeline), pipelines.get("user-sessions-v2"))] == [
+        EVOLVES
+    ]
+    assert not planned.with_name("planned.schemas").exists(), "the schema view is removed"
 
     real_copy = copy_checkpoint
 

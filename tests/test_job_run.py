@@ -109,9 +109,7 @@ def test_a_stop_reaches_a_driver_of_its_own_without_waiting_for_its_lease_renewa
     assert driver.status == RunStatus.STOPPED
 
 
-def test_a_spread_job_stopped_between_batches_takes_what_arrived_in_a_last_batch(
-    spark, make_job, redis, stream_name
-):
+def test_a_spread_job_stopped_between_batches_takes_what_arrived_in_a_last_batch(spark, make_job, redis, stream_name):
     # a spread job (the shared driver gives it a phase) admits new entries once an interval, at its phase; stopped
     # between two, it runs one more batch at once over what has arrived, so the next run (an upgrade's, a rescale's)
     # starts right after a commit rather than an interval's worth of events behind

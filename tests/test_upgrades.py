@@ -4,14 +4,18 @@ upgrade can be rolled back on request."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from playwright.sync_api import Error as PlaywrightError
 from statekeeper_sdk.compatibility import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
 
 from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus
+from dashboard.services import action_steps, upgrades
+from dashboard.services.action_steps import Next, Wait
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.upgrades import PLAN_KEPT_SECONDS, fresh_preview, plan_code
@@ -124,8 +128,21 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     page = browser_login(live_server.url, "oncall")
     deploys = f"{live_server.url}/jobs/{job.name}/deploys"
 
+    def settled() -> None:
+        """The tab, loaded while its action ran, follows the action and shows itself again as it goes (a preview's
+        verdict) and once it ends."""
+
+        def still_following() -> bool:
+            try:
+                page.wait_for_load_state()
+                return page.locator("[data-action-wait]").count() > 0
+            except PlaywrightError:  # it is showing itself again just now
+                return True
+
+        wait_for(lambda: not still_following(), 120, 0.3, "the tab to show its action's end")
+
     def verdict_shown(text: str) -> bool:
-        page.goto(deploys)
+        settled()
         return text in page.content() and page.locator("[data-verdict]").count() == 1
 
     # Upgrade to an incompatible version: refused before anything stopped, with the preview's verdict on the tab.
@@ -152,7 +169,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     page.get_by_role("button", name="Shadow run").click()
     shadow = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE_SHADOW).latest("id"))
     assert shadow.status == ActionStatus.SUCCEEDED, shadow.outcome
-    page.goto(deploys)
+    settled()
     # each user's row gains "largest" and keeps every other figure; nothing appears or disappears
     assert page.locator("[data-shadow]").get_attribute("data-shadow") == "0/0/3"
     changed = shadow.params["shadow"]["rows"]["changed"]
@@ -169,7 +186,8 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     page.get_by_role("button", name="Preview", exact=True).click()
     preview = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE_PREVIEW).latest("id"))
     assert preview.status == ActionStatus.SUCCEEDED, preview.outcome
-    page.goto(deploys)
+    settled()
+    assert page.locator("[data-plan-proof]").get_attribute("data-plan-proof") == "proven", "and its batch's proof"
     page.select_option("select[name=pipeline]", "user-sessions-v2")
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Upgrade", exact=True).click()
@@ -190,6 +208,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     assert way_back.status == "verified", "Spark read its state after the first batch; the upgrade returned after it"
     phases = [p["step"] for p in upgrade.phases]
     assert phases.index("verify") < phases.index("switch") < phases.index("first-batch")
+    settled()
     page.goto(deploys)
     assert page.locator(f"#deploy-{history[1].id}").count() == 1 and "evolves" in page.content()
     page.screenshot(path=str(tmp_path / "upgraded.png"), full_page=True)
@@ -200,7 +219,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
     back = finished(Action.objects.filter(job=job, kind=ActionKind.UPGRADE_ROLLBACK).latest("id"))
     assert back.status == ActionStatus.SUCCEEDED, back.outcome
     assert switched_to(job, "user-sessions")
-    page.goto(deploys)
+    settled()
     assert page.get_by_role("button", name="Roll back the upgrade").count() == 0, "nothing left to roll back"
 
     job_request_stop(job=job)
@@ -337,6 +356,40 @@ def test_an_upgrade_takes_a_fresh_preview_of_the_same_change_as_its_plan_and_not
 
     Action.objects.filter(id=preview.id).update(finished_at=timezone.now() - timedelta(seconds=PLAN_KEPT_SECONDS + 1))
     assert fresh_preview(upgrade(), "user-sessions-v2") is None, "too old"
+
+
+@pytest.mark.django_db
+def test_a_preview_shows_sparks_verdict_as_it_plans_then_the_batchs_proof(make_job, monkeypatch, as_role):
+    """The reader writes a plan's verdict as Spark plans the re-run batch (its schemas are final then), before the
+    batch runs: the preview shows it at once, and the sentence with the batch's rows once its answer comes."""
+    job = make_job(name="sessions", pipeline="user-sessions", state_backend="rocksdb")
+    action = Action.objects.create(
+        job=job, kind=ActionKind.UPGRADE_PREVIEW, status=ActionStatus.RUNNING, step="plan",
+        params={"pipeline": "user-sessions-v2", "parameters": {}, "from_parameters": {}},
+        memo={"plan_batch": 7, "plan": {"spool": True, "restarts": 0}},
+        phases=[{"step": "plan", "label": "re-run a batch with the new version", "started": timezone.now().isoformat()}],
+    )  # fmt: skip
+    monkeypatch.setattr(action_steps, "state_reader_pid", lambda: 4242)  # a reader has the request in hand
+    wider = schema(events="long", amount="double", largest="double")
+    schemas = {"before": [operator(schema(user="string"), V1)], "after": [operator(schema(user="string"), wider)]}
+    spool = action_steps._spool_file("plan", action, "verdict")
+    spool.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    spool.write_text(json.dumps(schemas | {"seconds": {"before": 0.3, "planned": 1.1, "read": 0.2}}))
+
+    assert isinstance(upgrades._plan(action), Wait), "the batch still runs: the step waits for its answer"
+    early = Action.objects.get(id=action.id).params["plan"]
+    assert early["proven"] is False and [v["verdict"] for v in early["verdicts"]] == [EVOLVES]
+    assert early["summary"].endswith("as Spark planned the replayed batch; its run on the copy is not over yet.")
+    page = as_role("viewer").get(f"/jobs/{job.name}/deploys").content.decode()
+    assert "its run on the copy is not over yet" in page and "added largest" in page, "shown while it runs"
+
+    spool.with_suffix(".answer").write_text(json.dumps(schemas | {"output_rows": 12, "seconds": {"ran": 2.4}}))
+    action.refresh_from_db()
+    assert upgrades._plan(action) == Next("gate")
+    plan = Action.objects.get(id=action.id).params["plan"]
+    assert plan["proven"] is True and plan["summary"].endswith("the replayed batch produced 12 result rows.")
+    assert plan["verdict_at"] == early["verdict_at"] <= plan["proven_at"], "the verdict's time is its first showing"
+    assert not list(spool.parent.glob(f"action-{action.id}-*")), "both answers are gone once read"
 
 
 def unproven_upgrade(job, run, savepoint_batch: int = 3) -> Action:

@@ -293,6 +293,30 @@ def copy_checkpoint(src: Path, dst: Path, upto: int, batch_only: bool = False, r
     return entries
 
 
+SCHEMA_DIRS = ("_metadata", "_stateSchema")  # an operator's metadata and state schema files, beside its partitions
+
+
+def schema_view(root: Path, batch: int, commit: bytes, dst: Path) -> Path:
+    """The state schemas of ``root`` at ``batch`` as Spark has just planned them, for its state reader to read before
+    the batch commits (an upgrade's preview gives its verdict from them as soon as the new version is planned): the
+    query's metadata, the batch's offsets, ``commit`` (the batch's commit file as it was before the re-run) and each
+    operator's metadata and schema files, copied into ``dst`` (made anew); no state, which a schema read does not
+    open. Spark's state schema files name their own paths, which stay readable where they are."""
+    remove_tree(dst)
+    (dst / "offsets").mkdir(parents=True)
+    (dst / "commits").mkdir()
+    shutil.copy2(root / "metadata", dst / "metadata")
+    shutil.copy2(root / "offsets" / str(batch), dst / "offsets" / str(batch))
+    (dst / "commits" / str(batch)).write_bytes(commit)
+    for operator in sorted((root / "state").iterdir()) if (root / "state").is_dir() else []:
+        places = [operator / name for name in SCHEMA_DIRS]
+        places += [part / "_metadata" for part in operator.iterdir() if part.name.isdigit()]
+        for place in places:
+            if place.is_dir():
+                shutil.copytree(place, dst / place.relative_to(root), ignore=shutil.ignore_patterns("*.crc"))
+    return dst
+
+
 def verify_files(root: Path, files: list[dict[str, Any]]) -> list[str]:
     """Problems with the files a manifest lists: missing, wrong size, wrong checksum."""
     problems = []

@@ -40,6 +40,7 @@ def secret_changes(before: dict[str, int], after: dict[str, int]) -> list[str]:
 class UpgradeView:
     targets: list[tuple[str, str]]  # (name, title) of every other registered pipeline
     plan: Action | None  # the newest preview or upgrade with a plan
+    running: Action | None  # the preview, shadow run or upgrade in flight, if any
     shadow: Action | None  # the newest shadow run that finished with a diff
     rollback: Action | None  # the latest succeeded upgrade, while the job still runs its target
     history: list[Action]
@@ -82,6 +83,7 @@ def upgrade_view(job: Job) -> UpgradeView:
     return UpgradeView(
         targets,
         plan,
+        next((a for a in history if a.in_flight), None),
         shadow,
         rollback,
         history,

@@ -554,6 +554,17 @@ def state_read(
     return tool_process(action, f"{key}-process", command, path, number, spec)
 
 
+def state_read_early(action: Action, key: str) -> dict[str, Any] | None:
+    """What the warm reader said of a spooled request before its answer (a plan's verdict, given once Spark has
+    planned the batch and before the batch has run), if it said anything yet."""
+    if not (action.memo.get(key) or {}).get("spool"):
+        return None
+    try:
+        return dict(json.loads(_spool_file(key, action, "verdict").read_text()))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def _read_apart(
     action: Action, key: str, command: str, path: Path, number: int, spec: dict[str, Any] | None,
     fresh_copy: Callable[[], None] | None,
@@ -573,7 +584,8 @@ def _spool_file(key: str, action: Action, kind: str) -> Path:
 def _spool_put(key: str, action: Action, request: dict[str, Any]) -> None:
     target = _spool_file(key, action, "request")
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _spool_file(key, action, "answer").unlink(missing_ok=True)
+    for kind in ("answer", "verdict"):
+        _spool_file(key, action, kind).unlink(missing_ok=True)
     partial = target.with_suffix(".writing")
     partial.write_text(json.dumps(request))
     partial.rename(target)
@@ -588,11 +600,12 @@ def _spool_take(key: str, action: Action) -> dict[str, Any] | None:
     except ValueError as exc:  # written whole by a rename: only a damaged disk gets here
         found = {"error": f"the reader's answer could not be read: {exc}"}
     answer.unlink(missing_ok=True)
+    _spool_file(key, action, "verdict").unlink(missing_ok=True)
     return found
 
 
 def _spool_withdraw(key: str, action: Action) -> None:
-    for kind in ("request", "taken", "answer"):
+    for kind in ("request", "taken", "answer", "verdict"):
         _spool_file(key, action, kind).unlink(missing_ok=True)
 
 

@@ -31,7 +31,7 @@ import logging
 import re
 from contextlib import suppress
 from dataclasses import asdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ from dashboard.services.action_steps import (
     run_up,
     start_once,
     state_read,
+    state_read_early,
     step_seconds,
     stop_step,
     stopped,
@@ -328,16 +329,44 @@ def _plan(action: Action) -> Outcome:
         scratch_cleanup(action, "preview")
         raise
     if result is None:
+        early = state_read_early(action, "plan-2" if full else "plan")
+        if early is not None and "plan" not in action.params:
+            plan = _verdict_plan(action, early, proven=False)
+            remember(action, plan=plan)
+            action_progress(action, f"{plan['summary']}")
+            log.info("preview #%s: verdict at planning, %.2f s after the request", action.id, plan["verdict_seconds"])
         return Wait(f"re-running batch {batch} with {shown} on the scratch copy", 1.0)
     scratch_cleanup(action, "preview")
-    old, new = pipelines.find(job.pipeline), pipelines.get(target)
-    verdicts = compare(result, old, new)
-    bad = any(v.verdict == INCOMPATIBLE for v in verdicts)
-    plan = {"target": target, "batch": batch, "verdicts": [asdict(v) for v in verdicts], "incompatible": bad,
-            "summary": summary(verdicts, shown, batch, int(result.get("output_rows", 0))),
-            "code": plan_code(job.pipeline, target)}  # fmt: skip
+    plan = _verdict_plan(action, result, proven=True)
+    if (early_plan := action.params.get("plan")) and early_plan.get("verdicts") != plan["verdicts"]:
+        if result.get("replay_error"):  # planned, then failed as it ran: the code, or the state it read
+            log.info("preview #%s: the batch failed on the copy after Spark planned it", action.id)
+        else:  # the schema view read other schemas than Spark's reader after the commit: the latter stand
+            log.warning("preview #%s: the schemas after the batch's run differ from those at planning", action.id)
     remember(action, plan=plan)
     return Next("gate")
+
+
+def _verdict_plan(action: Action, result: dict[str, Any], proven: bool) -> dict[str, Any]:
+    """The plan from a re-run's schemas: the verdicts and their sentence, given once Spark has planned the batch
+    (``proven`` False: the batch still runs on the copy, and its answer stands once it has) or after the batch's run.
+    ``verdict_at``: when the first verdict came, which the operator read from then on; ``proven_at``: when the
+    batch's run answered."""
+    job = action.job
+    target = str(action.params.get("pipeline", ""))
+    batch = int(action.memo["plan_batch"])
+    shown = described(target, action.params["from_parameters"], action.params["parameters"])
+    verdicts = compare(result, pipelines.find(job.pipeline), pipelines.get(target))
+    now = timezone.now().isoformat()
+    first = (action.params.get("plan") or {}).get("verdict_at") or now
+    return {
+        "target": target, "batch": batch, "verdicts": [asdict(v) for v in verdicts],
+        "incompatible": any(v.verdict == INCOMPATIBLE for v in verdicts),
+        "summary": summary(verdicts, shown, batch, int(result.get("output_rows", 0)) if proven else None),
+        "code": plan_code(job.pipeline, target), "proven": proven, "verdict_at": first,
+        "verdict_seconds": round((datetime.fromisoformat(first) - action.requested_at).total_seconds(), 3),
+        "seconds": result.get("seconds") or {}, **({"proven_at": now} if proven else {}),
+    }  # fmt: skip
 
 
 def scratch_dir(action: Action, use: str) -> Path:

@@ -218,8 +218,14 @@ def described(pipeline: str, before: dict[str, Any], after: dict[str, Any]) -> s
     return f"{pipeline} ({', '.join(changes)})" if changes else pipeline
 
 
-def summary(verdicts: list[Verdict], shown: str, batch: int, output_rows: int) -> str:
-    """The preview's verdict in a sentence: what is incompatible and why, or that it is compatible at ``batch``."""
+def summary(verdicts: list[Verdict], shown: str, batch: int, output_rows: int | None) -> str:
+    """The preview's verdict in a sentence: what is incompatible and why, or that it is compatible at ``batch``.
+    ``output_rows`` None: the verdict comes from Spark's planning of the replayed batch, which has not finished its
+    run yet (the console shows it so, then the sentence with the batch's rows).
+
+    >>> summary([Verdict("0 agg", "default", COMPATIBLE, "same key and value schema")], "v2", 7, None)
+    'Compatible with v2 at batch 7, as Spark planned the replayed batch; its run on the copy is not over yet.'
+    """
     if bad := [v for v in verdicts if v.verdict == INCOMPATIBLE]:
         return f"Incompatible with {shown}: " + "; ".join(
             f"{' '.join(filter(None, (v.operator, v.variable)))}: {v.reason}" for v in bad
@@ -228,7 +234,11 @@ def summary(verdicts: list[Verdict], shown: str, batch: int, output_rows: int) -
     return (
         f"Compatible with {shown} at batch {batch}"
         + (f" ({evolving} state variable(s) through Spark's schema evolution)" if evolving else "")
-        + f"; the replayed batch produced {output_rows} result rows."
+        + (
+            f"; the replayed batch produced {output_rows} result rows."
+            if output_rows is not None
+            else ", as Spark planned the replayed batch; its run on the copy is not over yet."
+        )
     )
 
 

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,7 @@ def serve(path: Path, idle_seconds: float) -> int:
     served = 0
     last = time.monotonic()
 
-    def read(request: dict[str, Any]) -> dict[str, Any]:
+    def read(request: dict[str, Any], on_verdict: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         nonlocal served, last
         try:
             command = request["command"]
@@ -90,7 +90,9 @@ def serve(path: Path, idle_seconds: float) -> int:
                 raise ValueError(f"the state reader does not answer {command!r}: it runs in a process of its own")
             # a plan runs the pipeline's query: in a session of its own, so its Spark settings stay with it
             where = spark.newSession() if command in SESSION_APART else spark
-            result = answer(where, command, str(request["path"]), int(request["number"]), request.get("spec", {}))
+            result = answer(
+                where, command, str(request["path"]), int(request["number"]), request.get("spec", {}), on_verdict
+            )
         except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
             result = {"stale": str(exc)}
             stale.set()
@@ -157,7 +159,7 @@ def reclaim(spool: Path) -> None:
     for taken in spool.glob("*.taken"):
         with contextlib.suppress(FileNotFoundError):
             taken.rename(taken.with_suffix(".request"))
-    for left in (*spool.glob("*.answer"), *spool.glob("*.partial"), *spool.glob("*.writing")):
+    for left in (*spool.glob("*.answer"), *spool.glob("*.verdict"), *spool.glob("*.partial"), *spool.glob("*.writing")):
         with contextlib.suppress(FileNotFoundError):
             if time.time() - left.stat().st_mtime > ANSWER_KEPT_SECONDS:
                 left.unlink()
@@ -166,7 +168,8 @@ def reclaim(spool: Path) -> None:
 def serve_spool(spool: Path, read: Any) -> bool:
     """Answer the oldest request waiting in the spool, if any: ``NAME.request`` is claimed by a rename to
     ``NAME.taken``, and the answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed
-    mid-request leaves ``NAME.taken``, which the console's step hands back or reads in a process of its own."""
+    mid-request leaves ``NAME.taken``, which the console's step hands back or reads in a process of its own. A plan's
+    verdict at planning, before its batch has run, is written to ``NAME.verdict`` the same way, and its visit sent."""
     try:
         waiting = sorted(spool.glob("*.request"), key=lambda p: p.stat().st_mtime)
     except FileNotFoundError:
@@ -182,7 +185,15 @@ def serve_spool(spool: Path, read: Any) -> bool:
         except (OSError, ValueError) as exc:
             result: dict[str, Any] = {"error": f"the request could not be read: {describe(exc)}"}
         else:
-            result = read(request)
+
+            def verdict(early: dict[str, Any], taken: Path = taken, request: dict[str, Any] = request) -> None:
+                writing = taken.with_suffix(".partial")
+                writing.write_text(json.dumps(early))
+                writing.rename(taken.with_suffix(".verdict"))
+                if isinstance(request, dict) and isinstance(request.get("wake"), dict):
+                    wake(request["wake"])
+
+            result = read(request, verdict)
         partial = taken.with_suffix(".partial")
         partial.write_text(json.dumps(result))
         partial.rename(taken.with_suffix(".answer"))

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,7 @@ from statekeeper_sdk.migration import (
     state_frames,
 )
 
-from dashboard.checkpoint_dir.files import seed_dir, write_lineage
+from dashboard.checkpoint_dir.files import schema_view, seed_dir, write_lineage
 from dashboard.engine.code import newest_change
 from workers.spark.query import JOB_SPEC_FIELDS, JobSpec, start_query
 from workers.spark.session import build_session
@@ -192,27 +194,63 @@ def _scratch_job(spec: dict[str, Any], name: str, checkpoint: str, pipeline: Any
     }))  # fmt: skip
 
 
-def plan(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str, Any]:
+def plan(
+    spark: Any, path: str, batch: int, spec: dict[str, Any], on_verdict: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """Re-run committed batch ``batch`` of a scratch copy with the pipeline at ``spec["reference"]``, from the state
     the batch started with, into a sink that only counts: Spark checks the new code against the old state as a
-    restart would, and writes the state schemas it would use from now on. Returns both sets of schemas."""
+    restart would, and writes the state schemas it would use from now on. Returns both sets of schemas, the batch's
+    output rows and where the time went (``seconds``).
+
+    Spark has checked the state and written its schemas once it has planned the batch, when the sink is called, before
+    the batch runs: ``on_verdict`` is then given the schemas read at that moment (``schema_view``), which are all a
+    verdict needs. The batch's run, which proves the code runs on the state, comes after; the schemas are read again
+    once it has committed, and those stand."""
     root = Path(path)
+    began = time.monotonic()
     before = operator_schemas(spark, path, batch)
+    seconds = {"before": time.monotonic() - began}
+    commit = (root / "commits" / str(batch)).read_bytes()
     pipeline = _load_pipeline(spec["reference"])
     forget_batch(root, batch)  # planned again by the new code, its schemas written again
     job = _scratch_job(spec, f"upgrade-plan-{int(time.time())}", path, pipeline)
     rows: list[int] = []
 
     def count(frame: DataFrame, batch_id: int) -> None:
+        if "planned" not in seconds:
+            seconds["planned"] = time.monotonic() - began
+            if on_verdict is not None:
+                _early_verdict(spark, root, batch, commit, before, pipeline.output_mode, seconds, on_verdict)
         rows.append(frame.count())
 
     error = replayed(start_query(spark, job, pipeline, count), root, batch, float(spec.get("timeout", 600)))
+    seconds["ran"] = time.monotonic() - began
     result: dict[str, Any] = {"before": before, "output_rows": sum(rows), "output_mode": pipeline.output_mode}
     if error:
         result["replay_error"] = error
     else:
         result["after"] = operator_schemas(spark, path, batch)
-    return result
+    seconds["after"] = time.monotonic() - began
+    return result | {"seconds": {k: round(v, 3) for k, v in seconds.items()}}
+
+
+def _early_verdict(
+    spark: Any, root: Path, batch: int, commit: bytes, before: list[dict[str, Any]], output_mode: str,
+    seconds: dict[str, float], on_verdict: Callable[[dict[str, Any]], None],
+) -> None:  # fmt: skip
+    """The schemas Spark has just planned ``batch`` with, read from a view of the copy's schema files, to
+    ``on_verdict``; nothing when they cannot be read so (the answer after the batch's run gives the verdict then)."""
+    view = root.with_name(f"{root.name}.schemas")
+    began = time.monotonic()
+    try:
+        after = operator_schemas(spark, schema_view(root, batch, commit, view), batch)
+        on_verdict({"batch": batch, "before": before, "after": after, "output_mode": output_mode,
+                    "seconds": {**{k: round(v, 3) for k, v in seconds.items()},
+                                "read": round(time.monotonic() - began, 3)}})  # fmt: skip
+    except Exception as exc:  # the verdict then waits for the batch's run
+        print(f"no verdict at planning ({describe(exc)}): it comes after the batch's run", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
 
 
 class StaleCode(Exception):
@@ -379,9 +417,12 @@ def checkpoint_format(root: Path) -> int:
 READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate", "repartition")
 
 
-def answer(spark: Any, command: str, path: str, number: int, spec: dict[str, Any]) -> dict[str, Any]:
+def answer(
+    spark: Any, command: str, path: str, number: int, spec: dict[str, Any],
+    on_verdict: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """One command on one checkpoint, read (and re-run) in the format it was written in: the memory store refuses
-    format 2."""
+    format 2. ``on_verdict``: a plan's verdict at planning, before the batch's run (see ``plan``)."""
     spark.conf.set(FORMAT_VERSION, str(checkpoint_format(Path(path))))
     if command == "verify":
         return {"operators": state_counts(spark, path, number)}
@@ -390,7 +431,7 @@ def answer(spark: Any, command: str, path: str, number: int, spec: dict[str, Any
     if command == "inspect":
         return {"batch": number, **inspect(spark, path, number, spec)}
     if command == "plan":
-        return {"batch": number, **plan(spark, path, number, spec)}
+        return {"batch": number, **plan(spark, path, number, spec, on_verdict)}
     if command == "shadow":
         return {"batch": number, **shadow(spark, path, number, spec)}
     if command == "migrate":
