@@ -8,7 +8,8 @@ Attaches to the running console (its database, Redis and Celery worker; nothing 
 demo jobs that wait to be started, and adds one job with a driver of its own (``demo-bench-own``: user-sessions-timed
 on RocksDB, reading the producer's ``events:sessions``), removed at the end. Then, on the real stack:
 
-- upgrade previews of each demo job, the first one apart (it may start the state reader): request → verdict;
+- upgrade previews of each demo job, the first one apart (it may start the state reader): request → verdict (shown
+  once Spark has planned the new version on the copy), and request → done (the batch's run that proves it);
 - savepoint upgrades (a parameter change, back and forth), of ``spend-rocksdb`` in the shared driver and of the job
   with a driver of its own: request → the new run's first committed batch, and the output gap (the old run's last
   committed batch to the new run's first, each its trigger time plus its duration);
@@ -149,12 +150,16 @@ def previews(jobs: list[Job], rounds: int) -> tuple[dict[str, Any], list[dict[st
         for job in jobs:
             action = finished(request(job, ActionKind.UPGRADE_PREVIEW, {"pipeline": PREVIEW_TO[job.name]}))
             row = outcome(job, action, None)
+            # the verdict shows once Spark has planned the batch (or, refused, once it failed); done after its run
+            row["verdict"] = float(action.params["plan"].get("verdict_seconds", row["done"]))
             if not first:
                 first = row
-                print(f"  the first preview ({job.name}): {row['done']:.2f} s", flush=True)
+                print(f"  the first preview ({job.name}): verdict {row['verdict']:.2f} s, done {row['done']:.2f} s",
+                      flush=True)  # fmt: skip
                 continue
             rows.append(row)
-        print(f"  preview round {n + 1}: " + ", ".join(f"{r['done']:.2f}" for r in rows[-len(jobs) :]), flush=True)
+        print(f"  preview round {n + 1} (verdict/done): "
+              + ", ".join(f"{r['verdict']:.2f}/{r['done']:.2f}" for r in rows[-len(jobs) :]), flush=True)  # fmt: skip
     return first, rows
 
 
@@ -291,8 +296,11 @@ def main() -> None:
     print(f"\n{os.cpu_count()} cores; load average at the end {os.getloadavg()[0]:.1f}\n")
     print("| measure | n | each | median | p95 | target |\n|---|---:|---|---:|---:|---|")
     if first:
-        print(f"| the first preview ({first['job']}) | 1 | {first['done']:.2f} | – | – | ≤ 10 s |")
-    print(summary("upgrade preview: request → verdict", preview_rows, "done", "≤ 3 s p95"))
+        print(
+            f"| the first preview ({first['job']}): request → verdict | 1 | {first['verdict']:.2f} | – | – | ≤ 10 s |"
+        )
+    print(summary("upgrade preview: request → verdict", preview_rows, "verdict", "≤ 3 s p95"))
+    print(summary("… request → its batch's proof (the preview done)", preview_rows, "done", "–"))
     print(summary("savepoint upgrade, shared driver: request → first batch", upgrades, "first_batch", "≤ 8 s"))
     print(summary("… its output gap", upgrades, "gap", "≤ 3 s"))
     print(summary("savepoint upgrade, own driver: request → first batch", own_upgrades, "first_batch", "≤ 8 s"))

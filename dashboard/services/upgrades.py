@@ -333,8 +333,9 @@ def _plan(action: Action) -> Outcome:
         if early is not None and "plan" not in action.params:
             plan = _verdict_plan(action, early, proven=False)
             remember(action, plan=plan)
-            action_progress(action, f"{plan['summary']}")
             log.info("preview #%s: verdict at planning, %.2f s after the request", action.id, plan["verdict_seconds"])
+        if "plan" in action.params:
+            return Wait(f"Spark's verdict is in; batch {batch} runs on the scratch copy to prove it", 1.0)
         return Wait(f"re-running batch {batch} with {shown} on the scratch copy", 1.0)
     scratch_cleanup(action, "preview")
     plan = _verdict_plan(action, result, proven=True)
