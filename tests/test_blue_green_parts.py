@@ -5,6 +5,7 @@ that drive it (the whole upgrade, with kills, runs in tests/test_blue_green.py, 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -19,6 +20,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from dashboard.engine.sinks import Fenced, FileLog
 from dashboard.models import Action, ActionKind, ActionStatus, GreenBatch, ResultRow, ResultUndo, Run, RunStatus
 from dashboard.selectors.jobs import job_lag_status
+from dashboard.services import blue_green
+from dashboard.services.action_steps import Next, Wait
 from dashboard.services.blue_green import (
     action_rules,
     green_committed_lag,
@@ -26,9 +29,10 @@ from dashboard.services.blue_green import (
     handover_point,
     rules_problems,
 )
+from tests.conftest import wait_for
 from tests.support import visits_sent
 from tests.test_api import call, token  # noqa: F401  (a fixture)
-from workers.green import GreenRecorder, GreenState, blue_output, diff
+from workers.green import GreenRecorder, GreenState, blue_output, diff, wait_for_fork
 from workers.spark.sources.redis_streams import BatchFollower, RedisStreamReader
 
 
@@ -236,6 +240,57 @@ def test_green_takes_over_before_the_jobs_newest_batch_unless_its_writer_began_t
     assert state.decide(9) == (RunStatus.RUNNING, 5, 8), "the job's batch, written with the handover's token"
     assert state.decide(8) == (RunStatus.RUNNING, 5, 8), "a replay of 8 after a restart: the writer shadows it"
     assert Run.objects.get(id=run.id).green["shadowing"] == 8, "nothing recorded for the job's batches"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_greens_driver_of_its_own_starts_before_the_savepoint_and_green_forks_the_jobs_newest_batch(
+    make_job, monkeypatch
+):
+    """A driver of its own takes a JVM's start (30-40 s on a busy host): started after the fork, green began that far
+    behind the job and caught up only as fast as its batches were shorter than the interval (989 s once). Its driver
+    now starts first and waits with its Spark up; the savepoint it forks from is then of the job's newest batch, and
+    the same driver runs green on it."""
+    job = make_job(name="own", driver="own", pipeline="user-sessions", state_backend="rocksdb")
+    blue = job.directory / job.checkpoint_dir
+    for batch in range(4):
+        commit_file(blue, batch)
+    spawned: list[int] = []
+    monkeypatch.setattr(blue_green, "spawn_driver", lambda run: spawned.append(run.id) or os.getpid())  # alive
+    plan = {"target": "user-sessions", "batch": 3, "verdicts": [], "incompatible": False, "summary": "fine"}
+    action = Action.objects.create(
+        job=job, kind=ActionKind.BLUE_GREEN, status=ActionStatus.RUNNING, step="boot",
+        params={"pipeline": "user-sessions", "parameters": {"x": 1}, "plan": plan, "bg_batch": 3},
+        phases=[{"step": "boot", "label": "start green's driver of its own", "started": timezone.now().isoformat()}],
+    )  # fmt: skip
+    assert blue_green._boot(action) == Next("booted")
+    run = blue_green.green_run(action)
+    assert run is not None and run.green["boot"] is True and spawned == [run.id], "its driver started, no fork yet"
+    assert isinstance(blue_green._booted(action), Wait), "the savepoint waits for green's Spark"
+
+    told: list[bool] = []
+    driver = threading.Thread(target=lambda: told.append(wait_for_fork(run.id, job.id)))
+    driver.start()
+    for batch in (4, 5):
+        commit_file(blue, batch)  # the job ran on meanwhile
+    wait_for(lambda: Run.objects.get(id=run.id).green.get("up"), 10, 0.05, "green's driver to say it is up")
+    assert blue_green._booted(action) == Next("savepoint")
+    assert action.params["bg_batch"] == 5, "the savepoint, and so green's fork, is of the job's newest batch"
+
+    blue_green.remember(action, fork=blue_green.fork_name(action, "green"), follow=str(blue))  # its fork (not run here)
+    assert blue_green._green_start(action) == Next("follow")
+    driver.join(10)
+    assert told == [True] and spawned == [run.id], "the same driver runs green: no second start"
+    green = Run.objects.get(id=run.id).green
+    assert green["go"] and green["fork"] == blue_green.fork_name(action, "green") and green["parameters"] == {"x": 1}
+
+    # aborted while its driver waits: the driver ends without running anything
+    Run.objects.filter(id=run.id).update(green={**green, "go": None})
+    waiting = threading.Thread(target=lambda: told.append(wait_for_fork(run.id, job.id)))
+    waiting.start()
+    wait_for(lambda: waiting.is_alive(), 5, 0.05)
+    Run.objects.filter(id=run.id).update(status=RunStatus.STOPPED)
+    waiting.join(10)
+    assert told == [True, False]
 
 
 def test_the_promotion_rules():

@@ -583,6 +583,9 @@ def main(argv: list[str]) -> int:
         run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Refused: {refusal}")
         spark_stop(spark)
         return 1
+    if is_green and run.green.get("boot") and not green.wait_for_fork(run_id, job.id):
+        spark_stop(spark)  # aborted before its fork was made, or never told
+        return 0
     driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts, lean=True, reusable=not is_green)
     if is_green:  # once it took over, the job's lock, after the fenced driver let go of it
         driver.on_live = lambda: threading.Thread(

@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 from pyspark.sql import DataFrame
 from statekeeper_sdk import Pipeline, Rejected
 
@@ -34,6 +36,37 @@ from workers.sink import CHUNK, _storable, output_rows, persisted, results_rows
 
 log = logging.getLogger("statekeeper.green")
 SAMPLES = 5  # rows that differ kept per batch, to show
+
+
+BOOT_WAIT_SECONDS = 1800  # green's driver of its own, up before its fork, waits this long for the upgrade's word
+
+
+def wait_for_fork(run_id: int, job_id: int) -> bool:
+    """Green's driver of its own, started before the savepoint its fork is made from (the console's ``_boot``): say
+    its Spark is up (``green["up"]``, and wake the upgrade's step), then wait for the word to start (``green["go"]``,
+    with the fork and what it runs): True then; False when the run is no longer green (aborted) or no word came in
+    BOOT_WAIT_SECONDS (the run is then failed with the reason)."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(id=run_id, status=RunStatus.GREEN).first()
+        if run is None:
+            return False
+        run.green = {**run.green, "up": timezone.now().isoformat()}
+        run.save(update_fields=["green"])
+    job_actions_wake(job_id)
+    log.info("green run %s: Spark is up; waiting for the fork to start on", run_id)
+    deadline = time.monotonic() + BOOT_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        row = Run.objects.filter(id=run_id).values_list("status", "green").first()
+        if row is None or row[0] != RunStatus.GREEN:
+            return False
+        if (row[1] or {}).get("go"):
+            return True
+        time.sleep(0.1)
+    Run.objects.filter(id=run_id, status=RunStatus.GREEN).update(
+        status=RunStatus.FAILED, ended_at=timezone.now(),
+        message=f"Green's driver was up and waited {BOOT_WAIT_SECONDS} s for its fork; the upgrade never said.",
+    )  # fmt: skip
+    return False
 
 
 def is_the_jobs(state: tuple[str, int, int | None], batch_id: int) -> bool:

@@ -8,7 +8,8 @@ without stopping its output, and hand over at a committed batch with every sink 
    numbered one ahead of blue's from then on: green's K+2 runs blue's K+1, and its checkpoint's lineage base is one
    less, so the sinks number it K+1 too), and Spark's state reader checks that it loads.
 3. Green, the new version, starts on the fork beside blue: in the shared driver for a job that runs there, else in a
-   driver of its own. Its source follows blue's checkpoint: green's batch K+1 reads exactly blue's batch K+1's offsets
+   driver of its own, which is started before step 2 and waits with its Spark up, so that the fork is of blue's
+   newest batch rather than one a JVM's start old. Its source follows blue's checkpoint: green's batch K+1 reads exactly blue's batch K+1's offsets
    once blue committed it, and so on (workers/green.py). Green writes no sink; each of its batches is compared with
    what blue wrote for the same batch (rows added, removed, changed), shown live on the job's page.
 4. The handover, on the operator's word or by itself when green is caught up and the diff passes the rules given,
@@ -93,6 +94,7 @@ CATCH_UP_WAIT_SECONDS = 1200  # how long a promotion waits for green to come wit
 EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
 BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
 GREEN_RESTART_SECONDS = 120  # green dead after the handover, no run of the job this long: the upgrade failed
+BOOT_WAIT_SECONDS = 300  # green's driver of its own gets this long to start before the savepoint it forks from
 
 
 # -- what the page and the API show --------------------------------------------------------------------------------
@@ -250,7 +252,7 @@ def _gate(action: Action) -> Next:
     if batch is None:
         raise ActionFailed(f"{job.name} has not committed a batch yet; nothing to start the new version from.")
     remember(action, was_running=True, bg_batch=batch, blue_run=blue.id)
-    return Next("savepoint")
+    return Next("boot")
 
 
 def memory_refusal(job: Job, blue: Run) -> str:
@@ -374,9 +376,18 @@ def _check_state(action: Action) -> Outcome:
     return Next("green")
 
 
-def _green_start(action: Action) -> Next:
-    """Start green (once per attempt): a run of status green, in the shared driver the job runs in, or a driver of
-    its own."""
+def _green_values(action: Action) -> dict[str, Any]:
+    """What green's run says its driver runs: the new version, on the fork, following the job's checkpoint."""
+    job = action.job
+    return {"action": action.id, "fork": fork_name(action, "green"), "follow": str(job.directory / job.checkpoint_dir),
+            "pipeline": action.params["plan"]["target"], "parameters": action.params["parameters"],
+            "partitions": partitions_to(action) or job.state_partitions,
+            "shift": int(action.params.get("shift") or 0)}  # fmt: skip
+
+
+def _green_create(action: Action, **green: Any) -> Run:
+    """A run of status green (once per attempt, at most GREEN_STARTS), in the shared driver the job runs in or a
+    driver of its own, started."""
     job = action.job
     starts = int(action.memo.get("green_starts", 0))
     if starts >= GREEN_STARTS:
@@ -387,10 +398,7 @@ def _green_start(action: Action) -> Next:
     with transaction.atomic():
         run = Run.objects.create(
             job=job, status=RunStatus.GREEN, requested_by=action.requested_by, host=settings.HOST_ID,
-            green={"action": action.id, "fork": action.params["fork"], "follow": action.params["follow"],
-                   "pipeline": action.params["plan"]["target"], "parameters": action.params["parameters"],
-                   "partitions": partitions_to(action) or job.state_partitions,
-                   "shift": int(action.params.get("shift") or 0)},
+            green=_green_values(action) | green,
         )  # fmt: skip
         run.job = job
         for name, value in own_driver_settings(run).items():
@@ -404,6 +412,56 @@ def _green_start(action: Action) -> Next:
         Run.objects.filter(id=run.id).update(pid=spawn_driver(run))
     memo_save(action, green_starts=starts + 1)
     remember(action, green_run=run.id)
+    return run
+
+
+def _boot(action: Action) -> Next:
+    """A job with a driver of its own: green's driver is started before the savepoint it forks from, and waits with
+    its Spark up (``workers.driver.wait_for_fork``), so that green starts on a fork of the job's newest batch instead of
+    one a JVM's start old (30-40 s on a busy host, which green caught up on only as fast as its batches were shorter
+    than the interval). A shared driver's green starts in seconds: it needs none."""
+    if shares_driver(action.job):
+        return Next("savepoint")
+    if not action.params.get("green_run"):  # a step run again after its worker died has started it already
+        run = _green_create(action, boot=True)
+        action_progress(action, f"green run #{run.id}: its driver starts (its JVM, then Spark) before the savepoint")
+    return Next("booted")
+
+
+def _booted(action: Action) -> Outcome:
+    """Once green's driver says its Spark is up (or it went away: green is started anew after the fork, or its start
+    takes longer than BOOT_WAIT_SECONDS: the fork is made, and green starts on it when it is up), the savepoint of the
+    job's newest batch, which green forks from."""
+    job = action.job
+    run = green_run(action)
+    assert run is not None
+    if why := _green_gone(run):
+        memo_save(action, green_ended=why)
+        Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(status=RunStatus.FAILED, message=why[:2000],
+                                                                    ended_at=timezone.now())  # fmt: skip
+    elif not run.green.get("up") and step_seconds(action) < BOOT_WAIT_SECONDS:
+        return Wait(f"green run #{run.id}: its driver starts (its JVM, then Spark) before the savepoint", 0.5)
+    if (batch := blue_last(job)) is not None:
+        remember(action, bg_batch=batch)
+    return Next("savepoint")
+
+
+def _green_start(action: Action) -> Next:
+    """Start green (once per attempt): a run of status green, in the shared driver the job runs in, or a driver of
+    its own; or, when its driver started before the savepoint (``_boot``) and waits, tell it what to run."""
+    run = green_run(action)
+    if run is not None and run.green.get("boot") and run.status == RunStatus.GREEN:
+        if not (why := _green_gone(run)):
+            with transaction.atomic():
+                locked = Run.objects.select_for_update().get(id=run.id)
+                locked.green = {**locked.green, **_green_values(action), "go": timezone.now().isoformat()}
+                locked.save(update_fields=["green"])
+            action_progress(action, f"green run #{run.id} starting on {action.params['fork']}, its driver up already")
+            return Next("follow")
+        memo_save(action, green_ended=why)
+        Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(status=RunStatus.FAILED, message=why[:2000],
+                                                                    ended_at=timezone.now())  # fmt: skip
+    run = _green_create(action)
     action_progress(action, f"green run #{run.id} starting on {action.params['fork']}")
     return Next("follow")
 
@@ -649,6 +707,8 @@ BLUE_GREEN_STEPS: Steps = {
     "what": ("what changes", _what),
     **plan_steps(),
     "gate": ("refuse an incompatible change", _gate),
+    "boot": ("start green's driver of its own", _boot),
+    "booted": ("green's driver starts", _booted),
     **savepoint_steps("before-upgrade", then="fork", batch=lambda action: action.params["bg_batch"]),
     "fork": ("fork the savepoint for green", _mirroring(_fork)),
     "repartition": ("a rescale: repartition green's fork", _mirroring(_repartition)),
