@@ -52,6 +52,7 @@ from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.python_daemons import end_start_daemons
 from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_after, jvm_exit_code, lean_jvm
+from workers.warm_query import WarmQuery
 
 log = logging.getLogger("statekeeper.driver")
 FENCED_EXIT_SECONDS = 5  # a driver that lost its lease is gone this long after it notices, whatever hangs
@@ -583,7 +584,7 @@ def main(argv: list[str]) -> int:
         run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Refused: {refusal}")
         spark_stop(spark)
         return 1
-    if is_green and run.green.get("boot") and not green.wait_for_fork(run_id, job.id):
+    if is_green and run.green.get("boot") and not _green_booted(spark, job, run):
         spark_stop(spark)  # aborted before its fork was made, or never told
         return 0
     driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts, lean=True, reusable=not is_green)
@@ -619,6 +620,27 @@ def main(argv: list[str]) -> int:
     spark_stop(spark)
     _let_go(held)
     return 0 if status == RunStatus.STOPPED else 1
+
+
+def _green_booted(spark: Any, job: Job, run: Run) -> bool:
+    """Green's driver of its own, started before the savepoint it forks from: the new version's query warmed up on
+    generated events first (a first query in a new JVM took 40 s for its first batch on a busy host, which green then
+    had to catch up on), then the wait for the fork (``green.wait_for_fork``). Whether to run green."""
+    job.parameters = run.green["parameters"]
+    warm = None
+    try:
+        warm = WarmQuery(spark, job, f"green-{run.id}")
+        warm.start()
+    except Exception as exc:  # green runs all the same, its first batch cold
+        log.warning("green run %s: the warm-up failed (%s); green's first batch runs cold", run.id, exc)
+    try:
+        return green.wait_for_fork(run.id, job.id)
+    finally:
+        if warm is not None:
+            try:
+                warm.stop()
+            except Exception as exc:
+                log.warning("green run %s: its warm query did not stop cleanly: %s", run.id, exc)
 
 
 def _run_next(spark: Any, driver: JobDriver, master: str, held: list[Any]) -> str:
