@@ -5,6 +5,7 @@ the successor's first batch runs that code cold."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -36,6 +37,24 @@ def test_an_incremental_jobs_warm_up_restarts_on_a_snapshot_and_a_change_file(sp
     finally:
         warm.stop()
     assert not warm.scratch.exists(), "its scratch checkpoint removed"
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("spark_settings_kept")
+def test_a_warm_up_of_a_pipeline_with_processing_time_timers_ends_once_its_batches_have_read(spark, make_job, redis):
+    """Such a plan runs a batch at every trigger, new data or not: Spark's ``processAllAvailable`` waits for a trigger
+    that runs none, and never returned, so a standby (or green's driver of its own) for such a job never warmed up."""
+    job: Job = make_job(pipeline="user-sessions-timed", state_backend="rocksdb", parallelism=1)
+    warm = WarmQuery(spark, job, "test-timers")
+    warming = threading.Thread(target=warm.start, daemon=True)
+    try:
+        warming.start()
+        warming.join(240)
+        assert not warming.is_alive(), "the warm-up did not end"
+        assert warm.query.isActive and any(p.numInputRows > 0 for p in warm.query.recentProgress), "its batch read"
+    finally:
+        warm.stop()
 
 
 def planner_processes() -> set[int]:

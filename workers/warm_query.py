@@ -22,6 +22,7 @@ from workers.spark.sources.redis_streams import PlannerPing
 
 log = logging.getLogger(__name__)
 KEEP_WARM_SECONDS = 40.0  # + the warm query's trigger (5 s): inside Spark's 60 s idle timeout for a Python worker
+WARM_BATCH_SECONDS = 180.0  # a warm-up's batch gets this long (a first one in a new JVM: 40 s on a busy host)
 
 
 class WarmQuery:
@@ -80,8 +81,21 @@ class WarmQuery:
                 self.query.stop()
             self.feed()
             self.query = start_query(self.spark, replace(self.spec, backend=backend), self.pipeline, consume)
-            self.query.processAllAvailable()
+            self._read_once(self.query)
         self.ping_planner()
+
+    def _read_once(self, query: Any) -> None:
+        """Until the query has committed a batch that read the events fed it, or WARM_BATCH_SECONDS. Not
+        ``processAllAvailable``: it waits for a trigger that runs no batch, and a plan with a processing-time clock
+        (timers, TTL) runs one at every trigger, so it never returned for such a pipeline."""
+        deadline = time.monotonic() + WARM_BATCH_SECONDS
+        while time.monotonic() < deadline and query.isActive:
+            if any(progress.numInputRows > 0 for progress in query.recentProgress):
+                return
+            time.sleep(0.2)
+        if (failure := query.exception()) is not None:
+            raise RuntimeError(f"the warm query failed: {failure}")
+        log.warning("%s: the warm query read nothing in %s s; warmed as far as it got", self.tag, WARM_BATCH_SECONDS)
 
     def ping_planner(self) -> None:
         """Read PlannerPing: Spark's Python processes that create a stream source and plan its reads stay alive. It
