@@ -17,6 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from dashboard.checkpoint_dir.files import handed_over_after, mark_handed_over
 from dashboard.engine.sinks import Fenced, FileLog
 from dashboard.models import Action, ActionKind, ActionStatus, GreenBatch, ResultRow, ResultUndo, Run, RunStatus
 from dashboard.selectors.jobs import job_lag_status
@@ -291,6 +292,31 @@ def test_greens_driver_of_its_own_starts_before_the_savepoint_and_green_forks_th
     Run.objects.filter(id=run.id).update(status=RunStatus.STOPPED)
     waiting.join(10)
     assert told == [True, False]
+
+
+def test_the_console_and_greens_driver_write_the_handover_file_at_once_without_failing(tmp_path):
+    """Both write it as the handover comes (the console's step, green's driver as it goes live): each through a
+    temporary file of its own, where one name for both made one writer's rename fail, and with it the upgrade's step
+    after the handover (seen on the demo stack)."""
+    fork = tmp_path / "job" / "checkpoint-green-4"
+    fork.mkdir(parents=True)
+    errors: list[BaseException] = []
+
+    def write(batch: int) -> None:
+        try:
+            for _ in range(200):
+                (fork.parent / f"{fork.name}.handover").unlink(missing_ok=True)
+                mark_handed_over(fork, batch)
+        except BaseException as exc:  # noqa: BLE001 - what the test is about
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write, args=(7,)) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert errors == [] and handed_over_after(fork) == 7
+    assert sorted(p.name for p in fork.parent.iterdir()) == [fork.name, f"{fork.name}.handover"], "no temporary file"
 
 
 def test_the_promotion_rules():

@@ -346,6 +346,17 @@ def entries_json(entries: list[FileEntry]) -> list[dict[str, Any]]:
     return [asdict(e) for e in entries]
 
 
+def write_whole(path: Path, data: bytes) -> None:
+    """Write ``path`` so that a reader finds it whole or not at all, through a temporary file of this writer's own
+    (two processes writing the same file at once each rename their own: the last one stands)."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        scratch.write_bytes(data)
+        scratch.replace(path)
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -387,9 +398,7 @@ def mirror_committed(blue: Path, mirror: Path, since: int) -> int:
             except FileNotFoundError:  # purged meanwhile: it stays missing, as it would have been without a mirror
                 break
             (mirror / log).mkdir(parents=True, exist_ok=True)
-            scratch = mirror / log / f".{batch}.tmp"
-            scratch.write_bytes(text)
-            scratch.replace(mirror / log / str(batch))
+            write_whole(mirror / log / str(batch), text)
         else:
             copied += 1
     return copied
@@ -398,10 +407,8 @@ def mirror_committed(blue: Path, mirror: Path, since: int) -> int:
 def mark_handed_over(checkpoint: Path, batch: int) -> None:
     """Write the handover file: the old version's last committed batch, after which the new version writes."""
     path = handover_file(checkpoint)
-    if handed_over_after(checkpoint) != batch:
-        scratch = path.with_name(f".{path.name}.tmp")
-        scratch.write_text(json.dumps({"after_batch": batch, "at": time.time()}))
-        scratch.replace(path)
+    if handed_over_after(checkpoint) != batch:  # the console and green's driver both write it, maybe at once
+        write_whole(path, json.dumps({"after_batch": batch, "at": time.time()}).encode())
 
 
 def handed_over_after(checkpoint: Path) -> int | None:
@@ -424,10 +431,7 @@ def write_lineage(checkpoint: Path, base: int, **about: Any) -> None:
     state migration or an empty-state upgrade continues the sinks' history rather than rewinding it. Inside the
     checkpoint directory, so a savepoint, a restore and a blue/green fork of the new line keep it."""
     checkpoint.mkdir(parents=True, exist_ok=True)
-    path = checkpoint / LINEAGE
-    scratch = path.with_name(f".{path.name}.tmp")
-    scratch.write_text(json.dumps({"base": int(base), **about}, sort_keys=True, default=str))
-    scratch.replace(path)
+    write_whole(checkpoint / LINEAGE, json.dumps({"base": int(base), **about}, sort_keys=True, default=str).encode())
 
 
 def lineage(checkpoint: Path) -> dict[str, Any]:
