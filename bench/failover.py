@@ -55,8 +55,9 @@ from django.utils import timezone  # noqa: E402
 
 from bench import busy  # noqa: E402
 from bench.busy import start_worker  # noqa: E402
+from bench.figures import first_commit_after, warm_spare  # noqa: E402
 from bench.operator_actions import backlog, bench_job, kill_processes, produce, tear_down  # noqa: E402
-from dashboard.models import Checkpoint, DriverHost, HostStatus, Job, RunStatus, StandbyStatus  # noqa: E402
+from dashboard.models import Checkpoint, DriverHost, Job, RunStatus, StandbyStatus  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from dashboard.services.standby import LIVE  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
@@ -80,28 +81,11 @@ def live_point_at(client: Any, run_id: int, since_ms: int) -> float:
 STAGES = ("latest_offset", "query_planning", "add_batch", "wal_commit", "commit_offsets")
 
 
-def warm_spare() -> DriverHost:
-    return wait_for(
-        lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__contains="; warm for").first(),
-        300, 0.2, "a spare shared driver with its warm queries",
-    )  # fmt: skip
-
-
 def batches_after_first(run: Any, count: int) -> list[Checkpoint] | None:
     """The ``count`` batches the run committed after its first, once it has: the steady batches a first one is
     compared with."""
     batches = list(Checkpoint.objects.filter(run=run).order_by("batch_id")[1 : count + 1])
     return batches if len(batches) == count else None
-
-
-def first_commit_after(job: Job, run_id: int) -> float:
-    """When a later run of the job than ``run_id`` committed its first batch (a record's committed_at is its trigger's
-    start: the commit is its duration later), in seconds since the epoch."""
-    first = wait_for(
-        lambda: Checkpoint.objects.filter(job=job, run_id__gt=run_id).order_by("run_id", "batch_id").first(),
-        180, 0.05, f"{job.name}'s first batch after the crash",
-    )  # fmt: skip
-    return first.committed_at.timestamp() + first.duration_ms / 1000
 
 
 def one_failover(job: Job, client: Any, ready_for: float, beside: Sequence[Job] = ()) -> dict[str, float]:
