@@ -4,7 +4,8 @@ twenty thousand), parsed and verified once into an archive on disk that every la
 Each driver, standby, spare, state reader and test session is a JVM of its own, and on this project's hosts a JVM's
 start is most of a cold start: 7.5–8.6 s to a SparkSession and 3.3–4.4 s more to its first job on an idle 2-core host,
 against 5.1–5.2 s and 1.7–2.1 s with the archive (docs/benchmarks.md). The archive is mapped read-only, so the
-JVMs of one host also share its pages rather than each holding its own copy of the classes' metadata.
+JVMs of one host also share its pages rather than each holding its own copy of the classes' metadata (mapped where it
+was written: ``AT_ITS_ADDRESS``).
 
 It is a dynamic archive of the JDK's (``-XX:ArchiveClassesAtExit``), made once per JDK, pyspark and class path by
 ``python -m workers.spark.make_class_archive`` (the set-up scripts run it): a JVM started through ``build_session`` runs a
@@ -56,9 +57,24 @@ def archive_path() -> Path | None:
     return None if key is None else ARCHIVE_DIR / f"spark-{key}.jsa"
 
 
+# Debian's JDK 17 maps an archive at an address of its own choosing (ArchiveRelocationMode 1, for address-space
+# randomization) and then patches every pointer in it: each JVM's copy becomes private (133 MB of the 167 MB archive,
+# measured in each of the demo stack's JVMs), and nothing is shared. Mode 0 maps it where it was written, relocating
+# only when that address is taken: its read-only part stays shared by every JVM of the host.
+AT_ITS_ADDRESS = "-XX:+UnlockDiagnosticVMOptions -XX:ArchiveRelocationMode=0"
+
+
+def _switched_off(name: str) -> bool:
+    return os.environ.get(name, "on").strip().lower() in ("0", "off", "false", "no")
+
+
 def archive_options() -> str:
-    """The JVM options that map the archive, when it has been made and is not switched off; else empty."""
-    if os.environ.get("STATEKEEPER_CLASS_ARCHIVE", "on").strip().lower() in ("0", "off", "false", "no"):
+    """The JVM options that map the archive, when it has been made and is not switched off; else empty.
+    ``STATEKEEPER_CLASS_ARCHIVE_SHARED=off`` keeps the JDK's randomized address (each JVM then holds its own copy)."""
+    if _switched_off("STATEKEEPER_CLASS_ARCHIVE"):
         return ""
     path = archive_path()
-    return f"-XX:SharedArchiveFile={path} -Xshare:auto {QUIET}" if path is not None and path.is_file() else ""
+    if path is None or not path.is_file():
+        return ""
+    shared = "" if _switched_off("STATEKEEPER_CLASS_ARCHIVE_SHARED") else f" {AT_ITS_ADDRESS}"
+    return f"-XX:SharedArchiveFile={path} -Xshare:auto{shared} {QUIET}"
