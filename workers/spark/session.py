@@ -11,6 +11,7 @@ from typing import Any
 from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError
 from pyspark.sql import SparkSession
 
+from workers.spark import testing_stand_in
 from workers.spark.class_archive import archive_options
 from workers.spark.quiet_files import QUIET_LOCAL, QUIET_RAW_LOCAL, quiet_files_conf
 from workers.spark.worker_daemon import MODULE as WORKER_DAEMON
@@ -238,6 +239,7 @@ def build_session(
 ) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    testing_stand_in.install()  # pandas, numpy and pyarrow only in a driver whose pipeline uses them
     conf = {
         "spark.sql.shuffle.partitions": str(partitions),
         "spark.sql.streaming.minBatchesToRetain": str(batches_retained),
