@@ -12,11 +12,14 @@ import re
 import signal
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models import F
+from django.utils import timezone
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from statekeeper_sdk import apply
 
@@ -26,7 +29,7 @@ from dashboard.services.hosts import spare_warms
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
 from tests.conftest import DriverThread, read_through, send_events, wait_for
 from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
-from workers.host import SharedDriver, phase_gap, spread_phase
+from workers.host import STANDBY_FIRST_SECONDS, SharedDriver, phase_gap, spread_phase
 from workers.spark.query import JobSpec, events_frame, runs_without_data, session_settings, spread_trigger
 from workers.spark.sources.redis_streams import RedisStreamReader
 
@@ -135,10 +138,18 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
     (job,) = shared_jobs(
         make_job, stream_name, 1, standby=True, restart_strategy="fixed-delay", restart_delay_seconds=0
     )
-    producer = Producer(redis, job.source_stream, rate=50)
+    # beside it, a job without standby in the same shared driver: lost in the same crash, restarted in the spare
+    (other,) = shared_jobs(make_job, f"{stream_name}-other", 1, restart_strategy="fixed-delay", restart_delay_seconds=0)
+    producer, other_producer = (
+        Producer(redis, job.source_stream, rate=50),
+        Producer(redis, other.source_stream, rate=50),
+    )
     producer.start()
+    other_producer.start()
     job_request_start(job=job)
+    job_request_start(job=other)
     run = wait_for(lambda: running_with_progress(job), 180, 0.5, "the job to commit")
+    other_run = wait_for(lambda: running_with_progress(other), 180, 0.5, "the other job to commit")
     spare = wait_for(
         lambda: DriverHost.objects.filter(status=HostStatus.SPARE, message__contains="warm for url-counts (memory)")
         .first(),
@@ -151,10 +162,20 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
     assert f"the spare shared driver #{spare.id}" in page and "warm for url-counts (memory)" in page
 
     os.killpg(run.pid, signal.SIGKILL)
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), timezone.now()
     successor = wait_for(lambda: running_with_progress(job, run.id), 120, 0.5, "the job back")
     print(f"kill -9 of the shared driver to the job committing in the spare: {time.monotonic() - killed:.1f} s")
     assert (successor.driver_host_id, successor.pid) == (spare.id, spare.pid), "restarted in the spare's process"
+    other_successor = wait_for(lambda: running_with_progress(other, other_run.id), 120, 0.5, "the other job back")
+    assert other_successor.driver_host_id == spare.id
+    # the job with standby on went first: the other's query started once it had committed its first batch there (or
+    # once STANDBY_FIRST_SECONDS had passed, on a host too slow for that)
+    first = successor.checkpoints.order_by("batch_id").first()
+    first_done = first.committed_at + timedelta(milliseconds=first.duration_ms)
+    turn = min(first_done, killed_at + timedelta(seconds=STANDBY_FIRST_SECONDS)) - timedelta(seconds=0.5)
+    assert other_successor.started_at >= turn, (other_successor.started_at, first_done)
+    log_text = Path(spare.log_path).read_text()
+    assert re.search(rf"run {other_successor.id}: started [0-9.]+ s after the jobs with standby on", log_text)
     assert DriverHost.objects.get(id=spare.id).status == HostStatus.SERVING
     wait_for(lambda: not scratch.exists(), 60, 0.5, "the warm query stopped once the spare serves")
     assert not redis.exists(f"statekeeper:warmup:spare-{spare.id}-0"), "and its scratch input removed"
@@ -162,8 +183,94 @@ def test_a_spare_shared_driver_stands_behind_the_shared_jobs_and_takes_them_when
              "a new spare behind it")  # fmt: skip
     drain_and_stop(job, producer, redis)
     assert sink_total(job) == producer.sent, "every event exactly once across the kill"
+    drain_and_stop(other, other_producer, redis)
+    assert sink_total(other) == other_producer.sent, "the other job's too"
     wait_for(lambda: not DriverHost.objects.filter(status=HostStatus.SPARE).exists(), 30, 0.5,
              "the spare ended with no shared job running")  # fmt: skip
+
+
+def waiting(target) -> threading.Thread:
+    def run() -> None:
+        try:
+            target()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_takeovers_other_jobs_start_once_the_jobs_with_standby_on_have_committed_there(make_job, settings):
+    """The order a spare's takeover starts a crash's jobs in (``SharedDriver._standby_jobs_first``), on real rows:
+    a job without standby waits while a job with standby on is lost and not yet restarted, and while its run here has
+    not committed; then at once. A job with standby on that never comes back holds the others for
+    STANDBY_FIRST_SECONDS at the most."""
+    from workers import host as host_module
+
+    dead = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.GONE, pid=1)
+    spare = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING, pid=os.getpid())
+    first, other = make_job(driver="shared", standby=True), make_job(driver="shared")
+    for job in (first, other):
+        Run.objects.create(job=job, status=RunStatus.LOST, driver_host=dead, ended_at=timezone.now())
+    other_run = Run.objects.create(job=other, status=RunStatus.STARTING, driver_host=spare)
+    driver = SharedDriver(spare.id)
+    driver.took_over_at = time.monotonic()
+    stop = threading.Event()
+
+    other_waits = waiting(lambda: driver._standby_jobs_first(other_run.id, stop))
+    time.sleep(1.0)
+    assert other_waits.is_alive(), "the job with standby on is lost and not restarted yet: the other waits"
+    first_run = Run.objects.create(job=first, status=RunStatus.STARTING, driver_host=spare)
+    driver.threads[first_run.id] = threading.current_thread()  # taken by the spare's main loop
+    driver.standby_first.add(first_run.id)
+    time.sleep(0.5)
+    assert other_waits.is_alive(), "its run here has not committed a batch: the other still waits"
+    began = time.monotonic()
+    driver.standby_first.discard(first_run.id)  # its first batch committed (``JobDriver.on_first_batch``)
+    other_waits.join(2)
+    assert not other_waits.is_alive() and time.monotonic() - began < 1.0, "then the other starts at once"
+
+    # a job with standby on lost and never restarted (its restart refused, say): the others wait a bounded time
+    Run.objects.filter(id=first_run.id).delete()
+    driver.took_over_at = time.monotonic()
+    settings_first = host_module.STANDBY_FIRST_SECONDS
+    host_module.STANDBY_FIRST_SECONDS = 1.5
+    try:
+        began = time.monotonic()
+        driver._standby_jobs_first(other_run.id, stop)
+        assert 1.3 < time.monotonic() - began < 3.0
+    finally:
+        host_module.STANDBY_FIRST_SECONDS = settings_first
+
+    # no job with standby on in the crash (or it has committed): no wait at all, and none outside a takeover
+    Run.objects.create(job=first, status=RunStatus.RUNNING, driver_host=spare)
+    began = time.monotonic()
+    driver._standby_jobs_first(other_run.id, stop)
+    assert time.monotonic() - began < 0.5
+    driver.took_over_at = time.monotonic() - host_module.TAKEOVER_SECONDS - 1
+    assert not driver._in_takeover()
+
+
+def test_a_progress_listener_tells_once_at_its_querys_first_batch_not_at_an_idle_trigger_or_another_query():
+    from workers.progress import ProgressListener
+
+    class Recorder:
+        job_id = 0
+
+        def on_progress(self, progress: dict) -> None:
+            pass
+
+    listener = ProgressListener(Recorder())  # type: ignore[arg-type]
+    listener.query_id = "q-1"
+    told = []
+    listener.on_first_batch = lambda: told.append(1)
+    listener._deliver('{"id": "q-1", "batchId": 4, "durationMs": {"triggerExecution": 3}}')  # an idle trigger
+    listener._deliver('{"id": "q-2", "batchId": 9, "durationMs": {"addBatch": 50}}')  # another query in its session
+    assert told == []
+    listener._deliver('{"id": "q-1", "batchId": 4, "durationMs": {"addBatch": 120, "triggerExecution": 400}}')
+    listener._deliver('{"id": "q-1", "batchId": 5, "durationMs": {"addBatch": 90}}')
+    assert told == [1], "told once, at its first batch"
 
 
 def test_a_spare_warms_one_query_per_pipeline_and_backend_in_the_serving_driver_or_none_when_switched_off(

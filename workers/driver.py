@@ -238,6 +238,7 @@ class JobDriver:
         lean: bool = False,
         reusable: bool = False,
         start_gate: threading.Semaphore | None = None,
+        on_first_batch: Callable[[], None] | None = None,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
@@ -252,7 +253,8 @@ class JobDriver:
         it runs (``python_daemons``). ``reusable``: a driver of its own that can run the job's next run after this one
         (``workers/next_run.py``): stopped for an upgrade or a rescale, it offers itself (``offered``). ``start_gate``:
         taken while the query starts, until its first batch is committed (or START_GATE_SECONDS): a shared driver on a
-        cluster starts only a few queries at a time (``workers/host.py``)."""
+        cluster starts only a few queries at a time (``workers/host.py``). ``on_first_batch``: told once its query
+        has committed a batch (a spare's takeover starts the jobs with standby on first)."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared
@@ -267,6 +269,7 @@ class JobDriver:
         self.spread = False  # its batches start at its phase (``start_query`` says, through ``_phase_taken``)
         self.code = code
         self.start_gate, self.gate_until = start_gate, 0.0  # gate_until: while it holds the gate
+        self.on_first_batch = on_first_batch
         # a blue/green upgrade's new version (workers/green.py): this driver runs the job as green's run says, on its
         # fork, following the job's checkpoint until the handover
         self.green = dict(self.run.green) if self.run.status == RunStatus.GREEN else {}
@@ -322,6 +325,7 @@ class JobDriver:
             live=settings.LIVE_STREAM,
         )
         listener = ProgressListener(recorder)
+        listener.on_first_batch = self.on_first_batch
         self.spark.streams.addListener(listener)
         keeper = self.keeper or (
             self._green_keeper() if self.green else LeaseKeeper(self.job.id, self.token, exit_when_fenced=False)

@@ -72,6 +72,13 @@ SPARE_ON_CLUSTER = {
 }
 IDLE_SECONDS = 120.0  # no job for this long: the process ends (a launch starts a new one)
 CODE_CHECK_SECONDS = 10.0  # how often a spare compares the code it imported with the code on disk
+# A spare's takeover of a crashed shared driver starts the jobs with standby on first, and the crash's other jobs once
+# those have committed a batch here, or STANDBY_FIRST_SECONDS after the takeover began, whichever is sooner: started all
+# at once on 2 cores, each replaying its batch in flight and the backlog of the crash, the demo stack's four queries
+# made the standby job's first batch take 4-9 s (docs/benchmarks.md). Runs this spare takes within TAKEOVER_SECONDS of
+# its takeover are the crash's.
+STANDBY_FIRST_SECONDS = 8.0
+TAKEOVER_SECONDS = 30.0
 
 
 class HostCoresWatch(CoresWatch):
@@ -102,6 +109,8 @@ class SharedDriver:
         self.phases: dict[int, tuple[float, float]] = {}  # run id -> its trigger interval and phase (seconds)
         self.phase_lock = threading.Lock()
         self.seen_gone: set[int] = set()  # serving shared drivers whose death this spare reported
+        self.took_over_at: float | None = None  # when this spare began serving (monotonic)
+        self.standby_first: set[int] = set()  # a takeover's runs of jobs with standby on, until each has committed
         self.spare = self.host.status == HostStatus.SPARE  # until a launch makes it the serving one (never back)
         self.spare_over = threading.Event()  # set once it serves, or ends: its warm queries stop
         self.warming: threading.Thread | None = None
@@ -217,6 +226,8 @@ class SharedDriver:
         next beat, up to 5 s later): it finds the jobs lost, and their restarts make this process the serving one."""
         if self.spare:  # a serving shared driver, which this one never becomes again, asks nothing here
             self.spare = DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).exists()
+            if not self.spare:
+                self.took_over_at = time.monotonic()
         if not self.spare:
             self.spare_over.set()
             return
@@ -283,6 +294,12 @@ class SharedDriver:
             "id", "job_id", "fencing_token", "status"
         ):
             # renewed from now on; a blue/green upgrade's new version holds none until its handover
+            if (
+                self._in_takeover()
+                and status != RunStatus.GREEN
+                and Job.objects.filter(id=job_id, standby=True).exists()
+            ):
+                self.standby_first.add(run_id)  # before any other run's thread asks whether it may start
             if status == RunStatus.GREEN:
                 green = GreenJobLease(job_id, 0)
                 green.green_setup(run_id)
@@ -441,6 +458,7 @@ class SharedDriver:
             driver = JobDriver(
                 session, run_id, keeper=lease, shared=True, phase_seconds=phase, executor_hosts=self.executor_hosts, code=self.loaded[run.green["pipeline"] if is_green else job.pipeline],
                 on_phase=lambda used: self.phase_used(run_id, job.trigger_interval_seconds, used), start_gate=self.starts,
+                on_first_batch=lambda: self.standby_first.discard(run_id),
             )  # fmt: skip
             if is_green:
                 driver.on_live = lambda: threading.Thread(
@@ -449,6 +467,8 @@ class SharedDriver:
             self.drivers[run_id] = driver
             if self.ending.is_set():
                 driver.stop_signal.set()
+            if not is_green and run_id not in self.standby_first and self._in_takeover():
+                self._standby_jobs_first(run_id, driver.stop_signal)
             log.info("run %s of %s: %s", run_id, job.name, driver.execute())
         except Exception as exc:
             log.exception("run %s of %s failed in the shared driver", run_id, job.name)
@@ -460,6 +480,7 @@ class SharedDriver:
             )
         finally:
             lease.done.set()
+            self.standby_first.discard(run_id)  # ended before its first batch: the others wait for it no more
             self.phases.pop(run_id, None)
             self.leases.pop(run_id, None)
             self.drivers.pop(run_id, None)
@@ -470,6 +491,35 @@ class SharedDriver:
             if run_id in self.moved:
                 self._start_moved(job, run_id)
             connection.close()
+
+    def _in_takeover(self) -> bool:
+        return self.took_over_at is not None and time.monotonic() - self.took_over_at < TAKEOVER_SECONDS
+
+    def _standby_jobs_first(self, run_id: int, stop: threading.Event) -> None:
+        """A takeover's run of a job without standby: wait while a job with standby on has not committed here yet (its
+        run here, or its lost run about to restart here), STANDBY_FIRST_SECONDS from the takeover at the most."""
+        assert self.took_over_at is not None
+        deadline = self.took_over_at + STANDBY_FIRST_SECONDS
+        began = time.monotonic()
+        while time.monotonic() < deadline and not stop.is_set() and not self.ending.is_set():
+            if not self.standby_first and not self._standby_job_restarting():
+                break
+            stop.wait(0.1)
+        if (waited := time.monotonic() - began) >= 0.1:
+            log.info("run %s: started %.1f s after the jobs with standby on", run_id, waited)
+
+    def _standby_job_restarting(self) -> bool:
+        """Whether a job with standby on is lost in the crash and not yet restarted here (its run not yet taken)."""
+        since = timezone.now() - timedelta(seconds=TAKEOVER_SECONDS)
+        lost = Run.objects.filter(job__standby=True, job__archived_at=None, job__failed_reason="")
+        restarting = lost.filter(status=RunStatus.LOST, ended_at__gte=since) | lost.filter(
+            status__in=(RunStatus.PENDING, RunStatus.STARTING), driver_host_id=self.host.id
+        ).exclude(id__in=list(self.threads))
+        # the job's newest run is the one that counts: a lost run already restarted is not waited for
+        return any(
+            not Run.objects.filter(job_id=job_id, id__gt=last_id).exclude(status=RunStatus.GREEN).exists()
+            for job_id, last_id in restarting.exclude(status=RunStatus.GREEN).values_list("job_id", "id")
+        )
 
     def _green_lock(self, job_id: int, locked: threading.Event) -> None:
         """A blue/green upgrade's new version took over: the job's lock, once the fenced run let go of it (here, when

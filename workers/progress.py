@@ -16,6 +16,7 @@ import json
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ class ProgressListener(StreamingQueryListener):
     def __init__(self, recorder: ProgressRecorder) -> None:
         self.recorder = recorder
         self.query_id = ""  # set once the query started: events of other queries are not this job's
+        self.on_first_batch: Callable[[], None] | None = None  # told once, at the query's first committed batch
 
     @property
     def _jlistener(self) -> Any:  # what StreamingQueryManager.addListener registers
@@ -128,7 +130,15 @@ class ProgressListener(StreamingQueryListener):
 
     def _deliver(self, text: str) -> None:
         if self.query_id:
+            if self.on_first_batch is not None and self._first_batch(text):
+                told, self.on_first_batch = self.on_first_batch, None
+                told()
             recording_thread().put((self, text))
+
+    def _first_batch(self, text: str) -> bool:
+        """Whether the event is of this listener's query and of a batch it ran (not an idle trigger's)."""
+        progress = json.loads(text)
+        return progress.get("id") == self.query_id and "addBatch" in progress.get("durationMs", {})
 
     def onQueryStarted(self, event: Any) -> None:
         pass
