@@ -117,3 +117,32 @@ def test_an_action_step_asks_the_reader_without_holding_its_worker_and_outlives_
     assert state_read(other, "rows", "partition-rows", tmp_path / "nothing-here", batch) is None
     with pytest.raises(ActionFailed, match="Spark could not partition-rows the state"):
         wait_for(lambda: state_read(other, "rows", "partition-rows", tmp_path / "nothing-here", batch), 120, 0.5)
+
+
+def test_the_spool_answers_a_verification_before_repartitions_asked_earlier_each_kind_oldest_first(tmp_path):
+    """Five actions at once on the demo stack: a savepoint's verification waited behind two other jobs' repartitions
+    in the one reader. Waiting requests are answered short before long, each kind in the order asked."""
+    import json
+
+    from workers.spark.state_reader import serve_spool
+
+    spool = tmp_path / "reader.spool"
+    spool.mkdir()
+    asked = [("a", "repartition"), ("b", "plan"), ("c", "verify"), ("d", "repartition"), ("e", "inspect")]
+    for n, (name, command) in enumerate(asked):
+        request = spool / f"{name}.request"
+        request.write_text(json.dumps({"command": command, "path": "/nowhere", "number": 1}))
+        os.utime(request, (1_000_000 + n, 1_000_000 + n))
+    (spool / "f.request").write_text("{not json")  # answered with its error, not left behind the long ones
+    os.utime(spool / "f.request", (1_000_010, 1_000_010))
+    answered: list[str] = []
+
+    def read(request: dict, on_verdict=None) -> dict:
+        answered.append(request["command"])
+        return {"ok": True}
+
+    while serve_spool(spool, read):
+        pass
+    assert answered == ["verify", "inspect", "repartition", "plan", "repartition"]
+    assert json.loads((spool / "f.answer").read_text())["error"].startswith("the request could not be read")
+    assert sorted(p.name for p in spool.iterdir()) == [f"{n}.answer" for n in "abcdef"]

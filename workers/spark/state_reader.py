@@ -165,13 +165,34 @@ def reclaim(spool: Path) -> None:
                 left.unlink()
 
 
+# What takes Spark tens of seconds on a busy host: a re-run batch, a migration, a repartition. A verification, a state
+# count or an inspector page takes one or two. Waiting requests are answered the short ones first, each kind oldest
+# first: one job's savepoint is not verified after two other jobs' repartitions (five actions at once on the demo
+# stack, docs/benchmarks.md).
+LONG_COMMANDS = frozenset({"plan", "migrate", "repartition"})
+
+
+def _in_turn(request_file: Path) -> tuple[bool, float]:
+    """The order a waiting request is answered in: short before long, then oldest first. A request that cannot be
+    read is answered (with its error) among the short ones."""
+    try:
+        mtime = request_file.stat().st_mtime
+    except FileNotFoundError:
+        return False, 0.0
+    try:
+        command = json.loads(request_file.read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        command = None
+    return command in LONG_COMMANDS, mtime
+
+
 def serve_spool(spool: Path, read: Any) -> bool:
-    """Answer the oldest request waiting in the spool, if any: ``NAME.request`` is claimed by a rename to
-    ``NAME.taken``, and the answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed
+    """Answer the request waiting in the spool whose turn it is (``_in_turn``), if any: ``NAME.request`` is claimed by
+    a rename to ``NAME.taken``, and the answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed
     mid-request leaves ``NAME.taken``, which the console's step hands back or reads in a process of its own. A plan's
     verdict at planning, before its batch has run, is written to ``NAME.verdict`` the same way, and its visit sent."""
     try:
-        waiting = sorted(spool.glob("*.request"), key=lambda p: p.stat().st_mtime)
+        waiting = sorted(spool.glob("*.request"), key=_in_turn)
     except FileNotFoundError:
         return False
     for request_file in waiting:
@@ -180,6 +201,7 @@ def serve_spool(spool: Path, read: Any) -> bool:
             request_file.rename(taken)
         except FileNotFoundError:  # withdrawn by the console between the look and the claim
             continue
+        request: Any = None  # a request that cannot be read is answered with its error, and wakes no one
         try:
             request = json.loads(taken.read_text())
         except (OSError, ValueError) as exc:
