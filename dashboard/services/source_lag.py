@@ -32,7 +32,7 @@ def committed(job: Job) -> dict[str, Any]:
     end = job.latest_checkpoint.end_offset if job.latest_checkpoint else None
     if not _an_offset(end):
         end = _on_disk(job)
-    return end if _an_offset(end) else {"id": "0-0", "n": 0}
+    return dict(end) if _an_offset(end) else {"id": "0-0", "n": 0}
 
 
 def _an_offset(end: Any) -> bool:
