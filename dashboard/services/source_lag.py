@@ -8,7 +8,7 @@ import contextlib
 import logging
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import redis
 from django.conf import settings
@@ -32,10 +32,10 @@ def committed(job: Job) -> dict[str, Any]:
     end = job.latest_checkpoint.end_offset if job.latest_checkpoint else None
     if not _an_offset(end):
         end = _on_disk(job)
-    return dict(end) if _an_offset(end) else {"id": "0-0", "n": 0}
+    return end if _an_offset(end) else {"id": "0-0", "n": 0}
 
 
-def _an_offset(end: Any) -> bool:
+def _an_offset(end: Any) -> TypeGuard[dict[str, Any]]:
     return isinstance(end, dict) and "n" in end and "id" in end
 
 
