@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.failures import root_cause
-from dashboard.models import IN_FLIGHT_ACTIONS, Action, DriverHost, HostStatus, Job, Run, RunStatus
+from dashboard.models import BESIDE_THE_JOB, IN_FLIGHT_ACTIONS, Action, DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.selectors.cluster import SHARED_APP
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
 from dashboard.services.errors import ActionRefused
@@ -515,10 +515,11 @@ class SharedDriver:
         restarting = lost.filter(status=RunStatus.LOST, ended_at__gte=since) | lost.filter(
             status__in=(RunStatus.PENDING, RunStatus.STARTING), driver_host_id=self.host.id
         ).exclude(id__in=list(self.threads))
-        # the job's newest run is the one that counts: a lost run already restarted is not waited for
+        # the job's newest run is the one that counts (a blue/green's new version beside it is not the job's): a lost
+        # run already restarted is not waited for
         return any(
-            not Run.objects.filter(job_id=job_id, id__gt=last_id).exclude(status=RunStatus.GREEN).exists()
-            for job_id, last_id in restarting.exclude(status=RunStatus.GREEN).values_list("job_id", "id")
+            not Run.objects.filter(job_id=job_id, id__gt=last_id).exclude(BESIDE_THE_JOB).exists()
+            for job_id, last_id in restarting.values_list("job_id", "id")
         )
 
     def _green_lock(self, job_id: int, locked: threading.Event) -> None:
