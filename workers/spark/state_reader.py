@@ -188,9 +188,10 @@ def _in_turn(request_file: Path) -> tuple[bool, float]:
 
 def serve_spool(spool: Path, read: Any) -> bool:
     """Answer the request waiting in the spool whose turn it is (``_in_turn``), if any: ``NAME.request`` is claimed by
-    a rename to ``NAME.taken``, and the answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed
-    mid-request leaves ``NAME.taken``, which the console's step hands back or reads in a process of its own. A plan's
-    verdict at planning, before its batch has run, is written to ``NAME.verdict`` the same way, and its visit sent."""
+    a rename to ``NAME.taken``, and the answer written to ``NAME.answer`` whole (a temporary file renamed). A reader
+    killed mid-request leaves ``NAME.taken``, which the console's step hands back or reads in a process of its own. A
+    plan's verdict at planning, before its batch has run, is written to ``NAME.verdict`` the same way, and its visit
+    sent."""
     try:
         waiting = sorted(spool.glob("*.request"), key=_in_turn)
     except FileNotFoundError:

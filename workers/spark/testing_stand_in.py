@@ -37,10 +37,6 @@ def install() -> None:
     sys.modules[UTILS] = utils
 
 
-def installed() -> bool:
-    return getattr(sys.modules.get(UTILS), "_statekeeper_stand_in", False)
-
-
 def _stand_in(name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module._statekeeper_stand_in = True  # type: ignore[attr-defined]
