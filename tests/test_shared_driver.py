@@ -201,7 +201,9 @@ def waiting(target) -> threading.Thread:
     return thread
 
 
-def test_a_takeovers_other_jobs_start_once_the_jobs_with_standby_on_have_committed_there(make_job, settings):
+def test_a_takeovers_other_jobs_start_once_the_jobs_with_standby_on_have_committed_there(
+    make_job, settings, monkeypatch
+):
     """The order a spare's takeover starts a crash's jobs in (``SharedDriver._standby_jobs_first``), on real rows:
     a job without standby waits while a job with standby on is lost and not yet restarted, and while its run here has
     not committed; then at once. A job with standby on that never comes back holds the others for
@@ -234,14 +236,10 @@ def test_a_takeovers_other_jobs_start_once_the_jobs_with_standby_on_have_committ
     # a job with standby on lost and never restarted (its restart refused, say): the others wait a bounded time
     Run.objects.filter(id=first_run.id).delete()
     driver.took_over_at = time.monotonic()
-    settings_first = host_module.STANDBY_FIRST_SECONDS
-    host_module.STANDBY_FIRST_SECONDS = 1.5
-    try:
-        began = time.monotonic()
-        driver._standby_jobs_first(other_run.id, stop)
-        assert 1.3 < time.monotonic() - began < 3.0
-    finally:
-        host_module.STANDBY_FIRST_SECONDS = settings_first
+    monkeypatch.setattr(host_module, "STANDBY_FIRST_SECONDS", 1.5)
+    began = time.monotonic()
+    driver._standby_jobs_first(other_run.id, stop)
+    assert 1.3 < time.monotonic() - began < 3.0
 
     # no job with standby on in the crash (or it has committed): no wait at all, and none outside a takeover
     Run.objects.create(job=first, status=RunStatus.RUNNING, driver_host=spare)
