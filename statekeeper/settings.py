@@ -296,6 +296,10 @@ SPARE_WARM_QUERIES = env_bool("STATEKEEPER_SPARE_WARM_QUERIES", True)
 # The warm state reader (workers/spark/state_reader.py): one per deployment (BASE_DIR and database), started on the
 # first state read and ended after this long without one. 0 reads every time in a new process.
 STATE_READER_IDLE_SECONDS = env_int("STATEKEEPER_STATE_READER_IDLE_SECONDS", 900)
+# As it warms up, the reader plans each registered pipeline once, as an upgrade's preview does, those in the modules of
+# the jobs' pipelines first, for at most this long (a second or more of its core each): a first preview of a pipeline
+# then costs what the next ones do. 0: none is planned before its first preview.
+STATE_READER_WARM_PIPELINES_SECONDS = env_int("STATEKEEPER_STATE_READER_WARM_PIPELINES_SECONDS", 300)
 STATE_READER_SOCKET = Path(
     env_str(
         "STATEKEEPER_STATE_READER_SOCKET",

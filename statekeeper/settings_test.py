@@ -24,6 +24,7 @@ LEASE_RENEW_SECONDS = 1
 STOP_GRACE_SECONDS = 60
 STANDBY_IDLE_SECONDS = 8
 STATE_READER_IDLE_SECONDS = 120  # the session's teardown ends it sooner
+STATE_READER_WARM_PIPELINES_SECONDS = 0  # a reader's warm-up would plan every pipeline beside the tests' reads
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if os.environ.get("STATEKEEPER_TEST_PROCESS") and str(DATABASES["default"]["ENGINE"]).endswith("postgresql"):
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]  # type: ignore[index]

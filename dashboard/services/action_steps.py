@@ -30,6 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run, RunStatus
 from dashboard.services.enqueue import RUN_ACTION
 from dashboard.services.errors import ActionFailed, ActionRefused
@@ -294,9 +295,28 @@ def state_reader_warm() -> int:
     return state_reader_pid() or spawn_process(
         "workers.spark.state_reader", str(settings.STATE_READER_SOCKET), settings.LOG_ROOT / "state-reader.log",
         str(settings.STATE_READER_IDLE_SECONDS),
-        # where it sends the visit an answer wakes, and where its warm-up reads a scratch stream
-        env={"CELERY_BROKER_URL": settings.CELERY_BROKER_URL, "REDIS_URL": settings.REDIS_URL},
+        # where it sends the visit an answer wakes, where its warm-up reads a scratch stream, and what it plans then
+        env={
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL, "REDIS_URL": settings.REDIS_URL,
+            WARM_PIPELINES: " ".join(warm_pipelines_order()) if settings.STATE_READER_WARM_PIPELINES_SECONDS else "",
+            WARM_PIPELINES_SECONDS: str(settings.STATE_READER_WARM_PIPELINES_SECONDS),
+        },
     )  # fmt: skip
+
+
+# The reader's environment for its pipelines' warm-up (workers/spark/state_reader.py reads them; the console may not
+# import it).
+WARM_PIPELINES = "STATEKEEPER_WARM_PIPELINES"
+WARM_PIPELINES_SECONDS = "STATEKEEPER_WARM_PIPELINES_SECONDS"
+
+
+def warm_pipelines_order() -> list[str]:
+    """The registered pipelines' references for the reader's warm-up, those in the modules of the jobs' pipelines
+    first: an upgrade's preview plans a job's next version, which is most often a pipeline beside its own."""
+    references = pipelines.registry().references
+    used = {references[name].partition(":")[0] for name in Job.objects.values_list("pipeline", flat=True).distinct()
+            if name in references}  # fmt: skip
+    return sorted(references.values(), key=lambda reference: reference.partition(":")[0] not in used)
 
 
 def state_reader_warmed() -> bool:

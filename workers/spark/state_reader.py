@@ -8,14 +8,13 @@ One request at a time: a JSON line {"command", "path", "number", "spec"} in, the
 same request left as a file in the spool beside the socket, answered into a file there, after which the asking
 action's visit is sent (how an action step asks without holding its worker, see ``serve_spool`` and ``wake``). An
 upgrade's plan, a state migration and the repartition of a copy the console made are answered too (each in a session
-of its own); when the pipeline's
-module changed on disk since the reader imported it, the answer is {"stale": …} and the reader ends. Each
-request builds new readers on the path it names (Spark's ``statestore`` source caches nothing between reads), so a
-damaged copy is caught as a new process would catch it; verification never asks the job's own driver. The reader
-holds ``SOCKET.lock`` for its life (one started beside it waits LOCK_WAIT for it, then exits) with its pid in it,
-warms Spark's state sources up on a scratch checkpoint while it listens ({"command": "status"} says when that is
-over), makes the socket readable by its user only, and exits after IDLE_SECONDS without a request or after
-MAX_REQUESTS.
+of its own); when the pipeline's module changed on disk since the reader imported it, the answer is {"stale": …} and
+the reader ends. Each request builds new readers on the path it names (Spark's ``statestore`` source caches nothing
+between reads), so a damaged copy is caught as a new process would catch it; verification never asks the job's own
+driver. The reader holds ``SOCKET.lock`` for its life (one started beside it waits LOCK_WAIT for it, then exits) with
+its pid in it, warms Spark's state sources up on a scratch checkpoint while it listens, then plans the pipelines the
+console names once each ({"command": "status"} says when the first is over, and how each pipeline's plan went), makes
+the socket readable by its user only, and exits after IDLE_SECONDS without a request or after MAX_REQUESTS.
 No Django here.
 """
 
@@ -35,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,19 @@ from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from statekeeper_sdk.compatibility import describe
 
+from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint, latest_committed
 from workers.spark.fork_server import ForkServer
-from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, session
+from workers.spark.query import JobSpec, start_query
+from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, load_pipeline, plan, session
 
 SESSION_APART = ("plan", "migrate", "repartition")  # the commands that run a query: each in a session of its own
 MAX_REQUESTS = 1000  # a fresh JVM now and then bounds whatever a long life would accumulate
 LINE_LIMIT = 1 << 20
 LOCK_WAIT = 30.0  # a reader started beside a live one waits this long, then leaves the socket to it
+# Set by the console (``state_reader_warm``): the references of the pipelines to plan once while warming up, in order,
+# separated by spaces, and how many seconds that may take at most (0: none is planned).
+WARM_PIPELINES = "STATEKEEPER_WARM_PIPELINES"
+WARM_PIPELINES_SECONDS = "STATEKEEPER_WARM_PIPELINES_SECONDS"
 
 
 def serve(path: Path, idle_seconds: float) -> int:
@@ -78,6 +84,7 @@ def serve(path: Path, idle_seconds: float) -> int:
     os.environ.update(forks.env)
     spark = session()
     warm = threading.Event()
+    warmed: dict[str, str] = {}  # pipeline reference -> how its warm-up plan went
     stale = threading.Event()
     served = 0
     last = time.monotonic()
@@ -109,7 +116,8 @@ def serve(path: Path, idle_seconds: float) -> int:
             except ValueError as exc:
                 request = {"command": "", "error": describe(exc)}
             if request.get("command") == "status":  # how a caller knows the warm-up is over
-                self.wfile.write(json.dumps({"warm": warm.is_set(), "served": served}).encode() + b"\n")
+                status = {"warm": warm.is_set(), "served": served, "pipelines": dict(warmed)}
+                self.wfile.write(json.dumps(status).encode() + b"\n")
                 return
             result = {"error": request["error"]} if "error" in request else read(request)
             self.wfile.write(json.dumps(result).encode() + b"\n")
@@ -122,7 +130,7 @@ def serve(path: Path, idle_seconds: float) -> int:
     finally:
         os.umask(old_mask)
     server.timeout = 0.1  # how often the spool is looked at between socket requests: a spooled request waits no longer
-    threading.Thread(target=warm_up_quietly, args=(spark, path.parent, warm), daemon=True).start()
+    threading.Thread(target=warm_up_quietly, args=(spark, path.parent, warm, warmed), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the console: remove the socket on the way out
     print(f"state reader listening on {path} (pid {os.getpid()}), warming up", flush=True)
     try:
@@ -255,9 +263,10 @@ def wake(order: dict[str, Any]) -> None:
         print(f"could not wake {order.get('task')} {order.get('args')}: {describe(exc)}", flush=True)
 
 
-def warm_up_quietly(spark: Any, where: Path, done: threading.Event) -> None:
+def warm_up_quietly(spark: Any, where: Path, done: threading.Event, warmed: dict[str, str]) -> None:
     """Warm up beside the requests (a request that comes first is read cold, as without a warm-up), in a session of
-    its own: the settings a request's read sets (the checkpoint format) are per session."""
+    its own: the settings a request's read sets (the checkpoint format) are per session. Then plan each pipeline the
+    console named (``warm_pipelines``), its outcome kept in ``warmed``."""
     began = time.monotonic()
     try:
         warm_up(spark.newSession(), where)
@@ -266,6 +275,84 @@ def warm_up_quietly(spark: Any, where: Path, done: threading.Event) -> None:
         print(f"state reader warm-up failed: {describe(exc)}", flush=True)
     finally:
         done.set()
+    references = os.environ.get(WARM_PIPELINES, "").split()
+    budget = float(os.environ.get(WARM_PIPELINES_SECONDS) or 0)
+    if references and budget > 0:
+        warm_pipelines(spark, where, references, budget, warmed)
+
+
+def warm_pipelines(spark: Any, where: Path, references: list[str], budget: float, warmed: dict[str, str]) -> None:
+    """Plan each pipeline once as an upgrade's preview plans it, within ``budget`` seconds, recording each outcome in
+    ``warmed``. In the reader's JVM a pipeline's first plan costs seconds more than its next (its Python modules and
+    UDFs, its operators' code generation, its state schemas): the previews' p95 on the demo stack was those first
+    plans (2.9-3.2 s against 1.0-2.2 s). Each pipeline: one batch of its sample events from a scratch Redis stream
+    into a scratch checkpoint, then ``plan`` of a copy of that checkpoint at its newest commit, a preview's own path.
+    The copy matters: a pipeline that runs batches without data (a watermark, a processing-time clock) leaves a batch
+    half-way in the checkpoint its query ran in. Nothing when the console gave no Redis (REDIS_URL)."""
+    url = os.environ.get("REDIS_URL", "")
+    deadline = time.monotonic() + budget
+    for reference in references:
+        if not url:
+            break
+        if time.monotonic() > deadline:
+            warmed[reference] = f"not planned: the warm-up's {budget:g} s were spent"
+            continue
+        began = time.monotonic()
+        scratch = Path(tempfile.mkdtemp(prefix="warm-pipeline-", dir=where))
+        try:
+            pipeline = load_pipeline(reference)
+            spec = _batch_on_scratch_stream(spark.newSession(), url, pipeline, scratch / "checkpoint")
+            newest = latest_committed(scratch / "checkpoint")
+            copy_checkpoint(scratch / "checkpoint", scratch / "copy", newest, replay=True)
+            request = asdict(spec) | {"reference": reference, "parameters": {}, "timeout": 120}
+            planned = plan(spark.newSession(), str(scratch / "copy"), newest, request)
+            if "replay_error" in planned:
+                raise RuntimeError(str(planned["replay_error"])[:500])
+            warmed[reference] = f"planned in {time.monotonic() - began:.1f} s"
+        except StaleCode:  # its code changed on disk: the first request that plans it ends this reader
+            warmed[reference] = "not planned: its code changed on disk"
+        except Exception as exc:  # a preview of it plans cold, as without the warm-up
+            warmed[reference] = f"failed: {describe(exc)}"
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        print(f"state reader warm-up of {reference}: {warmed[reference]}", flush=True)
+
+
+def _batch_on_scratch_stream(spark: Any, url: str, pipeline: Any, checkpoint: Path) -> JobSpec:
+    """One committed batch of ``pipeline`` on twenty of its sample events, read from a scratch Redis stream (removed
+    after) into ``checkpoint``, on RocksDB; the query's spec, which a plan on that checkpoint takes."""
+    import redis
+
+    from dashboard.engine.samples import sample_events
+
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    stream = f"statekeeper:warmup:state-reader-{os.getpid()}-{checkpoint.parent.name}"
+    make, now = sample_events(pipeline, random.Random(0)), int(time.time() * 1000)
+    spec = JobSpec(
+        job_id=0, name=f"state-reader-warm-up-{os.getpid()}-{checkpoint.parent.name}", pipeline=pipeline.name,
+        stream=stream, redis_url=url, backend="rocksdb", trigger_seconds=0.5, partitions=2, parallelism=1,
+        checkpoint=str(checkpoint), batches_retained=10, max_records=1000, dead_letter=f"{stream}:dead",
+    )  # fmt: skip
+    try:
+        for _ in range(20):  # a new checkpoint reads the stream from its beginning
+            client.xadd(stream, {"v": make(now)})
+
+        def run(frame: Any, _: int) -> None:  # the batch's stateful operators run only when its output is read
+            frame.count()
+
+        query = start_query(spark, spec, pipeline, run)
+        deadline = time.monotonic() + 120
+        try:
+            while not committed_batches(checkpoint) and query.isActive and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            query.stop()
+        if not committed_batches(checkpoint):
+            failure = query.exception()
+            raise RuntimeError(f"{pipeline.name} committed no batch" + (f": {describe(failure)}" if failure else ""))
+    finally:
+        client.delete(stream, f"{stream}:dead")
+    return spec
 
 
 def warm_up(spark: Any, where: Path) -> None:

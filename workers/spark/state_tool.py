@@ -211,7 +211,7 @@ def plan(
     before = operator_schemas(spark, path, batch)
     seconds = {"before": time.monotonic() - began}
     commit = (root / "commits" / str(batch)).read_bytes()
-    pipeline = _load_pipeline(spec["reference"])
+    pipeline = load_pipeline(spec["reference"])
     forget_batch(root, batch)  # planned again by the new code, its schemas written again
     job = _scratch_job(spec, f"upgrade-plan-{int(time.time())}", path, pipeline)
     rows: list[int] = []
@@ -261,7 +261,7 @@ class StaleCode(Exception):
 _LOADED: dict[str, float] = {}  # module -> the newest mtime of its distribution's files when this process imported it
 
 
-def _load_pipeline(reference: str) -> Any:
+def load_pipeline(reference: str) -> Any:
     module_name, _, attribute = reference.partition(":")
     module = importlib.import_module(module_name)
     changed = newest_change(module)  # any file of its package: a helper module's edit counts too
@@ -273,7 +273,7 @@ def _load_pipeline(reference: str) -> Any:
 def _results_over_range(spark: Any, path: Path, spec: dict[str, Any], reference: str) -> dict[str, Any]:
     """Run the pipeline on the checkpoint copy at ``path`` up to the spec's ending offset (Trigger.AvailableNow), and
     keep its results as the sink would: upserted on (kind, key)."""
-    pipeline = _load_pipeline(reference)
+    pipeline = load_pipeline(reference)
     job = _scratch_job(
         spec, f"shadow-{path.name}-{int(time.time())}", str(path), pipeline,
         ending_offset=json.dumps(spec["ending"]), available_now=True,
@@ -335,7 +335,7 @@ def migrate(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     (compared on the key columns the old and new keys share), samples before and after; with ``first_batch``, the new
     version's first batch on the seeded state from the batch's end offsets (``spec["starting"]``), its output rows and
     the state it holds after."""
-    pipeline = _load_pipeline(spec["reference"])
+    pipeline = load_pipeline(spec["reference"])
     migration = pipeline.migration_from(spec["from_pipeline"])
     if migration is None:
         raise ValueError(f"{pipeline.name} declares no migration from {spec['from_pipeline']}")
