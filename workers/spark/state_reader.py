@@ -290,10 +290,10 @@ def warm_pipelines(spark: Any, where: Path, references: list[str], budget: float
     The copy matters: a pipeline that runs batches without data (a watermark, a processing-time clock) leaves a batch
     half-way in the checkpoint its query ran in. Nothing when the console gave no Redis (REDIS_URL)."""
     url = os.environ.get("REDIS_URL", "")
+    if not url:
+        return
     deadline = time.monotonic() + budget
     for reference in references:
-        if not url:
-            break
         if time.monotonic() > deadline:
             warmed[reference] = f"not planned: the warm-up's {budget:g} s were spent"
             continue
@@ -318,9 +318,11 @@ def warm_pipelines(spark: Any, where: Path, references: list[str], budget: float
         print(f"state reader warm-up of {reference}: {warmed[reference]}", flush=True)
 
 
-def _batch_on_scratch_stream(spark: Any, url: str, pipeline: Any, checkpoint: Path) -> JobSpec:
+def _batch_on_scratch_stream(
+    spark: Any, url: str, pipeline: Any, checkpoint: Path, backend: str = "rocksdb"
+) -> JobSpec:
     """One committed batch of ``pipeline`` on twenty of its sample events, read from a scratch Redis stream (removed
-    after) into ``checkpoint``, on RocksDB; the query's spec, which a plan on that checkpoint takes."""
+    after) into ``checkpoint``, on ``backend``; the query's spec, which a plan on that checkpoint takes."""
     import redis
 
     from dashboard.engine.samples import sample_events
@@ -330,7 +332,7 @@ def _batch_on_scratch_stream(spark: Any, url: str, pipeline: Any, checkpoint: Pa
     make, now = sample_events(pipeline, random.Random(0)), int(time.time() * 1000)
     spec = JobSpec(
         job_id=0, name=f"state-reader-warm-up-{os.getpid()}-{checkpoint.parent.name}", pipeline=pipeline.name,
-        stream=stream, redis_url=url, backend="rocksdb", trigger_seconds=0.5, partitions=2, parallelism=1,
+        stream=stream, redis_url=url, backend=backend, trigger_seconds=0.5, partitions=2, parallelism=1,
         checkpoint=str(checkpoint), batches_retained=10, max_records=1000, dead_letter=f"{stream}:dead",
     )  # fmt: skip
     try:
@@ -398,31 +400,9 @@ def warm_source(spark: Any, checkpoint: Path) -> None:
     url = os.environ.get("REDIS_URL", "")
     if not url:
         return
-    import redis
-
-    from dashboard.engine.samples import sample_events
     from workers.spark.pipelines.url_counts import PIPELINE
-    from workers.spark.query import JobSpec, start_query
 
-    client = redis.Redis.from_url(url, socket_timeout=10)
-    stream = f"statekeeper:warmup:state-reader-{os.getpid()}"
-    make, now = sample_events(PIPELINE, random.Random(0)), int(time.time() * 1000)
-    spec = JobSpec(
-        job_id=0, name=f"state-reader-warm-up-{os.getpid()}", pipeline=PIPELINE.name, stream=stream, redis_url=url,
-        backend="memory", trigger_seconds=0.5, partitions=2, parallelism=1, checkpoint=str(checkpoint),
-        batches_retained=10, max_records=1000, dead_letter=f"{stream}:dead",
-    )  # fmt: skip
-    rows: list[int] = []
-    try:
-        for _ in range(20):  # a new checkpoint reads the stream from its beginning
-            client.xadd(stream, {"v": make(now)})
-        query = start_query(spark, spec, PIPELINE, lambda frame, _: rows.append(frame.count()))
-        deadline = time.monotonic() + 120
-        while not any(rows) and query.isActive and time.monotonic() < deadline:
-            time.sleep(0.2)
-        query.stop()
-    finally:
-        client.delete(stream, f"{stream}:dead")
+    _batch_on_scratch_stream(spark, url, PIPELINE, checkpoint, backend="memory")
 
 
 class WarmUpCount(StatefulProcessor):
