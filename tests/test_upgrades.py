@@ -152,6 +152,7 @@ def test_an_operator_is_refused_an_incompatible_upgrade_shadow_runs_upgrades_and
             except PlaywrightError as exc:
                 if "interrupted by another navigation" not in str(exc):
                     raise
+                settled()  # the tab's script shows it again until its action has ended
         page.goto(deploys)
 
     def verdict_shown(text: str) -> bool:
