@@ -53,11 +53,25 @@ def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_dri
     sent += send(redis, stream_name, 100, seed=2)
     wait_for(lambda: caught_up(job, sent), 180, 0.5, "version 2 to count every event")
 
-    # state partitions 2 → 3: the same Spark master, the same process, the repartitioned state
-    rescale = finished(action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3}))
-    assert rescale.status == ActionStatus.SUCCEEDED, rescale.outcome
+    # state partitions 2 → 3: the same Spark master, the same process, the repartitioned state; events arrive while
+    # the job is stopped, so the rescale waits for the new run's first batch, and only then has Spark read the
+    # savepoint (its files were checked before the repartition)
+    rescale = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3})
+    offline = ["savepoint", "verify", "repartition", "check-state"]
+    wait_for(lambda: Action.objects.filter(id=rescale.id, step__in=offline).exists(), 120, 0.02, "the job to stop")
     sent += send(redis, stream_name, 100, seed=3)
-    third = wait_for(lambda: running_with_progress(job, after_run=second.id), 180, 0.5, "the rescaled run to commit")
+    rescale = finished(rescale)
+    assert rescale.status == ActionStatus.SUCCEEDED, rescale.outcome
+    third = job.runs.get(id=rescale.params["run"])
+    first_batch = third.checkpoints.order_by("batch_id").first()
+    assert first_batch is not None and f"its first batch ({first_batch.batch_id}) committed" in rescale.outcome
+    savepoint = job.savepoints.get(id=rescale.params["savepoint"])
+    assert savepoint.status == "verified" and savepoint.verified_at >= first_batch.recorded_at, (
+        "Spark read the savepoint after the new run's first batch, not while the job was stopped"
+    )
+    steps = [p["step"] for p in rescale.phases]
+    assert steps.index("verify") < steps.index("repartition") < steps.index("apply") < steps.index("first-batch")
+    wait_for(lambda: running_with_progress(job, after_run=second.id), 180, 0.5, "the rescaled run to commit")
     assert third.pid == first.pid, "a rescale of the state partitions kept the driver"
     wait_for(lambda: caught_up(job, sent), 180, 0.5, "the rescaled run to count every event")
     assert Job.objects.get(id=job.id).state_partitions == 3

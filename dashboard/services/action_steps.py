@@ -124,7 +124,7 @@ MEMO: dict[str, Kind] = {
     "forked": bool,  # blue/green: green's fork is made
     "green_ended": str,  # blue/green: why green's run ended
     "green_starts": int,  # blue/green: green's runs started, bounded
-    "input_waiting": bool,  # upgrade: records wait for the new version's first batch
+    "input_waiting": bool,  # upgrade, rescale: records wait for the new run's first batch
     "migrated": bool,  # upgrade: the migration wrote the new line's seed
     "migration_begun": bool,
     "migration_start": dict,  # migration preview: the input range of the first batch ({"id", "n"})
@@ -133,6 +133,7 @@ MEMO: dict[str, Kind] = {
     "plan_full": bool,  # upgrade preview: the re-run on the trimmed copy failed; it runs again on a full one
     "previous": str,  # the checkpoint directory a fork replaced
     "put_back": str,  # upgrade rollback: what was put back
+    "rescaled": str,  # rescale: its outcome as it started the new run, which "first-batch" completes
     "source": dict,  # state inspector: the copy read ({"path", "batch", "origin"})
 }
 # A Spark read's or a process's own record under its key (``state_read``, ``tool_process``): these keys, each also

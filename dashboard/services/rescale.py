@@ -1,5 +1,9 @@
 """Rescaling: compute (cores) by a restart; state partitions by stop, savepoint, Spark's offline repartition on a
-fork, restart. The savepoint is kept for rollback; the original checkpoint directory is untouched."""
+fork, restart. The savepoint is kept for rollback; the original checkpoint directory is untouched.
+
+While the job is stopped only what the restart needs runs: the savepoint's copy and checksums, the repartition, and
+Spark loading the repartitioned state. Spark's reading of the savepoint itself (its verification) follows the new
+run's first batch, as an upgrade's does: the repartition has just read the same state."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from dashboard.checkpoint_dir.files import (
     latest_committed,
     remove_tree,
 )
-from dashboard.models import Action, Job, Savepoint
+from dashboard.models import Action, Job, Run, Savepoint
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -24,6 +28,7 @@ from dashboard.services.action_steps import (
     Steps,
     Wait,
     action_progress,
+    memo_save,
     remember,
     start_once,
     state_read,
@@ -33,7 +38,12 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, switch_to_fork
-from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.savepoints import (
+    records_after_savepoint,
+    savepoint_files_checked,
+    savepoint_read_after,
+    savepoint_steps,
+)
 
 MEMORY_REPARTITION = (
     "State partitions of a memory-backend job cannot change: Spark's offline repartition supports only RocksDB state "
@@ -152,7 +162,12 @@ def state_loads_wait(action: Action, copy: Path, failed: str) -> Wait | None:
     return None
 
 
-def _apply(action: Action) -> Done:
+def _verify_files(action: Action) -> Next:
+    savepoint_files_checked(action)
+    return Next("repartition")
+
+
+def _apply(action: Action) -> Outcome:
     job = action.job
     parallelism, partitions = _target(action)
     fork = fork_name(action, "rescale")
@@ -170,13 +185,40 @@ def _apply(action: Action) -> Done:
     if savepoint_id := action.params.get("savepoint"):
         notes.append(f"savepoint #{Savepoint.objects.get(id=savepoint_id).id} kept for rollback")
     if action.params["was_running"] or action.params.get("start"):
-        notes.append(f"run #{start_once(action).id} starting")
+        notes.append(f"run #{start_once(action, launch=True).id} starting")
+        memo_save(action, input_waiting=records_after_savepoint(action))
     stopped_at = datetime.fromisoformat(action.params["stopped_at"])
     downtime = (timezone.now() - stopped_at).total_seconds()
-    return Done(
-        f"Rescaled: {scale_change(action.params['before'], after)}; {', '.join(notes) or 'job left stopped'}; "
-        f"offline for {downtime:.1f} s before the restart request."
+    memo_save(
+        action,
+        rescaled=f"Rescaled: {scale_change(action.params['before'], after)}; {', '.join(notes) or 'job left stopped'}; "
+        f"offline for {downtime:.1f} s before the restart request",
     )
+    return Next("first-batch")
+
+
+def _first_batch(action: Action) -> Outcome:
+    """The new run's first batch (when records wait for it), then Spark's reading of the savepoint."""
+    done = action.memo["rescaled"]
+    if run_id := action.params.get("run"):
+        run = Run.objects.get(id=run_id)
+        batch = run.checkpoints.order_by("batch_id").values_list("batch_id", flat=True).first()
+        if batch is not None:
+            done += f"; its first batch ({batch}) committed"
+        elif not run.is_active:
+            done += f"; run #{run.id} ended {run.status} before its first batch ({run.message or 'no message'})"
+        elif action.memo.get("input_waiting") and step_seconds(action) < FIRST_BATCH_WAIT:
+            return Wait(f"run #{run.id} starting: waiting for its first batch", 0.5)
+    if isinstance(checked := savepoint_read_after(action), Wait):
+        return checked
+    if checked:
+        done += (f". But savepoint #{action.params['savepoint']}, the way back, failed its verification ({checked}): "
+                 "take a savepoint now")  # fmt: skip
+    return Done(done + ".")
+
+
+# How long a rescale waits for its new run's first batch (records waiting) before Spark reads the savepoint anyway
+FIRST_BATCH_WAIT = 120
 
 
 def scale_change(before: dict[str, int], after: dict[str, int]) -> str:
@@ -191,7 +233,9 @@ RESCALE_STEPS: Steps = {
     "check": ("check the new scale", _check),
     "stop": ("stop the job", _stop),
     **savepoint_steps("before-rescale", then="repartition"),
+    "verify": ("verify the savepoint's files (Spark reads its state after the first batch)", _verify_files),
     "repartition": ("repartition a copy of the state", _repartition),
     "check-state": ("Spark loads the repartitioned state", _check_state),
     "apply": ("switch and start", _apply),
+    "first-batch": ("its first batch, then Spark reads the savepoint", _first_batch),
 }

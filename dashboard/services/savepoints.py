@@ -23,6 +23,7 @@ from dashboard.checkpoint_dir.files import (
     verify_files,
 )
 from dashboard.models import Action, Job, Savepoint, SavepointStatus
+from dashboard.selectors.lag import stream_head
 from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.selectors.sinks import job_sinks
 from dashboard.services.action_steps import (
@@ -143,6 +144,36 @@ def savepoint_files_checked(action: Action) -> Savepoint:
     _manifest_kept(savepoint, manifest)
     savepoint.save(update_fields=["manifest", "size_bytes"])
     return savepoint
+
+
+def savepoint_read_after(action: Action) -> Wait | str:
+    """The reading by Spark of the action's savepoint (``savepoint_check``), asked for once the job's new run has its
+    first batch (or was found quiet), so that it does not share the cores with that batch while the output is stopped:
+    a Wait while Spark reads its state, then '' when it is verified, or why it failed (the savepoint is marked
+    failed). Its checksums were checked before the switch (``savepoint_files_checked``)."""
+    if action.params.get("savepoint") is None:
+        return ""
+    try:
+        checked = savepoint_check(action)
+    except ActionFailed as exc:
+        return str(exc)
+    return checked if isinstance(checked, Wait) else ""
+
+
+def records_after_savepoint(action: Action) -> bool:
+    """Whether the job's source holds records after where the action's savepoint (or, without one, the job) starts:
+    then the new run's first batch will come, and the action waits for it; a quiet job's returns once its run is
+    up."""
+    job = action.job
+    if not job.reads_redis:
+        return False
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    offset = (savepoint.manifest.get("source_offsets") or [None])[0] if savepoint else None
+    numbers = stream_head(job.source_stream)
+    if numbers is None:
+        return False
+    added = numbers[0]
+    return added > int(offset["n"]) if isinstance(offset, dict) and "n" in offset else added > 0
 
 
 def _files_match(folder: Path, manifest: dict) -> None:

@@ -63,7 +63,6 @@ from dashboard.models import (
     SavepointStatus,
     StateBackend,
 )
-from dashboard.selectors.lag import stream_head
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -86,7 +85,13 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
-from dashboard.services.savepoints import savepoint_check, savepoint_files_checked, savepoint_steps
+from dashboard.services.savepoints import (
+    records_after_savepoint,
+    savepoint_check,
+    savepoint_files_checked,
+    savepoint_read_after,
+    savepoint_steps,
+)
 from dashboard.services.secrets import value_problems
 
 log = logging.getLogger(__name__)
@@ -551,23 +556,8 @@ def _up(action: Action) -> Outcome:
     if isinstance(state, str):
         memo_save(action, failure=state)
         return Next("roll-back")
-    memo_save(action, input_waiting=_input_waiting(action))
+    memo_save(action, input_waiting=records_after_savepoint(action))
     return Next("first-batch")
-
-
-def _input_waiting(action: Action) -> bool:
-    """Whether the source holds records after where the new version starts: then a first batch will come, and the
-    upgrade waits for it; a quiet job's upgrade returns once the run is up."""
-    job = action.job
-    if not job.reads_redis:
-        return False
-    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
-    offset = (savepoint.manifest.get("source_offsets") or [None])[0] if savepoint else None
-    numbers = stream_head(job.source_stream)
-    if numbers is None:
-        return False
-    added = numbers[0]
-    return added > int(offset["n"]) if isinstance(offset, dict) and "n" in offset else added > 0
 
 
 def after_batch(action: Action) -> int | None:
@@ -589,7 +579,7 @@ def first_batch(run: Run, after_batch: int | None) -> int | None:
 
 def verify_beside(action: Action) -> Outcome:
     """The savepoint's checksums, now (and its manifest kept: where its batch ended, which the switch reads); Spark's
-    reading of its state waits until the new version's first batch (``way_back``), so that it does not share the
+    reading of its state waits until the new version's first batch (``savepoint_read_after``), so that it does not share the
     cores with that batch while the output is stopped, and the upgrade returns only once it has answered. A migration
     reads that state: its upgrade waits for the whole verification first."""
     if action.params.get("migrate"):
@@ -599,24 +589,11 @@ def verify_beside(action: Action) -> Outcome:
     return Next("migrate")
 
 
-def way_back(action: Action) -> Wait | str:
-    """The verification of the savepoint taken before the switch, asked for once the new version has its first batch
-    (or was found quiet): a Wait while Spark reads its state, then '' when it is verified, or why it failed (the
-    savepoint is marked failed)."""
-    if action.params.get("savepoint") is None:
-        return ""
-    try:
-        checked = savepoint_check(action)
-    except ActionFailed as exc:
-        return str(exc)
-    return checked if isinstance(checked, Wait) else ""
-
-
 def _first_batch(action: Action) -> Outcome:
     run = Run.objects.get(id=action.params["run"])
     job = action.job
     if (batch := first_batch(run, after_batch(action))) is not None:
-        if isinstance(checked := way_back(action), Wait):
+        if isinstance(checked := savepoint_read_after(action), Wait):
             return checked
         proof = {"state": "proven", "batch": batch, "at": timezone.now().isoformat()}
         return _upgraded(action, run, proof, checked)
@@ -630,7 +607,7 @@ def _first_batch(action: Action) -> Outcome:
     )
     if step_seconds(action) < window:
         return Wait(f"run #{run.id} of {job.pipeline} is up: waiting for its first batch", 0.5)
-    if isinstance(checked := way_back(action), Wait):
+    if isinstance(checked := savepoint_read_after(action), Wait):
         return checked
     return _upgraded(action, run, {"state": "unproven", "since": timezone.now().isoformat()}, checked)
 
