@@ -45,7 +45,7 @@ from dashboard.services.lease import lease_renew
 from dashboard.services.runs import run_finish, run_started
 from dashboard.services.secrets import SecretError, redact_logs, reveal
 from workers import green, job_lock
-from workers.next_run import hand_over, offer, reuse_refusal, wait_for_next_run
+from workers.next_run import RestartReady, hand_over, offer, reuse_refusal, wait_for_next_run
 from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
@@ -260,6 +260,7 @@ class JobDriver:
         self.shared = shared
         self.lean = lean
         self.reusable, self.offered = reusable, False
+        self.restart_ready: RestartReady | None = None  # once its start's daemons are ended (``workers/next_run.py``)
         self.run = Run.objects.select_related("job").get(id=run_id)
         self.job = self.run.job
         self.token = int(self.run.fencing_token or 0)
@@ -458,6 +459,10 @@ class JobDriver:
                     end_start_daemons(self.spark)
                 except Exception as exc:  # a Spark whose internals moved: the daemons idle on, nothing breaks
                     log.warning("the Python daemons of the query's start were left running: %s", exc)
+                else:
+                    self.restart_ready = RestartReady(self.spark, self.run) if self.reusable else None
+            if self.restart_ready is not None:
+                self.restart_ready.look()
             if not self.shared:
                 if time.monotonic() >= beat_due:
                     beat_due = time.monotonic() + settings.LEASE_RENEW_SECONDS

@@ -17,8 +17,8 @@ from dashboard import pipelines
 from dashboard.engine.samples import sample_events
 from dashboard.models import Job, StateBackend
 from workers.sink import rehearse
+from workers.spark.python_daemons import start_daemons_again
 from workers.spark.query import JobSpec, start_query
-from workers.spark.sources.redis_streams import PlannerPing
 
 log = logging.getLogger(__name__)
 KEEP_WARM_SECONDS = 40.0  # + the warm query's trigger (5 s): inside Spark's 60 s idle timeout for a Python worker
@@ -101,8 +101,7 @@ class WarmQuery:
         """Read PlannerPing: Spark's Python processes that create a stream source and plan its reads stay alive. It
         only saves time: when it fails, the takeover starts them anew."""
         try:
-            self.spark.dataSource.register(PlannerPing)
-            self.spark.read.format(PlannerPing.name()).load().collect()
+            start_daemons_again(self.spark)
         except Exception as exc:  # py4j's errors among them
             log.warning("%s: the planner ping failed (%s); a takeover will start Spark's planner processes", self.tag,
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -126,12 +126,15 @@ def run_launch(*, run_id: int) -> Run:
 RESTARTING_ACTIONS = (ActionKind.UPGRADE, ActionKind.UPGRADE_ROLLBACK, ActionKind.RESCALE)
 
 
-def restart_expected(job_id: int) -> bool:
+def restart_expected(job_id: int, after: datetime | None = None) -> bool:
     """An action in flight stops the job and starts it again (an upgrade, its rollback, a rescale): a driver of its
-    own whose run it stopped waits for the next run (``DRIVER_REUSE_SECONDS``) rather than ending."""
+    own whose run it stopped waits for the next run (``DRIVER_REUSE_SECONDS``) rather than ending. ``after``: only an
+    action requested after then (a run's request: not the action that started the run, which stays in flight until
+    its first batch)."""
     if settings.DRIVER_REUSE_SECONDS <= 0 or settings.SPARK_MASTER:
         return False
-    return Action.objects.filter(job_id=job_id, kind__in=RESTARTING_ACTIONS, status__in=IN_FLIGHT_ACTIONS).exists()
+    actions = Action.objects.filter(job_id=job_id, kind__in=RESTARTING_ACTIONS, status__in=IN_FLIGHT_ACTIONS)
+    return actions.filter(requested_at__gt=after).exists() if after is not None else actions.exists()
 
 
 def _claim_waiting_driver(run: Run) -> Run | None:

@@ -13,6 +13,10 @@ factory, which starts a new daemon. Killing the daemons alone is not enough: the
 a dead connection ("Stream closed"). A shared driver, a standby and the spare start queries all the time, and keep
 theirs.
 
+When an action that will restart the job is in flight, the driver starts them again (``start_daemons_again``) while
+its query still runs, so that the next run's start in the same process does not wait for them
+(``workers/next_run.py``, ``RestartReady``).
+
 The map is read through reflection (``SparkEnv.pythonWorkers`` is private), outside the lock Spark takes around it:
 call this only while no query is starting in the JVM.
 """
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+from workers.spark.sources.redis_streams import PlannerPing
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +66,11 @@ def end_start_daemons(spark: Any) -> list[str]:
     if done:
         log.info("ended the Python daemons of the query's start: %s", ", ".join(sorted(done)))
     return sorted(done)
+
+
+def start_daemons_again(spark: Any) -> None:
+    """Start the daemons of a query's start (START_ONLY but the lookup, which Spark does once a JVM) before a query
+    needs them: a batch read of PlannerPing creates a Python source and plans its read through the same two kinds of
+    Python work. Raises what Spark raised."""
+    spark.dataSource.register(PlannerPing)
+    spark.read.format(PlannerPing.name()).load().collect()
