@@ -113,7 +113,7 @@ def test_a_driver_of_its_own_starts_its_start_daemons_again_for_a_coming_restart
     from django.utils import timezone
 
     from dashboard.models import Action, ActionKind, ActionStatus, Run, RunStatus
-    from workers.next_run import RestartReady
+    from workers.next_run import PREVIEW_HINT_SECONDS, RestartReady
 
     def wait_daemons(present: bool) -> set[str]:
         deadline = time.monotonic() + 30
@@ -149,3 +149,16 @@ def test_a_driver_of_its_own_starts_its_start_daemons_again_for_a_coming_restart
     Action.objects.filter(id=rescale.id).update(status=ActionStatus.FAILED, finished_at=timezone.now())
     look()
     assert not wait_daemons(False) & set(START_ONLY), "ended again: no restart came"
+
+    # an upgrade preview: not while it runs (the operator waits for its verdict), but once it has answered the
+    # upgrade is likely to follow; when none does within PREVIEW_HINT_SECONDS they are ended again
+    preview = Action.objects.create(job=job, kind=ActionKind.UPGRADE_PREVIEW, status=ActionStatus.RUNNING)
+    look()
+    assert ready.starting is None
+    Action.objects.filter(id=preview.id).update(status=ActionStatus.SUCCEEDED, finished_at=timezone.now())
+    look()
+    assert set(START_ONLY[1:]) <= wait_daemons(True)
+    answered = timezone.now() - timedelta(seconds=PREVIEW_HINT_SECONDS + 1)
+    Action.objects.filter(id=preview.id).update(finished_at=answered)
+    look()
+    assert not wait_daemons(False) & set(START_ONLY), "no upgrade followed the preview"

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from dashboard import pipelines
-from dashboard.models import ACTIVE_RUN_STATUSES, Run, RunStatus
+from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, ActionStatus, Run, RunStatus
 from dashboard.services.runs import respawn_in_own_driver, restart_expected
 from workers.spark.python_daemons import end_start_daemons, start_daemons_again
 from workers.spark.session import lean_jvm
@@ -80,12 +80,16 @@ def _restart_gone(run_id: int, job_id: int) -> bool:
     return not later.filter(status=RunStatus.PENDING).exists() and not restart_expected(job_id)
 
 
+PREVIEW_HINT_SECONDS = 120  # how long after an upgrade preview a driver of its own expects the upgrade
+
+
 class RestartReady:
     """Looked at by a driver of its own, between its query's batches, once it has ended the Python daemons of its
-    query's start: while an action that will restart the job is in flight (an upgrade, its rollback, a rescale), they
-    are started again beside the query, so that the next run, in this process, starts its query without waiting for
-    them (about 2 s of the output gap of an upgrade on the demo stack: docs/benchmarks.md). Should the action end
-    without stopping the run (refused, or failed before its stop), they are ended again."""
+    query's start: while an action that will restart the job is in flight (an upgrade, its rollback, a rescale), or
+    an upgrade was previewed lately, they are started again beside the query, so that the next run, in this process,
+    starts its query without waiting for them (about 2 s of an upgrade's output gap on the demo stack:
+    docs/benchmarks.md). Should the action end without stopping the run (refused, or failed before its stop), or no
+    upgrade follow the preview, they are ended again."""
 
     def __init__(self, spark: Any, run: Run) -> None:
         self.spark, self.job_id, self.since = spark, run.job_id, run.requested_at
@@ -96,7 +100,8 @@ class RestartReady:
         if time.monotonic() - self.looked < LOOK_SECONDS:
             return
         self.looked = time.monotonic()
-        expected = restart_expected(self.job_id, after=self.since)  # not the action that started this run
+        # not the action that started this run, which stays in flight until that run's first batch
+        expected = restart_expected(self.job_id, after=self.since) or self._previewed()
         if expected and self.starting is None:
             self.starting = threading.Thread(target=self._start, name="start-daemons", daemon=True)
             self.starting.start()
@@ -106,6 +111,15 @@ class RestartReady:
                 end_start_daemons(self.spark)
             except Exception as exc:  # as at the first batch: they idle on, nothing breaks
                 log.warning("the Python daemons of the query's start were left running: %s", exc)
+
+    def _previewed(self) -> bool:
+        """An upgrade preview answered within PREVIEW_HINT_SECONDS: on the Deploys tab the
+        upgrade follows its preview, and then stops the job at once (its plan is the preview's). Not while the
+        preview runs: its verdict is what the operator waits for then, and the daemons' start would share the cores."""
+        return Action.objects.filter(
+            job_id=self.job_id, kind=ActionKind.UPGRADE_PREVIEW, status=ActionStatus.SUCCEEDED,
+            requested_at__gt=self.since, finished_at__gt=timezone.now() - timedelta(seconds=PREVIEW_HINT_SECONDS),
+        ).exists()  # fmt: skip
 
     def _start(self) -> None:
         started = time.monotonic()
