@@ -2,7 +2,7 @@
 
     ./bin/dev &                                      # then, once it says it is running:
     STATEKEEPER_ENV=development .venv/bin/python -m bench.demo_stack [--rounds 3] [--previews 5] [--skip-own]
-        [--changes savepoint|blue-green|both]
+        [--changes savepoint|blue-green|both] [--only-own]
 
 Attaches to the running console (its database, Redis and Celery worker; nothing of its own but one job), starts the
 demo jobs that wait to be started, and adds one job with a driver of its own (``demo-bench-own``: user-sessions-timed
@@ -228,6 +228,7 @@ def main() -> None:
     parser.add_argument("--previews", type=int, default=5, help="preview rounds over the four demo jobs")
     parser.add_argument("--skip-own", action="store_true", help="no job with a driver of its own")
     parser.add_argument("--skip-at-once", action="store_true", help="no five actions at once")
+    parser.add_argument("--only-own", action="store_true", help="the rounds change only the job with its own driver")
     parser.add_argument(
         "--changes",
         choices=("savepoint", "blue-green", "both"),
@@ -257,23 +258,28 @@ def main() -> None:
     green: dict[str, list[dict[str, Any]]] = {"upgrades": [], "own": [], "rescales": []}
     for n in range(args.rounds):
         last = []
+        shared = not (args.only_own and own is not None)
         if args.changes != "blue-green":
-            upgrades.append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first))
+            if shared:
+                upgrades.append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first))
             if own is not None:
                 own_upgrades.append(one(own, ActionKind.UPGRADE, args.preview_first))
-            rescales.append(one(jobs["orders-rocksdb"], ActionKind.RESCALE))
-            last += [upgrades[-1], *own_upgrades[-1:], rescales[-1]]
+            if shared:
+                rescales.append(one(jobs["orders-rocksdb"], ActionKind.RESCALE))
+            last += [*upgrades[-1:], *own_upgrades[-1:], *rescales[-1:]]
         if args.changes != "savepoint":
-            green["upgrades"].append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first, True))
+            if shared:
+                green["upgrades"].append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first, True))
             if own is not None:
                 green["own"].append(one(own, ActionKind.UPGRADE, args.preview_first, True))
-            green["rescales"].append(one(jobs["orders-rocksdb"], ActionKind.RESCALE, blue_green=True))
-            last += [green["upgrades"][-1], *green["own"][-1:], green["rescales"][-1]]
+            if shared:
+                green["rescales"].append(one(jobs["orders-rocksdb"], ActionKind.RESCALE, blue_green=True))
+            last += [*green["upgrades"][-1:], *green["own"][-1:], *green["rescales"][-1:]]
         print(f"  round {n + 1}: " + "; ".join(f"{r['job']} {r['kind']} first batch {r['first_batch']:.1f} s, gap "
                                                f"{r['gap']:.1f} s" for r in last), flush=True)  # fmt: skip
     together: list[dict[str, Any]] = []
     alone: dict[str, dict[str, Any]] = {}
-    if not args.skip_at_once and args.changes != "blue-green":
+    if not args.skip_at_once and args.changes != "blue-green" and upgrades and rescales:
         plan: list[tuple[Job, str]] = [
             (jobs["spend-rocksdb"], ActionKind.UPGRADE),
             (jobs["orders-rocksdb"], ActionKind.RESCALE),
