@@ -19,7 +19,7 @@ from dashboard.checkpoint_dir.files import (
     directory_bytes,
     verify_files,
 )
-from dashboard.models import ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
+from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
 from dashboard.selectors.partitions import partition_view
 from dashboard.services import upgrades
 from dashboard.services.actions import action_execute, action_request
@@ -319,3 +319,22 @@ def test_a_memory_backend_job_cannot_repartition_and_is_told_why(make_job, start
     assert done.status == ActionStatus.FAILED and "supports only RocksDB state" in done.outcome
     job.refresh_from_db()
     assert (job.state_partitions, job.checkpoint_dir) == (2, "checkpoint")
+
+
+@pytest.mark.django_db
+def test_a_rescale_whose_savepoint_fails_its_reading_after_the_restart_says_so_first(make_job, tmp_path):
+    from dashboard.models import Savepoint
+    from dashboard.services import rescale
+
+    job = make_job(state_backend="rocksdb")
+    # its files were checked before the repartition; by the reading after the new run's first batch they are gone
+    savepoint = Savepoint.objects.create(job=job, origin="before-rescale", path=str(tmp_path / "gone"), batch_id=3)
+    action = Action.objects.create(
+        job=job, kind=ActionKind.RESCALE, status=ActionStatus.RUNNING, params={"savepoint": savepoint.id},
+        memo={"rescaled": "Rescaled: state partitions 2 → 3, parallelism 1; job left stopped"},
+    )  # fmt: skip
+    done = rescale.RESCALE_STEPS["first-batch"][1](action)
+    assert done.outcome.startswith(f"Savepoint #{savepoint.id}, the way back, failed its verification"), done
+    assert done.outcome.endswith("Rescaled: state partitions 2 → 3, parallelism 1; job left stopped.")
+    savepoint.refresh_from_db()
+    assert savepoint.status == "failed"

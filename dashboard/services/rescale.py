@@ -211,9 +211,9 @@ def _first_batch(action: Action) -> Outcome:
             return Wait(f"run #{run.id} starting: waiting for its first batch", 0.5)
     if isinstance(checked := savepoint_read_after(action), Wait):
         return checked
-    if checked:
-        done += (f". But savepoint #{action.params['savepoint']}, the way back, failed its verification ({checked}): "
-                 "take a savepoint now")  # fmt: skip
+    if checked:  # first: the Runs tab shortens a long outcome
+        done = (f"Savepoint #{action.params['savepoint']}, the way back, failed its verification: take a savepoint "
+                f"now ({checked}). {done}")  # fmt: skip
     return Done(done + ".")
 
 
