@@ -44,6 +44,7 @@ from dashboard.services.savepoints import (
     savepoint_read_after,
     savepoint_steps,
 )
+from dashboard.services.upgrades import first_batch
 
 MEMORY_REPARTITION = (
     "State partitions of a memory-backend job cannot change: Spark's offline repartition supports only RocksDB state "
@@ -202,8 +203,7 @@ def _first_batch(action: Action) -> Outcome:
     done = action.memo["rescaled"]
     if run_id := action.params.get("run"):
         run = Run.objects.get(id=run_id)
-        batch = run.checkpoints.order_by("batch_id").values_list("batch_id", flat=True).first()
-        if batch is not None:
+        if (batch := first_batch(run, None)) is not None:
             done += f"; its first batch ({batch}) committed"
         elif not run.is_active:
             done += f"; run #{run.id} ended {run.status} before its first batch ({run.message or 'no message'})"
