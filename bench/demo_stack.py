@@ -256,9 +256,9 @@ def main() -> None:
     first, preview_rows = previews(list(jobs.values()), args.previews)
     upgrades, own_upgrades, rescales = [], [], []
     green: dict[str, list[dict[str, Any]]] = {"upgrades": [], "own": [], "rescales": []}
+    shared = not (args.only_own and own is not None)  # the shared jobs' rounds too
     for n in range(args.rounds):
         last = []
-        shared = not (args.only_own and own is not None)
         if args.changes != "blue-green":
             if shared:
                 upgrades.append(one(jobs["spend-rocksdb"], ActionKind.UPGRADE, args.preview_first))

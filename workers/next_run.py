@@ -113,9 +113,9 @@ class RestartReady:
                 log.warning("the Python daemons of the query's start were left running: %s", exc)
 
     def _previewed(self) -> bool:
-        """An upgrade preview answered within PREVIEW_HINT_SECONDS: on the Deploys tab the
-        upgrade follows its preview, and then stops the job at once (its plan is the preview's). Not while the
-        preview runs: its verdict is what the operator waits for then, and the daemons' start would share the cores."""
+        """An upgrade preview answered within PREVIEW_HINT_SECONDS: on the Deploys tab the upgrade follows its
+        preview, and then stops the job at once (its plan is the preview's). Not while the preview runs: its verdict
+        is what the operator waits for then, and the daemons' start would share the cores."""
         return Action.objects.filter(
             job_id=self.job_id, kind=ActionKind.UPGRADE_PREVIEW, status=ActionStatus.SUCCEEDED,
             requested_at__gt=self.since, finished_at__gt=timezone.now() - timedelta(seconds=PREVIEW_HINT_SECONDS),

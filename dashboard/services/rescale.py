@@ -39,6 +39,7 @@ from dashboard.services.action_steps import (
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, switch_to_fork
 from dashboard.services.savepoints import (
+    FILES_NOW_READ_LATER,
     records_after_savepoint,
     savepoint_files_checked,
     savepoint_read_after,
@@ -233,7 +234,7 @@ RESCALE_STEPS: Steps = {
     "check": ("check the new scale", _check),
     "stop": ("stop the job", _stop),
     **savepoint_steps("before-rescale", then="repartition"),
-    "verify": ("verify the savepoint's files (Spark reads its state after the first batch)", _verify_files),
+    "verify": (FILES_NOW_READ_LATER, _verify_files),
     "repartition": ("repartition a copy of the state", _repartition),
     "check-state": ("Spark loads the repartitioned state", _check_state),
     "apply": ("switch and start", _apply),

@@ -146,6 +146,11 @@ def savepoint_files_checked(action: Action) -> Savepoint:
     return savepoint
 
 
+# The label of a "verify" step that checks the savepoint's files now and leaves Spark's reading to
+# ``savepoint_read_after`` (an upgrade's, a rescale's)
+FILES_NOW_READ_LATER = "verify the savepoint's files (Spark reads its state after the first batch)"
+
+
 def savepoint_read_after(action: Action) -> Wait | str:
     """The reading by Spark of the action's savepoint (``savepoint_check``), asked for once the job's new run has its
     first batch (or was found quiet), so that it does not share the cores with that batch while the output is stopped:

@@ -36,7 +36,7 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name
-from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.savepoints import FILES_NOW_READ_LATER, savepoint_steps
 from dashboard.services.shadow import range_end
 from dashboard.services.upgrades import (
     PREVIEW_STEPS as CHECK_STEPS,
@@ -197,7 +197,7 @@ def _before_switch(steps: Steps) -> Steps:
     (``verify_beside``)."""
     placed: Steps = {}
     taken = savepoint_steps("before-upgrade", then="migrate")
-    taken["verify"] = ("verify the savepoint's files (Spark reads its state after the first batch)", verify_beside)
+    taken["verify"] = (FILES_NOW_READ_LATER, verify_beside)
     for name, step in {**steps, **taken}.items():
         if name == "switch":
             placed["migrate"] = ("migrate the state", _migrate)
