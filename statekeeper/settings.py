@@ -345,9 +345,13 @@ EMAIL_FILE_PATH = str(BASE_DIR / "var" / "mail")
 EMAIL_HOST = env_str("STATEKEEPER_SMTP_HOST", "localhost")
 EMAIL_PORT = env_int("STATEKEEPER_SMTP_PORT", 25)
 
+# Every process' lines carry their time (a takeover, a stop, a restart are read off the drivers' logs to the tenth of a
+# second) and thread (a shared driver runs a thread per job). py4j's INFO is a line per call between Python and the JVM.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"timed": {"format": "%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "timed"}},
     "root": {"handlers": ["console"], "level": env_str("STATEKEEPER_LOG_LEVEL", "INFO")},
+    "loggers": {"py4j": {"level": "WARNING"}},
 }

@@ -553,7 +553,6 @@ def spark_stop(spark: Any) -> None:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     redact_logs()  # a secret revealed for the sinks is masked in whatever the driver logs
     run_id = int(argv[1])
     run = Run.objects.select_related("job").get(id=run_id)

@@ -136,7 +136,6 @@ def wait_for_death(
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     redact_logs()  # a secret revealed for the sinks is masked in whatever the driver logs
     standby = StandbyDriver.objects.select_related("job").get(id=int(argv[1]))
     log.info("standby %s for %s (pid %s)", standby.id, standby.job.name, os.getpid())
