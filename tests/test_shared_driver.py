@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -26,7 +27,10 @@ from statekeeper_sdk import apply
 from dashboard import pipelines
 from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.services.hosts import spare_warms
+from dashboard.services.lease import lease_acquire
+from dashboard.services.processes import exited_within
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive
+from dashboard.services.takeover import crash_take_over
 from tests.conftest import DriverThread, read_through, send_events, wait_for
 from tests.support import Producer, drain_and_stop, running_with_progress, sink_total
 from workers.host import STANDBY_FIRST_SECONDS, SharedDriver, phase_gap, spread_phase
@@ -248,6 +252,55 @@ def test_a_takeovers_other_jobs_start_once_the_jobs_with_standby_on_have_committ
     assert time.monotonic() - began < 0.5
     driver.took_over_at = time.monotonic() - host_module.TAKEOVER_SECONDS - 1
     assert not driver._in_takeover()
+
+
+def test_a_process_exit_wakes_its_watcher_at_once_and_a_live_one_holds_it_for_the_time_given():
+    sleeper = subprocess.Popen(["sleep", "60"])
+    began = time.monotonic()
+    assert not exited_within(sleeper.pid, 0.3)
+    assert 0.25 < time.monotonic() - began < 1.0
+    threading.Timer(0.3, sleeper.kill).start()  # a zombie until reaped below: it counts as exited
+    began = time.monotonic()
+    assert exited_within(sleeper.pid, 10.0)
+    assert time.monotonic() - began < 1.0, "woken as it exited, not at the end of the wait"
+    sleeper.wait()
+    assert exited_within(sleeper.pid, 10.0) and exited_within(None, 10.0)
+
+
+def test_a_spare_takes_a_crash_over_itself_and_launches_the_standby_jobs_restart_first(make_job, settings):
+    """``crash_take_over``, on real rows: the crashed shared driver marked gone, its runs lost as a host crash (no
+    restart delay), and their restarts requested and launched into the spare, which serves from then on: the job with
+    standby on first, though it is the newer job."""
+    gone = subprocess.Popen(["sleep", "60"])
+    gone.kill()
+    gone.wait()
+    dead = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING, pid=gone.pid)
+    spare = DriverHost.objects.create(
+        host=settings.HOST_ID, status=HostStatus.SPARE, pid=os.getpid(), heartbeat_at=timezone.now()
+    )
+    strategy = {"driver": "shared", "restart_strategy": "fixed-delay", "restart_delay_seconds": 30}
+    other, standby = make_job(**strategy), make_job(standby=True, **strategy)
+    lost = {}
+    for job in (other, standby):
+        token = lease_acquire(job_id=job.id)
+        lost[job.id] = Run.objects.create(
+            job=job, status=RunStatus.RUNNING, driver_host=dead, host=settings.HOST_ID, pid=gone.pid,
+            fencing_token=token, started_at=timezone.now(),
+        )  # fmt: skip
+
+    notes = crash_take_over(dead.id)
+
+    assert DriverHost.objects.get(id=dead.id).status == HostStatus.GONE
+    assert DriverHost.objects.get(id=spare.id).status == HostStatus.SERVING, "the first launch made the spare serve"
+    for job in (other, standby):
+        old = Run.objects.get(id=lost[job.id].id)
+        assert old.status == RunStatus.LOST and old.recovery.host_crash, notes
+        assert old.recovery.restart_at == old.recovery.failed_at, "a crash of the shared driver restarts at once"
+    restarts = {job.id: Run.objects.get(id=lost[job.id].recovery.restart_run_id) for job in (other, standby)}
+    for run in restarts.values():
+        assert (run.status, run.driver_host_id, run.pid) == (RunStatus.STARTING, spare.id, spare.pid), notes
+    assert restarts[standby.id].id < restarts[other.id].id, "the job with standby on was restarted first"
+    assert crash_take_over(dead.id) == [], "a second look finds nothing more to do"
 
 
 def test_a_progress_listener_tells_once_at_its_querys_first_batch_not_at_an_idle_trigger_or_another_query():

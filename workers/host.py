@@ -41,6 +41,7 @@ from dashboard.selectors.cluster import SHARED_APP
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
 from dashboard.services.errors import ActionRefused
 from dashboard.services.hosts import host_gone, host_may_end, shared_master, spare_jobs, spare_retire, spare_warms
+from dashboard.services.processes import exited_within
 from dashboard.services.runs import (
     job_request_start,
     pid_alive,
@@ -49,6 +50,7 @@ from dashboard.services.runs import (
     run_finish,
 )
 from dashboard.services.secrets import redact_logs
+from dashboard.services.takeover import crash_take_over
 from workers import job_lock
 from workers.driver import CoresWatch, GreenJobLease, JobDriver, JobLease, cluster_probe, heap_fields, spark_stop
 from workers.spark.cluster import driver_conf, is_cluster
@@ -108,7 +110,9 @@ class SharedDriver:
         self.loaded: dict[str, pipelines.CodeVersion] = {}  # pipeline -> the code this process imported
         self.phases: dict[int, tuple[float, float]] = {}  # run id -> its trigger interval and phase (seconds)
         self.phase_lock = threading.Lock()
-        self.seen_gone: set[int] = set()  # serving shared drivers whose death this spare reported
+        self.seen_gone: set[int] = set()  # serving shared drivers whose death this spare took over
+        self.gone_lock = threading.Lock()
+        self.wake = threading.Event()  # the main loop's next tick now: a takeover assigned runs here
         self.took_over_at: float | None = None  # when this spare began serving (monotonic)
         self.standby_first: set[int] = set()  # a takeover's runs of jobs with standby on, until each has committed
         self.spare = self.host.status == HostStatus.SPARE  # until a launch makes it the serving one (never back)
@@ -184,6 +188,7 @@ class SharedDriver:
         if self.spare:
             self.warming = threading.Thread(target=self._warm_spare, name="spare-warm-up", daemon=True)
             self.warming.start()
+            threading.Thread(target=self._wait_serving, name="serving-watch", daemon=True).start()
         code_checked = time.monotonic()
         while not self.ending.is_set():
             if self.ready.is_set() and (code := jvm_exit_code(self.spark)) is not None:
@@ -218,12 +223,13 @@ class SharedDriver:
             ):
                 log.info("no job for %.0f s: ending", IDLE_SECONDS)
                 return
-            self.ending.wait(POLL_SECONDS)
+            self.wake.wait(POLL_SECONDS)
+            self.wake.clear()
         self._stop_all()
 
     def _watch_serving(self) -> None:
-        """A spare: the moment the serving shared driver's process is gone, run the supervisor (rather than at its
-        next beat, up to 5 s later): it finds the jobs lost, and their restarts make this process the serving one."""
+        """A spare: whether it serves now; and, should the watch thread (``_wait_serving``) have missed it, whether the
+        serving shared driver's process is gone."""
         if self.spare:  # a serving shared driver, which this one never becomes again, asks nothing here
             self.spare = DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).exists()
             if not self.spare:
@@ -233,10 +239,44 @@ class SharedDriver:
             return
         serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
         for host_id, pid in serving.values_list("id", "pid"):
-            if host_id not in self.seen_gone and not pid_alive(pid):
-                self.seen_gone.add(host_id)
-                log.info("the serving shared driver %s (pid %s) is gone: supervising now", host_id, pid)
+            if not pid_alive(pid):
+                self._serving_gone(host_id, pid)
+
+    def _wait_serving(self) -> None:
+        """A spare's watch thread: wait on the serving shared driver's process, woken the moment it exits (rather than
+        at the main loop's next tick), and take the crash over then."""
+        try:
+            while not self.spare_over.is_set() and not self.ending.is_set():
+                serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
+                found = serving.exclude(id__in=list(self.seen_gone)).values_list("id", "pid").first()
+                if found is None:
+                    self.spare_over.wait(1.0)
+                elif exited_within(found[1], 2.0):
+                    self._serving_gone(*found)
+        except Exception:  # the main loop's tick still finds the crash
+            log.exception("the watch of the serving shared driver stopped")
+        finally:
+            connection.close()
+
+    def _serving_gone(self, host_id: int, pid: int | None) -> None:
+        """The serving shared driver's process is gone: take the crash over here at once (``crash_take_over``: its
+        jobs lost, their restarts requested and assigned to this spare, standby on first), then wake the main loop to
+        take those runs. The supervisor's round is queued too: it does the rest, the next spare once this one settled."""
+        with self.gone_lock:
+            if host_id in self.seen_gone:
+                return
+            self.seen_gone.add(host_id)
+        log.info("the serving shared driver %s (pid %s) is gone: taking over", host_id, pid)
+        try:
+            log.info("takeover: %s", "; ".join(crash_take_over(host_id)))
+        except Exception:  # the supervisor's round does it instead, a moment later
+            log.exception("the takeover of shared driver %s did not complete here", host_id)
+        finally:
+            self.wake.set()
+            try:
                 enqueue_on(settings.HOST_ID, SUPERVISE_JOBS)
+            except Exception as exc:  # the beat's round comes within seconds
+                log.warning("the supervisor's round was not queued: %s", exc)
 
     def _warm_spare(self) -> None:
         """A spare: a warm query for each pipeline and state backend the serving shared driver runs with standby on
@@ -582,12 +622,11 @@ def spread_phase(trigger: float, taken: list[float]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
     redact_logs()  # a secret revealed for the sinks is masked in whatever the driver logs
     host = SharedDriver(int(argv[1]))
     master = shared_master(host.host)
     log.info("shared driver %s (pid %s, %s)", host.host.id, os.getpid(), master)
-    signal.signal(signal.SIGTERM, lambda *_: host.ending.set())
+    signal.signal(signal.SIGTERM, lambda *_: (host.ending.set(), host.wake.set()))
     # each query's source runner (a Python process Spark starts per query) forked ready, as a standby's (fork_server.py)
     start_fork_server(master)
     threading.Thread(target=host.start, name="spark-start", daemon=True).start()

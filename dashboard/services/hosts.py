@@ -205,9 +205,10 @@ def host_may_end(host_id: int, idle_since: timedelta, why: str = "Ended: no job 
         return True
 
 
-def hosts_supervise() -> list[str]:
+def hosts_supervise(*, spares: bool = True) -> list[str]:
     """Mark shared drivers whose process is gone; kill one that is silent (paused or hung): its jobs' leases expire
-    and the supervisor restarts them, and it must not wake up beside their successors."""
+    and the supervisor restarts them, and it must not wake up beside their successors. ``spares``: then start or end
+    the spare (``spare_supervise``)."""
     notes = []
     for host in DriverHost.objects.filter(host=settings.HOST_ID).exclude(status=HostStatus.GONE):
         if not host_alive(host):
@@ -217,7 +218,7 @@ def hosts_supervise() -> list[str]:
             kill_group(host.pid or 0)
             host_gone(host, f"Killed: its main loop was silent for over {HOST_SILENT_SECONDS} s (paused or hung).")
             notes.append(f"shared driver {host.id} killed: silent")
-    return notes + spare_supervise()
+    return notes + (spare_supervise() if spares else [])
 
 
 def hosts_stop() -> list[str]:

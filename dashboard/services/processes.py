@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -34,6 +36,27 @@ def spawn_process(
             },
         )
     return proc.pid
+
+
+def exited_within(pid: int | None, seconds: float) -> bool:
+    """Wait up to ``seconds`` for process ``pid`` to exit; True the moment it has (or if there is none). A pidfd wakes
+    the caller as the process exits (a zombie counts as exited), where a poll of ``pid_alive`` would find it a tick
+    later; without pidfds (not Linux, an old kernel), ticks of 50 ms."""
+    try:
+        fd = os.pidfd_open(pid) if pid else None
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):  # no pidfds here
+        deadline = time.monotonic() + seconds
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not pid_alive(pid)
+    if fd is None:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0]) or not pid_alive(pid)
+    finally:
+        os.close(fd)
 
 
 def pid_alive(pid: int | None) -> bool:

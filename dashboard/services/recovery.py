@@ -125,7 +125,10 @@ def record_failure(job: Job, run: Run) -> Recovery:
 def recoveries_supervise() -> list[str]:
     notes = []
     now = timezone.now()
-    jobs = Job.objects.exclude(restart_strategy=RestartStrategy.NONE).filter(failed_reason="")
+    # jobs with standby on first: in a crash of the shared driver, the spare takes theirs over first
+    jobs = (
+        Job.objects.exclude(restart_strategy=RestartStrategy.NONE).filter(failed_reason="").order_by("-standby", "id")
+    )
     for job in jobs:
         # a blue/green upgrade's new version is not the job's run until it takes over: the job's last run is blue
         last = job.runs.exclude(Q(green__has_key="action") & ~Q(green__has_key="handover")).order_by("-id").first()
@@ -140,7 +143,8 @@ def recoveries_supervise() -> list[str]:
             f"{job.name}: run {last.id} failed, "
             + ("gave up" if recovery.gave_up else f"restart at {recovery.restart_at:%H:%M:%S}")
         )
-    for recovery in Recovery.objects.filter(gave_up=False, restart_run=None, restart_at__lte=now).select_related("job"):
+    due = Recovery.objects.filter(gave_up=False, restart_run=None, restart_at__lte=now).order_by("-job__standby", "id")
+    for recovery in due.select_related("job"):
         job = recovery.job
         if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).exclude(kind=ActionKind.BLUE_GREEN).first():
             # a restore, rollback or rescale owns the job now (and starts it itself): the restart waits for it; a
