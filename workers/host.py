@@ -38,7 +38,7 @@ from dashboard import pipelines
 from dashboard.failures import root_cause
 from dashboard.models import BESIDE_THE_JOB, IN_FLIGHT_ACTIONS, Action, DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.selectors.cluster import SHARED_APP
-from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on
+from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on, enqueue_ready
 from dashboard.services.errors import ActionRefused
 from dashboard.services.hosts import host_gone, host_may_end, shared_master, spare_jobs, spare_retire, spare_warms
 from dashboard.services.processes import exited_within
@@ -246,6 +246,7 @@ class SharedDriver:
         """A spare's watch thread: wait on the serving shared driver's process, woken the moment it exits (rather than
         at the main loop's next tick), and take the crash over then."""
         try:
+            enqueue_ready()
             while not self.spare_over.is_set() and not self.ending.is_set():
                 serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
                 found = serving.exclude(id__in=list(self.seen_gone)).values_list("id", "pid").first()
