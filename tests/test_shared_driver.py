@@ -25,7 +25,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from statekeeper_sdk import apply
 
 from dashboard import pipelines
-from dashboard.models import DriverHost, HostStatus, Job, Run, RunStatus
+from dashboard.models import DriverHost, HostStatus, Job, Recovery, Run, RunStatus
 from dashboard.services.hosts import spare_warms
 from dashboard.services.lease import lease_acquire
 from dashboard.services.processes import exited_within
@@ -288,7 +288,16 @@ def test_a_spare_takes_a_crash_over_itself_and_launches_the_standby_jobs_restart
             fencing_token=token, started_at=timezone.now(),
         )  # fmt: skip
 
-    notes = crash_take_over(dead.id)
+    seen = []  # at each launch: whether each job's failure is recorded yet, and whether its restart is launched
+
+    def launched() -> None:
+        seen.append({
+            job.id: (Recovery.objects.filter(failed_run=lost[job.id]).exists(),
+                     Run.objects.filter(job=job, status=RunStatus.STARTING).exists())
+            for job in (other, standby)
+        })  # fmt: skip
+
+    notes = crash_take_over(dead.id, launched)
 
     assert DriverHost.objects.get(id=dead.id).status == HostStatus.GONE
     assert DriverHost.objects.get(id=spare.id).status == HostStatus.SERVING, "the first launch made the spare serve"
@@ -300,7 +309,12 @@ def test_a_spare_takes_a_crash_over_itself_and_launches_the_standby_jobs_restart
     for run in restarts.values():
         assert (run.status, run.driver_host_id, run.pid) == (RunStatus.STARTING, spare.id, spare.pid), notes
     assert restarts[standby.id].id < restarts[other.id].id, "the job with standby on was restarted first"
-    assert crash_take_over(dead.id) == [], "a second look finds nothing more to do"
+    assert seen == [
+        {standby.id: (True, True), other.id: (False, False)},  # launched before the other's failure was recorded
+        {standby.id: (True, True), other.id: (True, True)},
+    ]
+    again = crash_take_over(dead.id)
+    assert not [n for n in again if "lost" in n or "run " in n], "a second look finds nothing more to do"
 
 
 def test_a_progress_listener_tells_once_at_its_querys_first_batch_not_at_an_idle_trigger_or_another_query():

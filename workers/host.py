@@ -269,7 +269,7 @@ class SharedDriver:
             self.seen_gone.add(host_id)
         log.info("the serving shared driver %s (pid %s) is gone: taking over", host_id, pid)
         try:
-            log.info("takeover: %s", "; ".join(crash_take_over(host_id)))
+            log.info("takeover: %s", "; ".join(crash_take_over(host_id, launched=self.wake.set)))
         except Exception:  # the supervisor's round does it instead, a moment later
             log.exception("the takeover of shared driver %s did not complete here", host_id)
         finally:

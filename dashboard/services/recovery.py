@@ -122,13 +122,16 @@ def record_failure(job: Job, run: Run) -> Recovery:
     return recovery
 
 
-def recoveries_supervise() -> list[str]:
+def recoveries_supervise(*, standby_only: bool = False) -> list[str]:
+    """Record each job's failure under its restart strategy, and request the restarts that are due. Jobs with standby
+    on first (a crash of the shared driver: the spare takes theirs over first), or only those (``standby_only``)."""
     notes = []
     now = timezone.now()
-    # jobs with standby on first: in a crash of the shared driver, the spare takes theirs over first
     jobs = (
         Job.objects.exclude(restart_strategy=RestartStrategy.NONE).filter(failed_reason="").order_by("-standby", "id")
     )
+    if standby_only:
+        jobs = jobs.filter(standby=True)
     for job in jobs:
         # a blue/green upgrade's new version is not the job's run until it takes over: the job's last run is blue
         last = job.runs.exclude(Q(green__has_key="action") & ~Q(green__has_key="handover")).order_by("-id").first()
@@ -144,6 +147,8 @@ def recoveries_supervise() -> list[str]:
             + ("gave up" if recovery.gave_up else f"restart at {recovery.restart_at:%H:%M:%S}")
         )
     due = Recovery.objects.filter(gave_up=False, restart_run=None, restart_at__lte=now).order_by("-job__standby", "id")
+    if standby_only:
+        due = due.filter(job__standby=True)
     for recovery in due.select_related("job"):
         job = recovery.job
         if busy := job.actions.filter(status__in=IN_FLIGHT_ACTIONS).exclude(kind=ActionKind.BLUE_GREEN).first():

@@ -4,8 +4,9 @@ The spare sees the serving shared driver's process exit the moment it does (``ex
 the supervisor's next round through the queue cost about a second on the demo stack (the task's dispatch, then a
 whole round: actions, standbys, journals), and then as much again for each restart's launch task. The spare instead
 runs the part of the round a crash needs, in the supervisor's order: the driver marked gone, its runs lost, a failed
-upgrade's new version rolled back rather than restarted, the restarts requested (jobs with standby on first). Then it
-launches those restarts itself: each becomes a run assigned to the spare, which that launch makes the serving one.
+upgrade's new version rolled back rather than restarted, the restarts requested. Then it launches those restarts
+itself: each becomes a run assigned to the spare, which that launch makes the serving one. The jobs with standby on go
+through the whole of it first; the others' failures are recorded once those are launched.
 
 The supervisor's own round still follows (queued by the spare): it starts the next spare once the takeover settled,
 and does the rest. Every step is one the supervisor might run at the same moment, and each is safe to run twice.
@@ -14,6 +15,8 @@ and does the rest. Every step is one the supervisor might run at the same moment
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.db import DatabaseError
@@ -29,13 +32,26 @@ log = logging.getLogger(__name__)
 RESTARTS_WITHIN = timedelta(minutes=1)  # a restart requested this recently, of a job lost in the crash, is the crash's
 
 
-def crash_take_over(host_id: int) -> list[str]:
-    """The serving shared driver ``host_id`` exited: supervise the crash and launch its jobs' restarts (standby on
-    first). Returns what was done, as the supervisor's notes."""
+def crash_take_over(host_id: int, launched: Callable[[], None] = lambda: None) -> list[str]:
+    """The serving shared driver ``host_id`` exited: supervise the crash and launch its jobs' restarts, those of jobs
+    with standby on before the others' failures are even recorded; ``launched`` is called after each of the two
+    launches (the spare's main loop takes the runs). Returns what was done, as the supervisor's notes, with the
+    seconds each part took."""
+    began = time.monotonic()
     notes = hosts_supervise(spares=False)  # no spare's JVM start beside the takeover's first batches (spare_wanted)
     notes += runs_supervise()
     notes += upgrades_watch()
-    notes += recoveries_supervise()
+    for standby_only, which in ((True, "jobs with standby on"), (False, "the others")):
+        notes += recoveries_supervise(standby_only=standby_only)
+        notes += _launch(host_id)
+        launched()
+        notes.append(f"{which} launched {time.monotonic() - began:.2f} s into the takeover")
+    return notes
+
+
+def _launch(host_id: int) -> list[str]:
+    """Launch the restarts requested for the jobs lost with ``host_id`` (standby on first)."""
+    notes = []
     lost = Run.objects.filter(driver_host_id=host_id, status=RunStatus.LOST).values("job_id")
     restarts = Run.objects.filter(
         status=RunStatus.PENDING,
