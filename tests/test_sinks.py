@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from statekeeper_sdk import FileSink, TableSink
+from statekeeper_sdk import FileSink, ResultsTable, TableSink
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
 from dashboard.engine.sinks import COMMITS, Fenced, FileLog, SinkError, TableWriter, chunked, write_files
@@ -195,14 +195,24 @@ def test_a_sink_that_cannot_write_fails_the_batch_naming_itself(spark, team_data
 
 @pytest.mark.spark
 @pytest.mark.django_db
-def test_a_standbys_rehearsal_of_a_batch_writes_nothing_and_leaves_nothing_cached(spark):
+def test_a_standbys_rehearsal_of_a_batch_writes_nothing_and_leaves_nothing_cached(spark, tmp_path):
     """A warm standby consumes its scratch batches as the results sink would, short of the write: the results a table
     could store are counted (not the one it would refuse), none reaches the results table, and the batch does not stay
-    in Spark's cache for the standby's hours of waiting."""
+    in Spark's cache for the standby's hours of waiting. A file sink is written as a batch would write it, into the
+    scratch directory only (the Parquet writer loaded before a takeover's first batch needs it)."""
     frame = spark.createDataFrame([("/a", 3), ("/b", 1), ("/" + "x" * 600, 2)], "url string, requests long")
     assert rehearse(get_pipeline("url-counts"), frame) == 2
     assert not ResultRow.objects.exists()
     assert not frame.storageLevel.useMemory and not frame.storageLevel.useDisk
+
+    lake = tmp_path / "lake"
+    with_files = replace(get_pipeline("url-counts"), sinks=(ResultsTable(), FileSink("lake", path=str(lake))))
+    scratch = tmp_path / "scratch"
+    for _ in range(2):  # again, as its next warm batch: the whole write each time, never skipped as a replay
+        assert rehearse(with_files, frame, scratch) == 2
+        assert FileLog(str(scratch / "lake")).record(0)["rows"] == 3
+    assert len(list((scratch / "lake").glob("part-*.snappy.parquet"))) == 1
+    assert not lake.exists() and not ResultRow.objects.exists(), "nothing reaches the job's own sinks"
 
 
 @pytest.mark.spark

@@ -41,6 +41,7 @@ class WarmQuery:
         self.pipeline = pipelines.get(job.pipeline)
         self.stream = f"statekeeper:warmup:{tag}"
         self.scratch = settings.CHECKPOINT_ROOT / ".scratch" / tag
+        self.files = settings.CHECKPOINT_ROOT / ".scratch" / f"{tag}-files"  # its file sinks' writes (``rehearse``)
         self.client = redis.Redis.from_url(settings.REDIS_URL)
         self.make = sample_events(self.pipeline, random.Random(tag))
         self.query: Any = None
@@ -68,7 +69,7 @@ class WarmQuery:
         a change file (docs/benchmarks.md: the first snapshot a JVM copies took 165–321 ms, a warm one 33–99 ms)."""
 
         def consume(frame: Any, batch_id: int) -> None:
-            rehearse(self.pipeline, frame)
+            rehearse(self.pipeline, frame, self.files)
 
         backends = [self.spec.backend] * 2
         if self.spec.backend == StateBackend.ROCKSDB_INCREMENTAL:
@@ -121,3 +122,4 @@ class WarmQuery:
         finally:
             self.client.delete(self.stream, f"{self.stream}:dead", f"{self.stream}:dead:seen")
             shutil.rmtree(self.scratch, ignore_errors=True)
+            shutil.rmtree(self.files, ignore_errors=True)
