@@ -317,6 +317,27 @@ def test_a_spare_takes_a_crash_over_itself_and_launches_the_standby_jobs_restart
     assert not [n for n in again if "lost" in n or "run " in n], "a second look finds nothing more to do"
 
 
+def test_a_spares_takeover_is_the_crashs_from_its_first_moment_and_runs_once(make_job, settings):
+    """Whichever of the spare's watch thread and main loop finds the crash, the takeover runs once, and the runs the
+    spare takes from then on are the crash's (the jobs with standby on first), before its main loop sees itself
+    serving."""
+    gone = subprocess.Popen(["sleep", "60"])
+    gone.kill()
+    gone.wait()
+    dead = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING, pid=gone.pid)
+    spare = DriverHost.objects.create(
+        host=settings.HOST_ID, status=HostStatus.SPARE, pid=os.getpid(), heartbeat_at=timezone.now()
+    )
+    driver = SharedDriver(spare.id)
+    assert not driver._in_takeover()
+    driver._serving_gone(dead.id, gone.pid)
+    assert driver._in_takeover() and driver.wake.is_set(), "its main loop woken, the crash's runs to take"
+    assert DriverHost.objects.get(id=dead.id).status == HostStatus.GONE
+    driver.wake.clear()
+    driver._serving_gone(dead.id, gone.pid)
+    assert not driver.wake.is_set(), "found a second time: nothing done again"
+
+
 def test_a_progress_listener_tells_once_at_its_querys_first_batch_not_at_an_idle_trigger_or_another_query():
     from workers.progress import ProgressListener
 

@@ -118,6 +118,9 @@ class SharedDriver:
         self.spare = self.host.status == HostStatus.SPARE  # until a launch makes it the serving one (never back)
         self.spare_over = threading.Event()  # set once it serves, or ends: its warm queries stop
         self.warming: threading.Thread | None = None
+        self.watching: threading.Thread | None = (
+            None  # a spare's watch of the serving shared driver (``_wait_serving``)
+        )
         self.started_in = 0.0  # seconds its Spark took to start
         self.executor_hosts: list[str] = []  # on a cluster, the hosts of its executors
         # on a cluster, once it drains: why its jobs move to the next shared driver, and the runs stopped to move them
@@ -188,7 +191,8 @@ class SharedDriver:
         if self.spare:
             self.warming = threading.Thread(target=self._warm_spare, name="spare-warm-up", daemon=True)
             self.warming.start()
-            threading.Thread(target=self._wait_serving, name="serving-watch", daemon=True).start()
+            self.watching = threading.Thread(target=self._wait_serving, name="serving-watch", daemon=True)
+            self.watching.start()
         code_checked = time.monotonic()
         while not self.ending.is_set():
             if self.ready.is_set() and (code := jvm_exit_code(self.spark)) is not None:
@@ -233,9 +237,11 @@ class SharedDriver:
         if self.spare:  # a serving shared driver, which this one never becomes again, asks nothing here
             self.spare = DriverHost.objects.filter(id=self.host.id, status=HostStatus.SPARE).exists()
             if not self.spare:
-                self.took_over_at = time.monotonic()
+                self.took_over_at = self.took_over_at or time.monotonic()
         if not self.spare:
             self.spare_over.set()
+            return
+        if self.watching is not None and self.watching.is_alive():  # it takes the crash over, this loop free to run it
             return
         serving = DriverHost.objects.filter(host=settings.HOST_ID, status=HostStatus.SERVING)
         for host_id, pid in serving.values_list("id", "pid"):
@@ -267,6 +273,7 @@ class SharedDriver:
             if host_id in self.seen_gone:
                 return
             self.seen_gone.add(host_id)
+            self.took_over_at = time.monotonic()  # the runs it takes from now on are the crash's (``_in_takeover``)
         log.info("the serving shared driver %s (pid %s) is gone: taking over", host_id, pid)
         try:
             log.info("takeover: %s", "; ".join(crash_take_over(host_id, launched=self.wake.set)))
