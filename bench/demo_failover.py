@@ -6,7 +6,7 @@ spare, and each other job's first batch committed again (they died in the same c
 spare too).
 
     ./bin/dev &                                      # then, once it says it is running:
-    STATEKEEPER_ENV=development .venv/bin/python -m bench.demo_failover [--rounds 3] [--job orders-rocksdb]
+    STATEKEEPER_ENV=development .venv/bin/python -m bench.demo_failover [--rounds 3] [--job orders-rocksdb] [--all-warm]
 
 Attaches to the running console and changes nothing but the one job's standby, which it puts back at the end.
 """
@@ -50,12 +50,22 @@ def all_running(jobs: list[Job], host: DriverHost) -> dict[str, Run] | None:
     return found
 
 
-def one_round(jobs: list[Job], standby: Job, ready_for: float) -> dict[str, float]:
+def warm_for_all(jobs: list[Job], spare: DriverHost) -> float:
+    """When the spare reported a warm query for every pipeline and state backend of ``jobs`` (seconds since the
+    epoch)."""
+    wanted = {f"{job.pipeline} ({job.state_backend})" for job in jobs}
+    wait_for(lambda: all(w in DriverHost.objects.get(id=spare.id).message for w in wanted), 600, 0.5,
+             "the spare warm for every demo pipeline")  # fmt: skip
+    return time.time()
+
+
+def one_round(jobs: list[Job], standby: Job, ready_for: float, all_warm: bool) -> dict[str, float]:
     host = serving()
     runs = wait_for(lambda: all_running(jobs, serving()), 600, 0.5, "every demo job committing in the shared driver")
     host = serving()
     spare = warm_spare(600)
-    time.sleep(max(0.0, spare.started_at.timestamp() + ready_for - time.time()))
+    since = warm_for_all(jobs, spare) if all_warm else spare.started_at.timestamp()
+    time.sleep(max(0.0, since + ready_for - time.time()))
     time.sleep(1.0)
     killed = time.time()
     os.killpg(int(host.pid or 0), signal.SIGKILL)
@@ -65,10 +75,33 @@ def one_round(jobs: list[Job], standby: Job, ready_for: float) -> dict[str, floa
         for name in back
     }
     row = {"standby": back[standby.name], "others": max(v for k, v in back.items() if k != standby.name)}
+    row |= phases(standby, runs[standby.name].id, killed)
     print(f"  kill at {time.strftime('%H:%M:%S', time.localtime(killed))}, load average {os.getloadavg()[0]:.1f}: "
           + ", ".join(f"{k} {v:.2f} s{'' if in_spare[k] else ' (not in the spare)'}" for k, v in back.items()),
           flush=True)  # fmt: skip
     return row
+
+
+PHASES = (
+    ("requested", "its restart requested (the crash found, its run lost)"),
+    ("started", "its query started in the spare"),
+    ("triggered", "its first batch began"),
+    ("standby", "its first batch committed"),
+)
+
+
+def phases(job: Job, lost_run_id: int, killed: float) -> dict[str, float]:
+    """Seconds from the kill to each step of the job's comeback, from its records: the next run's request and
+    start, and its first batch's trigger."""
+    run = Run.objects.filter(job=job, id__gt=lost_run_id).order_by("id").first()
+    first = Checkpoint.objects.filter(run=run).order_by("batch_id").first()
+    if run is None or run.started_at is None or first is None:
+        return {}
+    return {
+        "requested": run.requested_at.timestamp() - killed,
+        "started": run.started_at.timestamp() - killed,
+        "triggered": first.committed_at.timestamp() - killed,
+    }
 
 
 def main() -> None:
@@ -80,6 +113,12 @@ def main() -> None:
         type=float,
         default=75.0,
         help="seconds the spare has been up at the kill (Spark ends Python workers idle for 60 s)",
+    )
+    parser.add_argument(
+        "--all-warm",
+        action="store_true",
+        help="count --ready-for from the moment the spare is warm for every demo pipeline (a stack that has run a "
+        "while), not from its start",
     )
     args = parser.parse_args()
     missing = [name for name in DEMO if not Job.objects.filter(name=name).exists()]
@@ -95,7 +134,7 @@ def main() -> None:
     rows = []
     try:
         for _ in range(args.rounds):
-            rows.append(one_round(jobs, standby, args.ready_for))
+            rows.append(one_round(jobs, standby, args.ready_for, args.all_warm))
     finally:
         Job.objects.filter(id=standby.id).update(standby=was)
     print(
@@ -110,6 +149,13 @@ def main() -> None:
         values = [r[key] for r in rows]
         print(f"| {label} | " + " | ".join(f"{v:.2f} s" for v in values)
               + f" | {statistics.median(values):.2f} s | {target} |")  # fmt: skip
+    print(f"\nWhere {args.job}'s time went, seconds from the kill:\n")
+    print("| step | " + " | ".join(f"round {i + 1}" for i in range(len(rows))) + " | median |")
+    print("|---|" + "---:|" * (len(rows) + 1))
+    for key, label in PHASES:
+        values = [r[key] for r in rows if key in r]
+        if values:
+            print(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.median(values):.2f} |")
 
 
 if __name__ == "__main__":
