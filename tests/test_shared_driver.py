@@ -267,24 +267,28 @@ def test_a_process_exit_wakes_its_watcher_at_once_and_a_live_one_holds_it_for_th
     assert exited_within(sleeper.pid, 10.0) and exited_within(None, 10.0)
 
 
+def crashed_beside_a_spare(host: str) -> tuple[DriverHost, DriverHost]:
+    """A serving shared driver whose process has exited, and a spare beating beside it (this process)."""
+    gone = subprocess.Popen(["sleep", "60"])
+    gone.kill()
+    gone.wait()
+    dead = DriverHost.objects.create(host=host, status=HostStatus.SERVING, pid=gone.pid)
+    spare = DriverHost.objects.create(host=host, status=HostStatus.SPARE, pid=os.getpid(), heartbeat_at=timezone.now())
+    return dead, spare
+
+
 def test_a_spare_takes_a_crash_over_itself_and_launches_the_standby_jobs_restart_first(make_job, settings):
     """``crash_take_over``, on real rows: the crashed shared driver marked gone, its runs lost as a host crash (no
     restart delay), and their restarts requested and launched into the spare, which serves from then on: the job with
     standby on first, though it is the newer job."""
-    gone = subprocess.Popen(["sleep", "60"])
-    gone.kill()
-    gone.wait()
-    dead = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING, pid=gone.pid)
-    spare = DriverHost.objects.create(
-        host=settings.HOST_ID, status=HostStatus.SPARE, pid=os.getpid(), heartbeat_at=timezone.now()
-    )
+    dead, spare = crashed_beside_a_spare(settings.HOST_ID)
     strategy = {"driver": "shared", "restart_strategy": "fixed-delay", "restart_delay_seconds": 30}
     other, standby = make_job(**strategy), make_job(standby=True, **strategy)
     lost = {}
     for job in (other, standby):
         token = lease_acquire(job_id=job.id)
         lost[job.id] = Run.objects.create(
-            job=job, status=RunStatus.RUNNING, driver_host=dead, host=settings.HOST_ID, pid=gone.pid,
+            job=job, status=RunStatus.RUNNING, driver_host=dead, host=settings.HOST_ID, pid=dead.pid,
             fencing_token=token, started_at=timezone.now(),
         )  # fmt: skip
 
@@ -321,20 +325,14 @@ def test_a_spares_takeover_is_the_crashs_from_its_first_moment_and_runs_once(mak
     """Whichever of the spare's watch thread and main loop finds the crash, the takeover runs once, and the runs the
     spare takes from then on are the crash's (the jobs with standby on first), before its main loop sees itself
     serving."""
-    gone = subprocess.Popen(["sleep", "60"])
-    gone.kill()
-    gone.wait()
-    dead = DriverHost.objects.create(host=settings.HOST_ID, status=HostStatus.SERVING, pid=gone.pid)
-    spare = DriverHost.objects.create(
-        host=settings.HOST_ID, status=HostStatus.SPARE, pid=os.getpid(), heartbeat_at=timezone.now()
-    )
+    dead, spare = crashed_beside_a_spare(settings.HOST_ID)
     driver = SharedDriver(spare.id)
     assert not driver._in_takeover()
-    driver._serving_gone(dead.id, gone.pid)
+    driver._serving_gone(dead.id, dead.pid)
     assert driver._in_takeover() and driver.wake.is_set(), "its main loop woken, the crash's runs to take"
     assert DriverHost.objects.get(id=dead.id).status == HostStatus.GONE
     driver.wake.clear()
-    driver._serving_gone(dead.id, gone.pid)
+    driver._serving_gone(dead.id, dead.pid)
     assert not driver.wake.is_set(), "found a second time: nothing done again"
 
 
