@@ -601,6 +601,11 @@ class SharedDriver:
         else:
             log.info("run %s: batches spread, %.2f s into each %g s interval", run_id, used, trigger)
 
+    def end(self) -> None:
+        """SIGTERM: stop every query after its batch in flight, and end; the main loop woken to do it now."""
+        self.ending.set()
+        self.wake.set()
+
     def _stop_all(self) -> None:
         self.spare_over.set()
         for driver in list(self.drivers.values()):
@@ -634,7 +639,7 @@ def main(argv: list[str]) -> int:
     host = SharedDriver(int(argv[1]))
     master = shared_master(host.host)
     log.info("shared driver %s (pid %s, %s)", host.host.id, os.getpid(), master)
-    signal.signal(signal.SIGTERM, lambda *_: (host.ending.set(), host.wake.set()))
+    signal.signal(signal.SIGTERM, lambda *_: host.end())
     # each query's source runner (a Python process Spark starts per query) forked ready, as a standby's (fork_server.py)
     start_fork_server(master)
     threading.Thread(target=host.start, name="spark-start", daemon=True).start()
