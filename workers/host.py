@@ -118,9 +118,8 @@ class SharedDriver:
         self.spare = self.host.status == HostStatus.SPARE  # until a launch makes it the serving one (never back)
         self.spare_over = threading.Event()  # set once it serves, or ends: its warm queries stop
         self.warming: threading.Thread | None = None
-        self.watching: threading.Thread | None = (
-            None  # a spare's watch of the serving shared driver (``_wait_serving``)
-        )
+        # a spare's watch of the serving shared driver (``_wait_serving``)
+        self.watching: threading.Thread | None = None
         self.started_in = 0.0  # seconds its Spark took to start
         self.executor_hosts: list[str] = []  # on a cluster, the hosts of its executors
         # on a cluster, once it drains: why its jobs move to the next shared driver, and the runs stopped to move them

@@ -1,8 +1,9 @@
 """A spare's takeover of a crashed shared driver, in the spare itself.
 
-The spare sees the serving shared driver's process exit the moment it does (``exited_within``). Handing the crash to
-the supervisor's next round through the queue cost about a second on the demo stack (the task's dispatch, then a
-whole round: actions, standbys, journals), and then as much again for each restart's launch task. The spare instead
+The spare sees the serving shared driver's process exit the moment it does (``exited_within``). When it handed the
+crash to a supervisor's round through the queue (the task's dispatch, then a whole round: actions, standbys, journals,
+every job's recovery), the standby job's restart was requested 0.3–1.0 s after the kill on the demo stack, and each
+restart's launch was one more task. The spare instead
 runs the part of the round a crash needs, in the supervisor's order: the driver marked gone, its runs lost, a failed
 upgrade's new version rolled back rather than restarted, the restarts requested. Then it launches those restarts
 itself: each becomes a run assigned to the spare, which that launch makes the serving one. The jobs with standby on go
@@ -35,8 +36,8 @@ RESTARTS_WITHIN = timedelta(minutes=1)  # a restart requested this recently, of 
 def crash_take_over(host_id: int, launched: Callable[[], None] = lambda: None) -> list[str]:
     """The serving shared driver ``host_id`` exited: supervise the crash and launch its jobs' restarts, those of jobs
     with standby on before the others' failures are even recorded; ``launched`` is called after each of the two
-    launches (the spare's main loop takes the runs). Returns what was done, as the supervisor's notes, with the
-    seconds each part took."""
+    launches (the spare's main loop takes the runs). Returns what was done, as the supervisor's notes, and how far
+    into the takeover each launch came."""
     began = time.monotonic()
     notes = hosts_supervise(spares=False)  # no spare's JVM start beside the takeover's first batches (spare_wanted)
     notes += runs_supervise()
