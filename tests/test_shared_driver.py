@@ -308,6 +308,7 @@ def test_a_spare_takes_a_crash_over_itself_and_launches_the_standby_jobs_restart
     for job in (other, standby):
         old = Run.objects.get(id=lost[job.id].id)
         assert old.status == RunStatus.LOST and old.recovery.host_crash, notes
+        assert old.message == f"The shared driver #{dead.id} ended: it exited without reporting (killed or crashed)."
         assert old.recovery.restart_at == old.recovery.failed_at, "a crash of the shared driver restarts at once"
     restarts = {job.id: Run.objects.get(id=lost[job.id].recovery.restart_run_id) for job in (other, standby)}
     for run in restarts.values():

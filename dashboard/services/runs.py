@@ -329,7 +329,8 @@ def runs_supervise() -> list[str]:
         )
         if exited or expired:
             message = "The driver process exited without reporting (killed or crashed)."
-            if exited and (cause := host_cause(run.driver_host)):
+            if exited and run.driver_host_id is not None:  # every job in that shared driver went with it
+                cause = host_cause(run.driver_host) or "it exited without reporting (killed or crashed)."
                 message = f"The shared driver #{run.driver_host_id} ended: {cause}"
             if not exited and run.driver_host is not None and not host_silent(run.driver_host):
                 # a shared driver that beats: the others' queries are fine there; this one's lease keeper finds
