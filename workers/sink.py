@@ -249,9 +249,8 @@ def rehearse(pipeline: Pipeline, frame: DataFrame, files: Path | None = None) ->
     with persisted(frame):
         at_once = frame.count() <= CHUNK
         stored = len(_storable(-1, results_rows(pipeline, output_rows(frame, at_once)), []))
-        for sink in pipeline.outputs() if files is not None else ():
-            if isinstance(sink, FileSink):
-                assert files is not None
+        if files is not None:
+            for sink in (s for s in pipeline.outputs() if isinstance(s, FileSink)):
                 target = files / sink.name
                 shutil.rmtree(target, ignore_errors=True)  # a batch 0 of its own each time: the whole write, no skip
                 write_files(frame, replace(sink, path=str(target)), 0, "rehearsal")
