@@ -201,6 +201,31 @@ def test_the_pipelines_warm_up_keeps_to_its_budget(monkeypatch, tmp_path):
     assert warmed == dict.fromkeys(["a.b:C", "d.e:F"], "not planned: the warm-up's 1e-09 s were spent")
 
 
+def test_a_new_reader_removes_the_warm_up_scratch_a_killed_reader_left_and_no_live_readers(tmp_path):
+    """A reader stopped mid warm-up (Ctrl-C of the stack in its first minutes) left its scratch checkpoint in the host's
+    reader directory for good; the directory is shared by the host's readers, so only a gone reader's may go."""
+    import subprocess
+    import sys
+
+    from workers.spark.state_reader import scratch, sweep_scratch
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = tmp_path / f"warm-pipeline-{gone.pid}-k2x_9abc"
+    (left / "checkpoint" / "commits").mkdir(parents=True)
+    (left / "checkpoint" / "commits" / "0").write_text("v1")
+    mine = scratch(tmp_path, "warm-up")  # this process lives: a reader still warming up
+    older = tmp_path / "warm-pipeline-abc123xy"  # before the pid was in the name: whose it is cannot be told
+    older.mkdir()
+    other = tmp_path / "spool"
+    other.mkdir()
+
+    assert sweep_scratch(tmp_path) == [left]
+    assert not left.exists()
+    assert mine.exists() and mine.name.startswith(f"warm-up-{os.getpid()}-")
+    assert older.exists() and other.exists()
+
+
 def test_the_console_names_the_pipelines_beside_its_jobs_pipelines_first(make_job):
     from dashboard import pipelines
     from dashboard.services.action_steps import warm_pipelines_order

@@ -57,6 +57,36 @@ WARM_PIPELINES = "STATEKEEPER_WARM_PIPELINES"
 WARM_PIPELINES_SECONDS = "STATEKEEPER_WARM_PIPELINES_SECONDS"
 
 
+def scratch(where: Path, use: str) -> Path:
+    """A new scratch directory under ``where`` for this reader's warm-up, named with its pid so that a later reader can
+    tell one a killed reader left (``sweep_scratch``)."""
+    return Path(tempfile.mkdtemp(prefix=f"{use}-{os.getpid()}-", dir=where))
+
+
+def sweep_scratch(where: Path) -> list[Path]:
+    """Remove the warm-up scratch directories under ``where`` whose reader is gone (a reader killed or stopped mid
+    warm-up leaves its scratch checkpoint; the directory is shared by the host's readers, so only a dead pid's go); the
+    ones removed."""
+    removed = []
+    for path in where.glob("warm-*"):
+        pid = path.name.rsplit("-", 2)[-2] if path.name.count("-") >= 3 else ""
+        if not pid.isdigit() or _alive(int(pid)):
+            continue  # an older reader's unnamed one is left alone: it may be alive
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def serve(path: Path, idle_seconds: float) -> int:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 - held for the process's life
@@ -80,6 +110,8 @@ def serve(path: Path, idle_seconds: float) -> int:
     # transformWithState query's planning, each importing PySpark and PyArrow first (about a second of a plan's two
     # or three); a fork server that has done those imports hands them out ready (see fork_server.py).
     reclaim(spool_of(path))
+    for left in sweep_scratch(path.parent):
+        print(f"removed {left}: a warm-up's scratch directory whose reader is gone", flush=True)
     forks = ForkServer()
     os.environ.update(forks.env)
     spark = session()
@@ -298,14 +330,14 @@ def warm_pipelines(spark: Any, where: Path, references: list[str], budget: float
             warmed[reference] = f"not planned: the warm-up's {budget:g} s were spent"
             continue
         began = time.monotonic()
-        scratch = Path(tempfile.mkdtemp(prefix="warm-pipeline-", dir=where))
+        place = scratch(where, "warm-pipeline")
         try:
             pipeline = load_pipeline(reference)
-            spec = _batch_on_scratch_stream(spark.newSession(), url, pipeline, scratch / "checkpoint")
-            newest = latest_committed(scratch / "checkpoint")
-            copy_checkpoint(scratch / "checkpoint", scratch / "copy", newest, replay=True)
+            spec = _batch_on_scratch_stream(spark.newSession(), url, pipeline, place / "checkpoint")
+            newest = latest_committed(place / "checkpoint")
+            copy_checkpoint(place / "checkpoint", place / "copy", newest, replay=True)
             request = asdict(spec) | {"reference": reference, "parameters": {}, "timeout": 120}
-            planned = plan(spark.newSession(), str(scratch / "copy"), newest, request)
+            planned = plan(spark.newSession(), str(place / "copy"), newest, request)
             if "replay_error" in planned:
                 raise RuntimeError(str(planned["replay_error"])[:500])
             warmed[reference] = f"planned in {time.monotonic() - began:.1f} s"
@@ -314,7 +346,7 @@ def warm_pipelines(spark: Any, where: Path, references: list[str], budget: float
         except Exception as exc:  # a preview of it plans cold, as without the warm-up
             warmed[reference] = f"failed: {describe(exc)}"
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(place, ignore_errors=True)
         print(f"state reader warm-up of {reference}: {warmed[reference]}", flush=True)
 
 
@@ -361,13 +393,13 @@ def warm_up(spark: Any, where: Path) -> None:
     """A stateful query on a few rows into a scratch checkpoint, then the console's reads of it: in a new JVM the
     first read through Spark's state sources costs about ten seconds (class loading, code generation), which the
     first inspection would otherwise pay."""
-    scratch = Path(tempfile.mkdtemp(prefix="warm-up-", dir=where))
+    place = scratch(where, "warm-up")
     try:
-        (scratch / "in").mkdir()
-        (scratch / "in" / "rows.json").write_text("".join(f'{{"k": "k{i % 5}"}}\n' for i in range(20)))
-        checkpoint = str(scratch / "checkpoint")
+        (place / "in").mkdir()
+        (place / "in" / "rows.json").write_text("".join(f'{{"k": "k{i % 5}"}}\n' for i in range(20)))
+        checkpoint = str(place / "checkpoint")
         query = (
-            spark.readStream.schema("k string").json(str(scratch / "in")).groupBy("k").count()
+            spark.readStream.schema("k string").json(str(place / "in")).groupBy("k").count()
             .writeStream.format("noop").outputMode("update").option("checkpointLocation", checkpoint)
             .trigger(availableNow=True).start()
         )  # fmt: skip
@@ -378,17 +410,17 @@ def warm_up(spark: Any, where: Path) -> None:
         # and transformWithState's path (its planning, its Python workers, its state schema files), which an
         # upgrade's plan of such a pipeline takes: a first one costs seconds more than the next in a new JVM
         query = (
-            spark.readStream.schema("k string").json(str(scratch / "in")).groupBy("k")
+            spark.readStream.schema("k string").json(str(place / "in")).groupBy("k")
             .transformWithState(WarmUpCount(), "k string, n bigint", "Update", "None")
-            .writeStream.format("noop").outputMode("update").option("checkpointLocation", str(scratch / "tws"))
+            .writeStream.format("noop").outputMode("update").option("checkpointLocation", str(place / "tws"))
             .trigger(availableNow=True).start()
         )  # fmt: skip
         if not query.awaitTermination(120):
             query.stop()
-        answer(spark, "verify", str(scratch / "tws"), 0, {})
-        warm_source(spark.newSession(), scratch / "source")
+        answer(spark, "verify", str(place / "tws"), 0, {})
+        warm_source(spark.newSession(), place / "source")
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(place, ignore_errors=True)
 
 
 def warm_source(spark: Any, checkpoint: Path) -> None:
