@@ -106,7 +106,26 @@ def outcome(job: Job, action: Action, old_run: int | None) -> dict[str, Any]:
         assert first is not None and last is not None
         row["first_batch"] = committed(first) - action.requested_at.timestamp()
         row["gap"] = committed(first) - committed(last)
+        row["gap_batches"] = gap_batches(job, old_run, last, first)
     return row
+
+
+def gap_batches(job: Job, old_run: int, last: Checkpoint, first: Checkpoint) -> str:
+    """Where the output gap went, batch by batch: the old run's last batch, then each of the new runs' batches up to
+    its first that read events, each as its trigger's start (seconds after the old run's last commit), its duration
+    and Spark's phases of it in seconds (planning, the source's latestOffset, addBatch, the state commit), and its
+    input rows."""
+    end = committed(last)
+    rows = [last, *Checkpoint.objects.filter(job=job, run_id__gt=old_run, batch_id__lte=first.batch_id)
+            .order_by("run_id", "batch_id")]  # fmt: skip
+
+    def one(c: Checkpoint) -> str:
+        start = c.committed_at.timestamp() - end
+        return (f"#{c.batch_id} {start:+.1f} {c.duration_ms / 1000:.1f} (plan {c.query_planning_ms / 1000:.1f}, "
+                f"offset {c.latest_offset_ms / 1000:.1f}, add {c.add_batch_ms / 1000:.1f}, "
+                f"state {c.state_commit_ms / 1000:.1f}) {c.input_rows} rows")  # fmt: skip
+
+    return "; ".join(one(c) for c in rows)
 
 
 def change(job: Job, kind: str) -> dict[str, Any]:
@@ -277,6 +296,8 @@ def main() -> None:
             last += [*green["upgrades"][-1:], *green["own"][-1:], *green["rescales"][-1:]]
         print(f"  round {n + 1}: " + "; ".join(f"{r['job']} {r['kind']} first batch {r['first_batch']:.1f} s, gap "
                                                f"{r['gap']:.1f} s" for r in last), flush=True)  # fmt: skip
+        for r in last:
+            print(f"    {r['job']} {r['kind']}, its gap's batches: {r.get('gap_batches', '')}", flush=True)
     together: list[dict[str, Any]] = []
     alone: dict[str, dict[str, Any]] = {}
     if not args.skip_at_once and args.changes != "blue-green" and upgrades and rescales:
