@@ -294,6 +294,65 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     assert not list((settings.CHECKPOINT_ROOT / ".scratch").iterdir()), "scratch copies are removed"
 
 
+def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back_and_loses_nothing(
+    make_job, start_driver, redis, stream_name, monkeypatch
+):
+    """Records waiting, the new run's first batch is to show that Spark loads the repartitioned state (no reader's
+    load while the job is stopped). Here the repartitioned copy is damaged before the restart: the new run fails
+    before its first batch, the reader cannot load the copy either, and the job goes back to its original checkpoint
+    and scale, where every record counts once."""
+    from dashboard.services import action_steps, rescale
+    from dashboard.services.runs import run_finish
+
+    job = make_job(max_records_per_batch=300, state_partitions=2, state_backend="rocksdb")
+    first = send_events(redis, stream_name, "url-counts", 300, seed=1)
+    driver = start_driver(job)
+    wait_for(lambda: sink_total(job) == first, 180, 0.5, "the job to count the first events")
+    waiting = []
+    repartition_wait = rescale.repartition_wait
+
+    def damaged(action, copy, *args):  # Spark's repartition, then its newest state files lost; records arrive
+        if (outcome := repartition_wait(action, copy, *args)) is None and not waiting:
+            version = max(committed_batches(copy)) + 1  # a batch's state is version batch + 1
+            lost = [f for f in (copy / "state").rglob("*.zip") if f.name.startswith(f"{version}_")]
+            assert len(lost) == 3, "the repartition wrote its batch's state, one file a partition"
+            for file in lost:
+                file.unlink()
+            waiting.append(send_events(redis, stream_name, "url-counts", 200, seed=2))
+        return outcome
+
+    launched = []
+
+    def launch(*, run_id):  # the new driver, as it reports a state it cannot load; the way back's, left pending
+        launched.append(run_id)
+        if len(launched) == 1:
+            run_finish(run_id=run_id, status=RunStatus.FAILED, message="Spark could not load state version 3")
+
+    monkeypatch.setattr(rescale, "repartition_wait", damaged)
+    monkeypatch.setattr(action_steps, "run_launch", launch)
+    action = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3})
+    done = action_execute(action_id=action.id)
+    driver.thread.join(60)
+
+    steps = [p["step"] for p in done.phases]
+    assert steps[-5:] == ["check-state", "apply", "first-batch", "check-after", "back"], (steps, done.outcome)
+    assert "check-state" not in done.memo, "no load by the reader while the job was stopped"
+    assert done.status == ActionStatus.FAILED
+    assert done.outcome.startswith("Spark could not load the repartitioned state ("), done.outcome
+    assert (
+        "The job is back on its original checkpoint (checkpoint) at parallelism 2, state partitions 2" in done.outcome
+    )
+    assert f"run #{done.params['back_run']} starting: nothing was lost" in done.outcome
+    job.refresh_from_db()
+    assert (job.checkpoint_dir, job.state_partitions) == ("checkpoint", 2)
+    assert launched == [done.params["run"], done.params["back_run"]]
+    assert (job.directory / f"checkpoint-rescale-{done.id}").is_dir(), "the damaged copy is kept to look into"
+
+    run_finish(run_id=done.params["back_run"], status=RunStatus.STOPPED, message="ran below instead")
+    run_through(start_driver(job), redis, first + waiting[0])
+    assert sink_total(job) == first + waiting[0], "every record counted once, on the original checkpoint"
+
+
 def test_a_second_action_is_refused_while_one_is_in_flight(make_job):
     job = make_job()
     action_request(job=job, kind=ActionKind.SAVEPOINT)

@@ -64,7 +64,10 @@ def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_dri
     assert rescale.status == ActionStatus.SUCCEEDED, rescale.outcome
     third = job.runs.get(id=rescale.params["run"])
     first_batch = third.checkpoints.order_by("batch_id").first()
-    assert first_batch is not None and f"its first batch ({first_batch.batch_id}) committed" in rescale.outcome
+    assert first_batch is not None and (
+        f"its first batch ({first_batch.batch_id}) committed: Spark loaded the repartitioned state" in rescale.outcome
+    ), rescale.outcome
+    assert "check-state" not in rescale.memo, "records waited: the first batch showed the state loads, no reader did"
     savepoint = job.savepoints.get(id=rescale.params["savepoint"])
     assert savepoint.status == "verified" and savepoint.verified_at >= first_batch.recorded_at, (
         "Spark read the savepoint after the new run's first batch, not while the job was stopped"

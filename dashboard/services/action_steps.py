@@ -125,6 +125,8 @@ MEMO: dict[str, Kind] = {
     "green_ended": str,  # blue/green: why green's run ended
     "green_starts": int,  # blue/green: green's runs started, bounded
     "input_waiting": bool,  # upgrade, rescale: records wait for the new run's first batch
+    "load_proof": str,  # rescale: "first-batch" when the new run's first batch is to show the repartitioned state loads
+    "load_failure": str,  # rescale: why Spark could not load the repartitioned state, for "back"
     "migrated": bool,  # upgrade: the migration wrote the new line's seed
     "migration_begun": bool,
     "migration_start": dict,  # migration preview: the input range of the first batch ({"id", "n"})
@@ -138,7 +140,7 @@ MEMO: dict[str, Kind] = {
 }
 # A Spark read's or a process's own record under its key (``state_read``, ``tool_process``): these keys, each also
 # with a number after it (``verify-12``: savepoint 12's), "-process" after either (its process of its own).
-TOOL_KEYS = ("check-state", "inspect", "migration", "plan", "rows", "verify", "repartition", "shadow")
+TOOL_KEYS = ("check-state", "check-after", "inspect", "migration", "plan", "rows", "verify", "repartition", "shadow")
 MEMO.update(dict.fromkeys(TOOL_KEYS, dict))
 
 # What the operator sees with the action (``remember``), each key with its type; the values an action is requested
@@ -180,6 +182,7 @@ PARAMS: dict[str, Kind] = {
     "replay_records": (int, NoneType),  # restore and rollback: the records the replay reads
     "run": int,
     "rollback_run": int,  # the run an action started (``start_once``)
+    "back_run": int,  # rescale: the run started on the original checkpoint, the repartitioned state not loading
     "savepoint": (int, NoneType),
 }
 
