@@ -206,6 +206,7 @@ def test_a_new_reader_removes_the_warm_up_scratch_a_killed_reader_left_and_no_li
     reader directory for good; the directory is shared by the host's readers, so only a gone reader's may go."""
     import subprocess
     import sys
+    from pathlib import Path
 
     from workers.spark.state_reader import scratch, sweep_scratch
 
@@ -214,14 +215,19 @@ def test_a_new_reader_removes_the_warm_up_scratch_a_killed_reader_left_and_no_li
     left = tmp_path / f"warm-pipeline-{gone.pid}-k2x_9abc"
     (left / "checkpoint" / "commits").mkdir(parents=True)
     (left / "checkpoint" / "commits" / "0").write_text("v1")
+    # killed, not yet reaped by the worker that started it (as the stack's reader was, found so): gone too
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1].startswith("Z"), 30, 0.05, "a zombie")
+    killed = scratch(tmp_path, "warm-up").rename(tmp_path / f"warm-up-{zombie.pid}-zz_1")
     mine = scratch(tmp_path, "warm-up")  # this process lives: a reader still warming up
     older = tmp_path / "warm-pipeline-abc123xy"  # before the pid was in the name: whose it is cannot be told
     older.mkdir()
     other = tmp_path / "spool"
     other.mkdir()
 
-    assert sweep_scratch(tmp_path) == [left]
-    assert not left.exists()
+    assert sorted(sweep_scratch(tmp_path)) == sorted([left, killed])
+    zombie.wait()
+    assert not left.exists() and not killed.exists()
     assert mine.exists() and mine.name.startswith(f"warm-up-{os.getpid()}-")
     assert older.exists() and other.exists()
 

@@ -78,13 +78,18 @@ def sweep_scratch(where: Path) -> list[Path]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (killed, not yet reaped by the worker that started it) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def serve(path: Path, idle_seconds: float) -> int:
