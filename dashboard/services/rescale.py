@@ -123,8 +123,8 @@ FIRST_BATCH = "first-batch"  # the memo's ``load_proof``: the new run's first ba
 
 def _check_state(action: Action) -> Outcome:
     """Spark's state reader loads the repartitioned copy, unless the job restarts with records waiting: then its first
-    batch shows it, and the job's output stops that much less (1.6 s of the rescale's 7.5 s gap on the busy demo
-    stack, docs/benchmarks.md)."""
+    batch shows it, and the job's output stops that much less (the reader's load took 1.6-1.8 s of a 6-7.5 s gap on
+    the busy demo stack: docs/benchmarks.md)."""
     restarts = bool(action.params["was_running"] or action.params.get("start"))
     if restarts and (action.memo.get("load_proof") == FIRST_BATCH or records_after_savepoint(action)):
         memo_save(action, load_proof=FIRST_BATCH)
