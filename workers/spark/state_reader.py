@@ -43,6 +43,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from statekeeper_sdk.compatibility import describe
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint, latest_committed
+from dashboard.services.processes import pid_alive
 from workers.spark.fork_server import ForkServer
 from workers.spark.query import JobSpec, start_query
 from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, load_pipeline, plan, session
@@ -65,31 +66,16 @@ def scratch(where: Path, use: str) -> Path:
 
 def sweep_scratch(where: Path) -> list[Path]:
     """Remove the warm-up scratch directories under ``where`` whose reader is gone (a reader killed or stopped mid
-    warm-up leaves its scratch checkpoint; the directory is shared by the host's readers, so only a dead pid's go); the
-    ones removed."""
+    warm-up leaves its scratch checkpoint; the directory is shared by the host's readers, so only a dead pid's go, a
+    zombie's among them: killed, not yet reaped by the worker that started it); the ones removed."""
     removed = []
     for path in where.glob("warm-*"):
         pid = path.name.rsplit("-", 2)[-2] if path.name.count("-") >= 3 else ""
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue  # an older reader's unnamed one is left alone: it may be alive
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs: a zombie (killed, not yet reaped by the worker that started it) does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def serve(path: Path, idle_seconds: float) -> int:
