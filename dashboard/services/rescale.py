@@ -121,12 +121,16 @@ def _repartition(action: Action) -> Outcome:
 FIRST_BATCH = "first-batch"  # the memo's ``load_proof``: the new run's first batch shows the state loads
 
 
+def _restarts(action: Action) -> bool:
+    """Whether the rescale starts the job once rescaled: it ran, or the request asks for a start."""
+    return bool(action.params["was_running"] or action.params.get("start"))
+
+
 def _check_state(action: Action) -> Outcome:
     """Spark's state reader loads the repartitioned copy, unless the job restarts with records waiting: then its first
     batch shows it, and the job's output stops that much less (the reader's load took 1.6-1.8 s of a 6-7.5 s gap on
     the busy demo stack: docs/benchmarks.md)."""
-    restarts = bool(action.params["was_running"] or action.params.get("start"))
-    if restarts and (action.memo.get("load_proof") == FIRST_BATCH or records_after_savepoint(action)):
+    if _restarts(action) and (action.memo.get("load_proof") == FIRST_BATCH or records_after_savepoint(action)):
         memo_save(action, load_proof=FIRST_BATCH)
         return Next("apply")
     target = action.job.directory / fork_name(action, "rescale")
@@ -167,7 +171,7 @@ def _back(action: Action) -> Outcome:
     )
     job.refresh_from_db()
     started = ""
-    if action.params["was_running"] or action.params.get("start"):
+    if _restarts(action):
         started = f"; run #{start_once(action, key='back_run', launch=True).id} starting"
     raise ActionFailed(
         f"Spark could not load the repartitioned state ({action.memo['load_failure']}). The job is back on its "
@@ -245,7 +249,7 @@ def _apply(action: Action) -> Outcome:
     notes = []
     if savepoint_id := action.params.get("savepoint"):
         notes.append(f"savepoint #{Savepoint.objects.get(id=savepoint_id).id} kept for rollback")
-    if action.params["was_running"] or action.params.get("start"):
+    if _restarts(action):
         notes.append(f"run #{start_once(action, launch=True).id} starting")
         memo_save(action, input_waiting=records_after_savepoint(action))
     stopped_at = datetime.fromisoformat(action.params["stopped_at"])
