@@ -99,11 +99,15 @@ def _stop(action: Action) -> Outcome:
     return Next("savepoint" if _repartitions(action) else "apply")
 
 
+def _copy(action: Action) -> Path:
+    """The checkpoint copy the rescale repartitions, and the job runs on once rescaled."""
+    return action.job.directory / fork_name(action, "rescale")
+
+
 def _repartition(action: Action) -> Outcome:
     job = action.job
     partitions = _target(action)[1]
-    fork = fork_name(action, "rescale")
-    target = job.directory / fork
+    target = _copy(action)
 
     def copy() -> None:  # the job is stopped: its newest committed batch is the savepoint's
         remove_tree(target)
@@ -133,7 +137,7 @@ def _check_state(action: Action) -> Outcome:
     if _restarts(action) and (action.memo.get("load_proof") == FIRST_BATCH or records_after_savepoint(action)):
         memo_save(action, load_proof=FIRST_BATCH)
         return Next("apply")
-    target = action.job.directory / fork_name(action, "rescale")
+    target = _copy(action)
     return state_loads_wait(action, target, STAYS_STOPPED) or Next("apply")
 
 
@@ -141,7 +145,7 @@ def _check_after(action: Action) -> Outcome:
     """The new run did not show that Spark loads the repartitioned state (it ended before its first batch, or had none
     within FIRST_BATCH_WAIT): the state reader reads the copy now. Loaded, the rescale stands, and says why the run
     showed nothing; else the job goes back to its original checkpoint ("back")."""
-    target = action.job.directory / fork_name(action, "rescale")
+    target = _copy(action)
     try:
         if state_read(action, "check-after", "verify", target, latest_committed(target)) is None:
             return Wait("checking that Spark loads the repartitioned state", 0.5)
@@ -149,10 +153,7 @@ def _check_after(action: Action) -> Outcome:
         memo_save(action, load_failure=str(exc)[:1000])
         return Next("back")
     run = Run.objects.get(id=action.params["run"])
-    if run.is_active:
-        why = f"run #{run.id} committed no batch within {FIRST_BATCH_WAIT} s"
-    else:
-        why = f"run #{run.id} ended {run.status} before its first batch ({run.message or 'no message'})"
+    why = f"run #{run.id} committed no batch within {FIRST_BATCH_WAIT} s" if run.is_active else _ended_first(run)
     return _rescaled(action, f"{action.memo['rescaled']}; {why}; Spark loads the repartitioned state")
 
 
@@ -275,10 +276,14 @@ def _first_batch(action: Action) -> Outcome:
         elif proof and (not run.is_active or step_seconds(action) >= FIRST_BATCH_WAIT):
             return Next("check-after")
         elif not run.is_active:
-            done += f"; run #{run.id} ended {run.status} before its first batch ({run.message or 'no message'})"
+            done += f"; {_ended_first(run)}"
         elif (proof or action.memo.get("input_waiting")) and step_seconds(action) < FIRST_BATCH_WAIT:
             return Wait(f"run #{run.id} starting: waiting for its first batch", 0.5)
     return _rescaled(action, done)
+
+
+def _ended_first(run: Run) -> str:
+    return f"run #{run.id} ended {run.status} before its first batch ({run.message or 'no message'})"
 
 
 def _rescaled(action: Action, done: str) -> Outcome:
