@@ -19,7 +19,7 @@ from dashboard.checkpoint_dir.files import (
     directory_bytes,
     verify_files,
 )
-from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus, SavepointStatus
+from dashboard.models import Action, ActionKind, ActionStatus, Job, RunStatus, SavepointStatus
 from dashboard.selectors.partitions import partition_view
 from dashboard.services import upgrades
 from dashboard.services.actions import action_execute, action_request
@@ -29,14 +29,10 @@ from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.inspector import on_lineage
 from dashboard.services.storage import job_storage
 from tests.conftest import run_through, send_events, wait_for
-from tests.support import execute, send
+from tests.support import execute, send, sink_total
 from workers.spark import state_tool
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
-
-
-def sink_total(job) -> int:
-    return sum(row.value["requests"] for row in ResultRow.objects.filter(job=job, kind="url"))
 
 
 def take_pending_start(job) -> None:
