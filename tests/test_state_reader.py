@@ -149,6 +149,44 @@ def test_the_spool_answers_a_verification_before_repartitions_asked_earlier_each
     assert sorted(p.name for p in spool.iterdir()) == [f"{n}.answer" for n in "abcdef"]
 
 
+def test_a_verification_asked_while_a_repartition_is_read_is_answered_before_it_ends(tmp_path):
+    """Five actions at once on the demo stack: a savepoint's verification (0.75 s alone) waited 5-6 s behind the
+    upgrades' re-runs being read. The reader answers long requests in a lane of their own, the short ones beside."""
+    import json
+    import threading
+
+    from workers.spark.state_reader import LONG, SHORT, serve_lane
+
+    spool = tmp_path / "reader.spool"
+    spool.mkdir()
+    for n, (name, command) in enumerate([("a", "repartition"), ("b", "plan"), ("c", "verify")]):
+        request = spool / f"{name}.request"
+        request.write_text(json.dumps({"command": command, "path": "/nowhere", "number": 1}))
+        os.utime(request, (1_000_000 + n, 1_000_000 + n))
+    verified = threading.Event()
+    answered: list[str] = []
+
+    def read(request: dict, on_verdict=None) -> dict:
+        if request["command"] == "verify":
+            verified.set()
+        else:  # a long one ends only once the verification has been answered, or fails the test after 30 s
+            assert verified.wait(30), "the verification waited for the long request being read"
+        answered.append(request["command"])
+        return {"ok": True}
+
+    closing = threading.Event()
+    lanes = [threading.Thread(target=serve_lane, args=(spool, read, lane, closing)) for lane in (LONG, SHORT)]
+    for lane in lanes:
+        lane.start()
+    wait_for(lambda: len(answered) == 3, 60, 0.05, "the three answers")
+    closing.set()
+    for lane in lanes:
+        lane.join(5)
+    assert answered == ["verify", "repartition", "plan"], "the long ones one at a time, oldest first"
+    assert sorted(p.name for p in spool.iterdir()) == ["a.answer", "b.answer", "c.answer"]
+    assert not any(lane.is_alive() for lane in lanes), "both lanes end when the reader closes"
+
+
 TIMED = "user_sessions.timed:SESSIONS_TIMED"
 
 

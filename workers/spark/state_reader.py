@@ -4,9 +4,11 @@ ten to fifteen a new JVM costs.
 
     python -m workers.spark.state_reader SOCKET IDLE_SECONDS
 
-One request at a time: a JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out; or the
-same request left as a file in the spool beside the socket, answered into a file there, after which the asking
-action's visit is sent (how an action step asks without holding its worker, see ``serve_spool`` and ``wake``). An
+A JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line out, one at a time; or the same
+request left as a file in the spool beside the socket, answered into a file there, after which the asking action's
+visit is sent (how an action step asks without holding its worker, see ``serve_spool`` and ``wake``). The spool is
+answered in two lanes: the long requests (a plan, a migration, a repartition) one at a time on a thread of their
+own, the short ones (a verification, a count, an inspector page) and the socket's beside them (``LANES``). An
 upgrade's plan, a state migration and the repartition of a copy the console made are answered too (each in a session
 of its own); when the pipeline's module changed on disk since the reader imported it, the answer is {"stale": …} and
 the reader ends. Each request builds new readers on the path it names (Spark's ``statestore`` source caches nothing
@@ -105,15 +107,28 @@ def serve(path: Path, idle_seconds: float) -> int:
         print(f"removed {left}: a warm-up's scratch directory whose reader is gone", flush=True)
     forks = ForkServer()
     os.environ.update(forks.env)
-    spark = session()
+    # the two lanes' Spark jobs share the one core by turns (FAIR between the pools), not the earlier job's tasks first
+    spark = session({"spark.scheduler.mode": "FAIR"})
     warm = threading.Event()
     warmed: dict[str, str] = {}  # pipeline reference -> how its warm-up plan went
-    stale = threading.Event()
-    served = 0
+    closing = threading.Event()  # a pipeline's code changed on disk, or MAX_REQUESTS served: no lane takes another
+    served = reading = 0
     last = time.monotonic()
+    counting = threading.Lock()  # the lanes' threads both count
 
     def read(request: dict[str, Any], on_verdict: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        nonlocal served, last
+        nonlocal served, reading, last
+        with counting:
+            reading += 1
+        try:
+            return _read(request, on_verdict)
+        finally:
+            with counting:
+                served, reading, last = served + 1, reading - 1, time.monotonic()
+                if served >= MAX_REQUESTS:
+                    closing.set()
+
+    def _read(request: dict[str, Any], on_verdict: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         try:
             command = request["command"]
             if command not in READER_COMMANDS:
@@ -125,11 +140,15 @@ def serve(path: Path, idle_seconds: float) -> int:
             )
         except StaleCode as exc:  # its Python workers hold the old code too: a new reader starts afresh
             result = {"stale": str(exc)}
-            stale.set()
+            closing.set()
         except Exception as exc:
             result = {"error": describe(exc)}
-        served, last = served + 1, time.monotonic()
         return dict(result)
+
+    def idle() -> bool:
+        """No request for idle_seconds, and none being read (a long one may take longer than that)."""
+        with counting:
+            return reading == 0 and time.monotonic() - last >= idle_seconds
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
@@ -156,11 +175,20 @@ def serve(path: Path, idle_seconds: float) -> int:
     threading.Thread(target=warm_up_quietly, args=(spark, path.parent, warm, warmed), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the console: remove the socket on the way out
     print(f"state reader listening on {path} (pid {os.getpid()}), warming up", flush=True)
+
+    def long_requests() -> None:  # Spark shares its one core between this lane's jobs and the other's (FAIR)
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", "long")
+        serve_lane(spool_of(path), read, LONG, closing)
+
+    long_lane = threading.Thread(target=long_requests, name="long requests", daemon=True)
+    long_lane.start()
     try:
-        while served < MAX_REQUESTS and time.monotonic() - last < idle_seconds and not stale.is_set():
+        while not closing.is_set() and not idle():
             server.handle_request()
-            if not stale.is_set():
-                serve_spool(spool_of(path), read)
+            if not closing.is_set():
+                serve_spool(spool_of(path), read, SHORT)
+        closing.set()
+        long_lane.join()  # the long request being read is answered first
     finally:
         server.server_close()
         with contextlib.suppress(FileNotFoundError):
@@ -197,37 +225,47 @@ def reclaim(spool: Path) -> None:
 
 
 # What takes Spark tens of seconds on a busy host: a re-run batch, a migration, a repartition. A verification, a state
-# count or an inspector page takes one or two. Waiting requests are answered the short ones first, each kind oldest
-# first: one job's savepoint is not verified after two other jobs' repartitions (five actions at once on the demo
-# stack, docs/benchmarks.md).
+# count or an inspector page takes one or two. They are answered in two lanes, each oldest first: a short request is
+# not answered after a long one asked before it, nor while one is being read (five actions at once on the demo stack:
+# a savepoint's verification waited behind two rescales' repartitions and two upgrades' re-runs, docs/benchmarks.md).
 LONG_COMMANDS = frozenset({"plan", "migrate", "repartition"})
+SHORT, LONG = "short", "long"
+LANES = (SHORT, LONG)
+SPOOL_LOOK = 0.1  # seconds between a lane's looks at the spool when nothing waits for it
 
 
-def _in_turn(request_file: Path) -> tuple[bool, float]:
-    """The order a waiting request is answered in: short before long, then oldest first. A request that cannot be
-    read is answered (with its error) among the short ones."""
-    try:
-        mtime = request_file.stat().st_mtime
-    except FileNotFoundError:
-        return False, 0.0
+def lane_of(request_file: Path) -> str:
+    """The lane that answers a waiting request: the long one for a plan, a migration or a repartition, else the
+    short one; a request that cannot be read is answered (with its error) in the short one."""
     try:
         command = json.loads(request_file.read_text()).get("command")
     except (OSError, ValueError, AttributeError):
         command = None
-    return command in LONG_COMMANDS, mtime
+    return LONG if command in LONG_COMMANDS else SHORT
 
 
-def serve_spool(spool: Path, read: Any) -> bool:
-    """Answer the request waiting in the spool whose turn it is (``_in_turn``), if any: ``NAME.request`` is claimed by
-    a rename to ``NAME.taken``, and the answer written to ``NAME.answer`` whole (a temporary file renamed). A reader
-    killed mid-request leaves ``NAME.taken``, which the console's step hands back or reads in a process of its own. A
-    plan's verdict at planning, before its batch has run, is written to ``NAME.verdict`` the same way, and its visit
-    sent."""
+def _in_turn(request_file: Path) -> tuple[bool, float]:
+    """The order waiting requests are answered in by a reader of one lane: short before long, then oldest first."""
+    try:
+        mtime = request_file.stat().st_mtime
+    except FileNotFoundError:
+        return False, 0.0
+    return lane_of(request_file) == LONG, mtime
+
+
+def serve_spool(spool: Path, read: Any, lane: str | None = None) -> bool:
+    """Answer the request of ``lane`` (``LANES``; None: either) waiting in the spool whose turn it is (``_in_turn``),
+    if any: ``NAME.request`` is claimed by a rename to ``NAME.taken`` (two lanes never take the same one), and the
+    answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed mid-request leaves
+    ``NAME.taken``, which the console's step hands back or reads in a process of its own. A plan's verdict at
+    planning, before its batch has run, is written to ``NAME.verdict`` the same way, and its visit sent."""
     try:
         waiting = sorted(spool.glob("*.request"), key=_in_turn)
     except FileNotFoundError:
         return False
     for request_file in waiting:
+        if lane is not None and lane_of(request_file) != lane:
+            continue
         taken = request_file.with_suffix(".taken")
         try:
             request_file.rename(taken)
@@ -256,6 +294,14 @@ def serve_spool(spool: Path, read: Any) -> bool:
             wake(request["wake"])
         return True
     return False
+
+
+def serve_lane(spool: Path, read: Any, lane: str, closing: threading.Event) -> None:
+    """Answer ``lane``'s spooled requests one at a time until ``closing`` is set (the one being read is answered
+    first)."""
+    while not closing.is_set():
+        if not serve_spool(spool, read, lane):
+            closing.wait(SPOOL_LOOK)
 
 
 WAKE_TIMEOUT = 2.0  # seconds to reach the broker: a broker away delays the next request by this much at most

@@ -442,8 +442,8 @@ def answer(
     raise ValueError(f"unknown command {command!r}")
 
 
-def session() -> Any:
-    return build_session("statekeeper-state-tool", "local[1]", backend="rocksdb")
+def session(extra: dict[str, str] | None = None) -> Any:
+    return build_session("statekeeper-state-tool", "local[1]", backend="rocksdb", extra=extra)
 
 
 def main(argv: list[str]) -> int:
