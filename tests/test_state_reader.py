@@ -270,6 +270,36 @@ def test_a_new_reader_removes_the_warm_up_scratch_a_killed_reader_left_and_no_li
     assert older.exists() and other.exists()
 
 
+def test_a_new_fork_server_removes_the_directory_a_killed_one_left(tmp_path, monkeypatch):
+    """A fork server killed with its starter's process group (a stack's stop) left an empty
+    /tmp/statekeeper-fork-* directory for good, two a stop of the demo stack."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from workers.spark.fork_server import ForkServer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = tmp_path / f"statekeeper-fork-{gone.pid}-ab_cd12x"
+    left.mkdir()
+    older = tmp_path / "statekeeper-fork-5gz2nil6"  # before the pid was in the name: left alone
+    older.mkdir()
+    server = ForkServer()
+    beside = ForkServer()  # another server of a live starter: the first one's directory is not its to remove
+    try:
+        assert server.ready(30) and beside.ready(30), "the new servers listen"
+        assert not left.exists()
+        assert older.exists()
+        assert Path(server.directory).name.startswith(f"statekeeper-fork-{os.getpid()}-")
+    finally:
+        server.close()
+        beside.close()
+    assert not Path(server.directory).exists() and not Path(beside.directory).exists()
+
+
 def test_the_console_names_the_pipelines_beside_its_jobs_pipelines_first(make_job):
     from dashboard import pipelines
     from dashboard.services.action_steps import warm_pipelines_order

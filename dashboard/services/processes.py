@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,21 @@ def pid_alive(pid: int | None) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def remove_left_by_the_gone(where: Path, pattern: str) -> list[Path]:
+    """Remove the directories under ``where`` matching ``pattern`` whose owner is gone: named ``NAME-PID-RANDOM``
+    (``tempfile.mkdtemp(prefix=f"NAME-{os.getpid()}-")``) by a process that is no longer alive or is a zombie (killed,
+    not yet reaped by its parent), which left them there when it was killed. One without a pid in its name is left
+    alone: whose it is cannot be told. The ones removed."""
+    removed = []
+    for path in where.glob(pattern):
+        pid = path.name.rsplit("-", 2)[-2] if path.name.count("-") >= 2 else ""
+        if not path.is_dir() or not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def children_by_parent() -> dict[int, list[int]]:

@@ -214,7 +214,13 @@ class ForkServer:
     """The server as its starter sees it: ``env`` is what makes a SparkSession started afterwards use it."""
 
     def __init__(self) -> None:
-        self.directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
+        from dashboard.services.processes import remove_left_by_the_gone  # the starter's side: not in the server
+
+        # a server killed with its starter's group (a stack's stop, a kill -9) leaves its directory: named with the
+        # starter's pid, it is removed by the next server started on the host once that pid is gone
+        for left in remove_left_by_the_gone(Path(tempfile.gettempdir()), f"{DIRECTORY_PREFIX}*"):
+            print(f"removed {left}: a fork server's directory whose process is gone", file=sys.stderr, flush=True)
+        self.directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-")
         self.path = os.path.join(self.directory, "socket")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "workers.spark.fork_server", self.path], stdin=subprocess.DEVNULL, cwd=PROJECT

@@ -45,7 +45,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from statekeeper_sdk.compatibility import describe
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint, latest_committed
-from dashboard.services.processes import pid_alive
+from dashboard.services.processes import remove_left_by_the_gone
 from workers.spark.fork_server import ForkServer
 from workers.spark.query import JobSpec, start_query
 from workers.spark.state_tool import READER_COMMANDS, StaleCode, answer, load_pipeline, plan, session
@@ -68,16 +68,9 @@ def scratch(where: Path, use: str) -> Path:
 
 def sweep_scratch(where: Path) -> list[Path]:
     """Remove the warm-up scratch directories under ``where`` whose reader is gone (a reader killed or stopped mid
-    warm-up leaves its scratch checkpoint; the directory is shared by the host's readers, so only a dead pid's go, a
-    zombie's among them: killed, not yet reaped by the worker that started it); the ones removed."""
-    removed = []
-    for path in where.glob("warm-*"):
-        pid = path.name.rsplit("-", 2)[-2] if path.name.count("-") >= 3 else ""
-        if not pid.isdigit() or pid_alive(int(pid)):
-            continue  # an older reader's unnamed one is left alone: it may be alive
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
+    warm-up leaves its scratch checkpoint; the directory is shared by the host's readers, so only a gone reader's go);
+    the ones removed."""
+    return remove_left_by_the_gone(where, "warm-*")
 
 
 def serve(path: Path, idle_seconds: float) -> int:
