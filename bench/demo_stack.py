@@ -247,6 +247,7 @@ def main() -> None:
     parser.add_argument("--previews", type=int, default=5, help="preview rounds over the four demo jobs")
     parser.add_argument("--skip-own", action="store_true", help="no job with a driver of its own")
     parser.add_argument("--skip-at-once", action="store_true", help="no five actions at once")
+    parser.add_argument("--at-once", type=int, default=1, help="how many times the five actions are asked at once")
     parser.add_argument("--only-own", action="store_true", help="the rounds change only the job with its own driver")
     parser.add_argument(
         "--changes",
@@ -314,8 +315,13 @@ def main() -> None:
         alone |= {"spend-rocksdb": upgrades[-1], "orders-rocksdb": rescales[-1]}
         if own_upgrades:
             alone[OWN] = own_upgrades[-1]
-        print(f"  {len(plan)} actions at once; load average {os.getloadavg()[0]:.1f}", flush=True)
-        together = at_once(plan, args.preview_first)
+        for n in range(args.at_once):
+            print(f"  {len(plan)} actions at once; load average {os.getloadavg()[0]:.1f}", flush=True)
+            rows = at_once(plan, args.preview_first)
+            print(
+                "    " + "; ".join(f"{r['job']} {r.get('first_batch', r.get('done')):.2f} s" for r in rows), flush=True
+            )
+            together += [r | {"round": n + 1} for r in rows]
     if own is not None:
         job_request_stop(job=own)
         wait_for(lambda: running(own) is None, 120, 1, f"{OWN} to stop")
@@ -352,12 +358,15 @@ def main() -> None:
     print(summary("blue/green rescale: request → first batch in the sinks", green["rescales"], "first_batch", "–"))
     print(summary("… its output gap", green["rescales"], "gap", "≤ 5 s"))
     if together:
-        print("\n| five at once: job | action | alone | together | ratio (≤ 2×) |\n|---|---|---:|---:|---:|")
-        for row in sorted(together, key=lambda r: r["job"]):
-            key = "first_batch" if "first_batch" in row else "done"
-            solo = alone[row["job"]][key]
-            print(f"| {row['job']} | {row['kind']} ({key.replace('_', ' ')}) | {solo:.2f} s | {row[key]:.2f} s | "
-                  f"{row[key] / solo:.2f}× |")  # fmt: skip
+        print("\n| five at once: job | action | alone | together, each | median | ratio (≤ 2×) |")
+        print("|---|---|---:|---|---:|---:|")
+        for name in sorted({r["job"] for r in together}):
+            rows = [r for r in together if r["job"] == name]
+            key = "first_batch" if "first_batch" in rows[0] else "done"
+            solo, each = alone[name][key], [r[key] for r in rows]
+            print(f"| {name} | {rows[0]['kind']} ({key.replace('_', ' ')}) | {solo:.2f} s | "
+                  f"{', '.join(f'{v:.2f}' for v in each)} s | {statistics.median(each):.2f} s | "
+                  f"{statistics.median(each) / solo:.2f}× |")  # fmt: skip
     phases_table({"preview": preview_rows, "upgrade (shared)": upgrades, "upgrade (own)": own_upgrades,
                   "rescale": rescales, "blue/green upgrade (shared)": green["upgrades"],
                   "blue/green upgrade (own)": green["own"], "blue/green rescale": green["rescales"],
