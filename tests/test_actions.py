@@ -326,7 +326,8 @@ def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back
 
     monkeypatch.setattr(rescale, "repartition_wait", damaged)
     monkeypatch.setattr(action_steps, "run_launch", launch)
-    action = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3})
+    # asked by `statekeeper apply`: the spec applied keeps the scale asked, and the outcome says the job differs from it
+    action = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3, "from_spec": 1})
     done = action_execute(action_id=action.id)
     driver.thread.join(60)
 
@@ -341,6 +342,8 @@ def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back
     assert f"run #{done.params['back_run']} starting: nothing was lost" in done.outcome
     job.refresh_from_db()
     assert (job.checkpoint_dir, job.state_partitions) == ("checkpoint", 2)
+    assert job.applied_spec["state_partitions"] == 3
+    assert "The spec applied still asks for parallelism 2, state partitions 3: the job page shows" in done.outcome
     assert launched == [done.params["run"], done.params["back_run"]]
     assert (job.directory / f"checkpoint-rescale-{done.id}").is_dir(), "the damaged copy is kept to look into"
 

@@ -174,11 +174,17 @@ def _back(action: Action) -> Outcome:
     started = ""
     if _restarts(action):
         started = f"; run #{start_once(action, key='back_run', launch=True).id} starting"
+    spec = ""
+    if action.params.get("from_spec"):  # the applied spec holds the scale asked (``_apply``): its drift says so
+        spec = (
+            f" The spec applied still asks for {scale_change(action.params['after'], action.params['after'])}: the job "
+            "page shows the difference, and the next `statekeeper plan` proposes this rescale again."
+        )
     raise ActionFailed(
         f"Spark could not load the repartitioned state ({action.memo['load_failure']}). The job is back on its "
         f"original checkpoint ({previous}) at {scale_change(before, before)}{started}: nothing was lost. The "
         f"repartitioned copy ({fork_name(action, 'rescale')}) is kept to look into, and savepoint "
-        f"#{action.params.get('savepoint')} too."
+        f"#{action.params.get('savepoint')} too.{spec}"
     )
 
 
