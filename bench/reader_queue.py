@@ -7,9 +7,10 @@ Attaches to the running console's state reader (starting it when none listens) a
 its newest committed batch twice per round. Each round: a verification of one copy over the reader's socket, as the
 console's synchronous reads ask, alone; then a repartition of the other copy left in the reader's spool, as a
 rescale's step leaves it, and the same verification asked a moment after it. Prints the verification's time alone
-and asked just after the repartition, and the repartition's own time (asked to answered). The reader answers one
-request at a time, so the verification waits for the repartition (five actions at once on the demo stack: a
-savepoint's verification behind another job's rescale).
+and asked just after the repartition, and the repartition's own time (asked to answered). The reader answers the
+repartition in its lane for long requests and the verification beside it; before the lanes (one request at a time)
+the verification waited for the repartition (five actions at once on the demo stack: a savepoint's verification
+behind another job's rescale).
 """
 
 from __future__ import annotations
