@@ -187,6 +187,46 @@ def test_a_verification_asked_while_a_repartition_is_read_is_answered_before_it_
     assert not any(lane.is_alive() for lane in lanes), "both lanes end when the reader closes"
 
 
+HOLD_LOCK = """
+import fcntl, os, sys, time
+held = open(sys.argv[1], "a+")
+fcntl.flock(held, fcntl.LOCK_EX)
+held.seek(0); held.truncate(); held.write(str(os.getpid())); held.flush()
+time.sleep(120)
+"""
+
+
+def test_stopping_the_reader_ends_a_reader_that_waits_for_its_lock_too(settings, tmp_path):
+    """``state_reader_stop`` ended the reader that held the lock; one started at the same moment (two requests at once
+    after a reader was killed each start one) waited for the lock, took it once the first had gone, and ran on: a
+    stack's stop could leave a reader behind it."""
+    import subprocess
+    import sys
+
+    from dashboard.services.processes import processes_running
+
+    settings.STATE_READER_SOCKET = tmp_path / "reader.sock"  # not the suite's reader
+    lock = settings.STATE_READER_SOCKET.with_suffix(".lock")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], start_new_session=True)
+    wait_for(lambda: state_reader_pid() == holder.pid, 30, 0.05, "the lock to be held")
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "workers.spark.state_reader", str(settings.STATE_READER_SOCKET), "60"],
+        cwd=settings.BASE_DIR, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_for(lambda: waiting.pid in processes_running("workers.spark.state_reader", str(settings.STATE_READER_SOCKET)),
+             10, 0.05, "the second reader")  # fmt: skip
+    try:
+        assert state_reader_stop() == holder.pid, "the one that held the lock is named"
+        assert holder.wait(10) == -signal.SIGTERM
+        assert waiting.wait(30) == -signal.SIGTERM, "the waiting one ends too, before it takes the lock"
+        assert state_reader_pid() is None
+    finally:
+        for process in (holder, waiting):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
 TIMED = "user_sessions.timed:SESSIONS_TIMED"
 
 

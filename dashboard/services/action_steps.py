@@ -34,6 +34,7 @@ from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, Job, Run, RunStatus
 from dashboard.services.enqueue import RUN_ACTION
 from dashboard.services.errors import ActionFailed, ActionRefused
+from dashboard.services.processes import processes_running
 from dashboard.services.runs import (
     job_request_start,
     job_request_stop,
@@ -228,6 +229,7 @@ def action_progress(action: Action, text: str) -> None:
 # checkpoint's seed and may run its first batch, a repartition rewrites a copy's state, each in a session of its own:
 # no JVM to start while a job waits); a shadow run's longer query runs in a process of its own.
 READER_COMMANDS = ("verify", "partition-rows", "inspect", "plan", "migrate", "repartition")
+READER_MODULE = "workers.spark.state_reader"  # the warm reader: ``python -m READER_MODULE SOCKET IDLE_SECONDS``
 
 
 def run_state_tool(
@@ -297,7 +299,7 @@ def state_reader_warm() -> int:
     """Start the reader unless one runs (its pid either way): the inspector asks for it when its page opens, so that
     the first inspection finds it ready. Two at once are harmless: the second exits on the first's lock."""
     return state_reader_pid() or spawn_process(
-        "workers.spark.state_reader", str(settings.STATE_READER_SOCKET), settings.LOG_ROOT / "state-reader.log",
+        READER_MODULE, str(settings.STATE_READER_SOCKET), settings.LOG_ROOT / "state-reader.log",
         str(settings.STATE_READER_IDLE_SECONDS),
         # where it sends the visit an answer wakes, where its warm-up reads a scratch stream, and what it plans then
         env={
@@ -349,12 +351,16 @@ def state_reader_pid() -> int | None:
 
 
 def state_reader_stop() -> int | None:
-    """End the warm reader (its process group: the Python process and its JVM); its pid, or None when none ran."""
-    pid = state_reader_pid()
-    if pid and pid > 1:
+    """End the warm reader (its process group: the Python process and its JVM), and any reader started for the same
+    socket that waits for its lock: it would take the lock over once the first has gone (two requests at once after a
+    reader was killed each start one). The pid of the one that held the lock (else of one that waited), or None."""
+    holder = state_reader_pid()
+    waiting = processes_running(READER_MODULE, str(settings.STATE_READER_SOCKET))
+    ended = [pid for pid in dict.fromkeys([holder or 0, *waiting]) if pid > 1]
+    for pid in ended:  # each spawned in a session of its own: its pid is its group's
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-    return pid
+    return ended[0] if ended else None
 
 
 def _ask(path: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -91,6 +91,25 @@ def remove_left_by_the_gone(where: Path, pattern: str) -> list[Path]:
     return removed
 
 
+def processes_running(module: str, argument: str) -> list[int]:
+    """The pids of the live processes started as ``python -m module argument …`` (``spawn_process``), read from /proc.
+    A process that ends while read is left out."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for n in range(len(words) - 2):
+            if words[n : n + 3] == [b"-m", module.encode(), argument.encode()]:
+                if pid_alive(int(entry.name)):
+                    found.append(int(entry.name))
+                break
+    return found
+
+
 def children_by_parent() -> dict[int, list[int]]:
     """Every process's children, by parent pid, read from /proc (a JVM forks from any of its threads, so a thread's own
     list of children would miss some). A process that ends while read is left out."""
