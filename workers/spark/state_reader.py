@@ -237,27 +237,32 @@ def lane_of(request_file: Path) -> str:
     return LONG if command in LONG_COMMANDS else SHORT
 
 
-def _in_turn(request_file: Path) -> tuple[bool, float]:
-    """The order waiting requests are answered in by a reader of one lane: short before long, then oldest first."""
-    try:
-        mtime = request_file.stat().st_mtime
-    except FileNotFoundError:
-        return False, 0.0
-    return lane_of(request_file) == LONG, mtime
+def _waiting(spool: Path) -> list[tuple[str, Path]]:
+    """The requests waiting in ``spool``, each with its lane, in the order they are answered: short before long, then
+    oldest first (each file read once)."""
+    found = []
+    for request_file in spool.glob("*.request"):
+        try:
+            mtime = request_file.stat().st_mtime
+        except FileNotFoundError:  # withdrawn, or taken by the other lane
+            continue
+        found.append((lane_of(request_file), mtime, request_file))
+    found.sort(key=lambda each: (each[0] == LONG, each[1]))
+    return [(lane, request_file) for lane, _, request_file in found]
 
 
 def serve_spool(spool: Path, read: Any, lane: str | None = None) -> bool:
-    """Answer the request of ``lane`` (``LANES``; None: either) waiting in the spool whose turn it is (``_in_turn``),
+    """Answer the request of ``lane`` (``LANES``; None: either) waiting in the spool whose turn it is (``_waiting``),
     if any: ``NAME.request`` is claimed by a rename to ``NAME.taken`` (two lanes never take the same one), and the
     answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed mid-request leaves
     ``NAME.taken``, which the console's step hands back or reads in a process of its own. A plan's verdict at
     planning, before its batch has run, is written to ``NAME.verdict`` the same way, and its visit sent."""
     try:
-        waiting = sorted(spool.glob("*.request"), key=_in_turn)
+        waiting = _waiting(spool)
     except FileNotFoundError:
         return False
-    for request_file in waiting:
-        if lane is not None and lane_of(request_file) != lane:
+    for request_lane, request_file in waiting:
+        if lane is not None and request_lane != lane:
             continue
         taken = request_file.with_suffix(".taken")
         try:
