@@ -8,7 +8,7 @@ A JSON line {"command", "path", "number", "spec"} in, the state tool's JSON line
 request left as a file in the spool beside the socket, answered into a file there, after which the asking action's
 visit is sent (how an action step asks without holding its worker, see ``serve_spool`` and ``wake``). The spool is
 answered in two lanes: the long requests (a plan, a migration, a repartition) one at a time on a thread of their
-own, the short ones (a verification, a count, an inspector page) and the socket's beside them (``LANES``). An
+own, the short ones (a verification, a count, an inspector page) and the socket's beside them (``serve_lane``). An
 upgrade's plan, a state migration and the repartition of a copy the console made are answered too (each in a session
 of its own); when the pipeline's module changed on disk since the reader imported it, the answer is {"stale": …} and
 the reader ends. Each request builds new readers on the path it names (Spark's ``statestore`` source caches nothing
@@ -223,7 +223,6 @@ def reclaim(spool: Path) -> None:
 # a savepoint's verification waited behind two rescales' repartitions and two upgrades' re-runs, docs/benchmarks.md).
 LONG_COMMANDS = frozenset({"plan", "migrate", "repartition"})
 SHORT, LONG = "short", "long"
-LANES = (SHORT, LONG)
 SPOOL_LOOK = 0.1  # seconds between a lane's looks at the spool when nothing waits for it
 
 
@@ -252,7 +251,7 @@ def _waiting(spool: Path) -> list[tuple[str, Path]]:
 
 
 def serve_spool(spool: Path, read: Any, lane: str | None = None) -> bool:
-    """Answer the request of ``lane`` (``LANES``; None: either) waiting in the spool whose turn it is (``_waiting``),
+    """Answer the request of ``lane`` (``SHORT`` or ``LONG``; None: either) waiting in the spool whose turn it is (``_waiting``),
     if any: ``NAME.request`` is claimed by a rename to ``NAME.taken`` (two lanes never take the same one), and the
     answer written to ``NAME.answer`` whole (a temporary file renamed). A reader killed mid-request leaves
     ``NAME.taken``, which the console's step hands back or reads in a process of its own. A plan's verdict at
