@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from django.utils import timezone
 
 from dashboard.models import Action, ActionKind, ActionStatus, Job, Run, RunStatus
 from dashboard.services.actions import action_request
+from dashboard.services.processes import children_by_parent
 from dashboard.services.runs import job_request_start, job_request_stop, pid_alive, run_holds_process, run_launch
 from tests.conftest import wait_for
 from tests.support import events_counted, finished, running_with_progress, send, switched_to
@@ -21,6 +23,27 @@ from workers.next_run import offer, wait_for_next_run
 
 def caught_up(job: Job, sent: int) -> bool:
     return events_counted(job) == sent
+
+
+def source_runners_of(driver: int) -> list[tuple[int, bool]]:
+    """The streaming source runners (one per query) in the tree of the ``driver`` process, each with whether the
+    driver's fork server ran it (``workers/spark/fork_server.py``): Spark's process for it is then the fork client,
+    which stays itself only once the server has forked the runner (it becomes the ordinary ``python`` otherwise), and
+    the server has a child."""
+    children = children_by_parent()
+    found, todo, server_children = [], [driver], 0
+    while todo:
+        pid = todo.pop()
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pyspark.sql.streaming.python_streaming_source_runner" in command:
+            found.append((pid, any(part.endswith(b"/fork_client.py") for part in command)))
+        elif command[1:3] == [b"-m", b"workers.spark.fork_server"] and pid in children.get(driver, []):
+            server_children = len(children.get(pid, []))
+        todo.extend(children.get(pid, []))
+    return [(pid, served and server_children > 0) for pid, served in found]
 
 
 def sessions_job_running(make_job: Any, redis: Any, stream_name: str) -> tuple[Job, Run, int]:
@@ -50,6 +73,10 @@ def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_dri
     assert second.pid == first.pid and second.log_path == first.log_path, "the same driver process ran version 2"
     assert first.status == RunStatus.STOPPED and first.released_at is not None and first.reusable_until is None
     assert not run_holds_process(first), "the stopped run let go of the checkpoint though its process lives on"
+    runner = source_runners_of(first.pid)
+    assert runner and all(forked for _, forked in runner), (
+        f"version 2's source runner was forked by the driver's fork server, started for the restart: {runner}"
+    )
     sent += send(redis, stream_name, 100, seed=2)
     wait_for(lambda: caught_up(job, sent), 180, 0.5, "version 2 to count every event")
 

@@ -153,3 +153,41 @@ def test_a_caller_that_connects_and_says_nothing_does_not_hold_up_the_next(serve
         assert done.returncode == 0 and json.loads(done.stdout)["ppid"] == server.process.pid
     finally:
         silent.close()
+
+
+def test_a_server_started_later_serves_at_the_path_its_callers_were_given_and_is_idle_only_without_a_child(tmp_path):
+    """A driver of its own puts the path in its JVM's environment at its start and starts the server only when a
+    restart is coming (``RestartReady``); it closes it again only while no query's process is its child."""
+    later = ForkServer(start=False)
+    env = _env(later, tmp_path)
+    try:
+        before = subprocess.run([str(SCRIPT), "-m", "probe_module"], input=b"", capture_output=True, env=env,
+                                timeout=60)  # fmt: skip
+        assert before.returncode == 0 and json.loads(before.stdout)["ppid"] == os.getpid(), "the ordinary python"
+        assert later.process is None and not later.idle() and not os.path.exists(later.path)
+
+        assert later.start() and not later.start(), "started once; the second call finds it running"
+        assert later.ready(60)
+        assert later.idle(), "no child yet"
+        caller = subprocess.Popen([str(SCRIPT), "-m", "probe_module", "sleep"], stdout=subprocess.PIPE, env=env,
+                                  stdin=subprocess.DEVNULL)  # fmt: skip
+        assert caller.stdout is not None
+        child = int(caller.stdout.readline())
+        with open(f"/proc/{child}/stat") as stat:
+            assert int(stat.read().rsplit(")", 1)[1].split()[1]) == later.process.pid, "forked by the server"
+        assert not later.idle(), "a query's process is its child: closing it would end that process"
+        caller.kill()
+        caller.wait(10)
+        deadline = time.monotonic() + 10
+        while not later.idle() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert later.idle()
+
+        later.close()
+        assert not os.path.exists(later.directory)
+        assert later.start() and later.ready(60), "started again: its directory made anew"
+        again = subprocess.run([str(SCRIPT), "-m", "probe_module"], input=b"", capture_output=True, env=env,
+                               timeout=60)  # fmt: skip
+        assert again.returncode == 0 and json.loads(again.stdout)["ppid"] == later.process.pid
+    finally:
+        later.close()

@@ -114,6 +114,7 @@ def test_a_driver_of_its_own_starts_its_start_daemons_again_for_a_coming_restart
 
     from dashboard.models import Action, ActionKind, ActionStatus, Run, RunStatus
     from workers.next_run import PREVIEW_HINT_SECONDS, RestartReady
+    from workers.spark.fork_server import ForkServer
 
     def wait_daemons(present: bool) -> set[str]:
         deadline = time.monotonic() + 30
@@ -125,7 +126,8 @@ def test_a_driver_of_its_own_starts_its_start_daemons_again_for_a_coming_restart
     run = Run.objects.create(job=job, status=RunStatus.RUNNING)
     end_start_daemons(spark)  # as after the run's first batch
     assert not wait_daemons(False) & set(START_ONLY)
-    ready = RestartReady(spark, run)
+    forks = ForkServer(start=False)  # the driver's, its path given to its JVM at its start
+    ready = RestartReady(spark, run, forks)
 
     def look() -> None:
         ready.looked = 0.0  # looked at once, not after LOOK_SECONDS
@@ -138,17 +140,21 @@ def test_a_driver_of_its_own_starts_its_start_daemons_again_for_a_coming_restart
                                        requested_at=run.requested_at - timedelta(seconds=5))  # fmt: skip
     look()
     assert ready.starting is None and not daemons(spark) & set(START_ONLY)
+    assert forks.process is None, "no fork server while no restart is coming"
     Action.objects.filter(id=started_it.id).update(status=ActionStatus.SUCCEEDED, finished_at=timezone.now())
 
     # a rescale asked now will stop this run and start the next in this process: the start's daemons come up now
     rescale = Action.objects.create(job=job, kind=ActionKind.RESCALE, status=ActionStatus.RUNNING)
     look()
     assert set(START_ONLY[1:]) <= wait_daemons(True), "create_data_source and plan_data_source_read are up"
+    assert forks.ready(60), "the fork server is up for the next query's source runner and planner"
+    server = forks.process
 
     # refused before it stopped the run: they are ended again, as after a first batch
     Action.objects.filter(id=rescale.id).update(status=ActionStatus.FAILED, finished_at=timezone.now())
     look()
     assert not wait_daemons(False) & set(START_ONLY), "ended again: no restart came"
+    assert server is not None and server.poll() is not None and not os.path.exists(forks.path), "closed again"
 
     # an upgrade preview: not while it runs (the operator waits for its verdict), but once it has answered the
     # upgrade is likely to follow; when none does within PREVIEW_HINT_SECONDS they are ended again
@@ -158,7 +164,10 @@ def test_a_driver_of_its_own_starts_its_start_daemons_again_for_a_coming_restart
     Action.objects.filter(id=preview.id).update(status=ActionStatus.SUCCEEDED, finished_at=timezone.now())
     look()
     assert set(START_ONLY[1:]) <= wait_daemons(True)
+    assert forks.ready(60)
     answered = timezone.now() - timedelta(seconds=PREVIEW_HINT_SECONDS + 1)
     Action.objects.filter(id=preview.id).update(finished_at=answered)
     look()
     assert not wait_daemons(False) & set(START_ONLY), "no upgrade followed the preview"
+    assert forks.process.poll() is not None
+    forks.close()

@@ -49,6 +49,7 @@ from workers.next_run import RestartReady, hand_over, offer, reuse_refusal, wait
 from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
+from workers.spark.fork_server import ForkServer, fork_server_wanted, start_fork_server
 from workers.spark.python_daemons import end_start_daemons
 from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_after, jvm_exit_code, lean_jvm
@@ -239,6 +240,7 @@ class JobDriver:
         reusable: bool = False,
         start_gate: threading.Semaphore | None = None,
         on_first_batch: Callable[[], None] | None = None,
+        forks: ForkServer | None = None,
     ) -> None:
         """``keeper``: the lease keeper the driver process started before its SparkSession (which takes longer to
         start than a lease lasts); without one (tests run the driver in a thread of theirs) the driver starts its own,
@@ -254,12 +256,14 @@ class JobDriver:
         (``workers/next_run.py``): stopped for an upgrade or a rescale, it offers itself (``offered``). ``start_gate``:
         taken while the query starts, until its first batch is committed (or START_GATE_SECONDS): a shared driver on a
         cluster starts only a few queries at a time (``workers/host.py``). ``on_first_batch``: told once its query
-        has committed a batch (a spare's takeover starts the jobs with standby on first)."""
+        has committed a batch (a spare's takeover starts the jobs with standby on first). ``forks``: a reusable driver's
+        fork server, started once its next run is expected (``RestartReady``)."""
         self.spark = spark
         self.keeper = keeper
         self.shared = shared
         self.lean = lean
         self.reusable, self.offered = reusable, False
+        self.forks = forks
         self.restart_ready: RestartReady | None = None  # once its start's daemons are ended (``workers/next_run.py``)
         self.run = Run.objects.select_related("job").get(id=run_id)
         self.job = self.run.job
@@ -460,7 +464,7 @@ class JobDriver:
                 except Exception as exc:  # a Spark whose internals moved: the daemons idle on, nothing breaks
                     log.warning("the Python daemons of the query's start were left running: %s", exc)
                 else:
-                    self.restart_ready = RestartReady(self.spark, self.run) if self.reusable else None
+                    self.restart_ready = RestartReady(self.spark, self.run, self.forks) if self.reusable else None
             if self.restart_ready is not None:
                 self.restart_ready.look()
             if not self.shared:
@@ -575,6 +579,9 @@ def main(argv: list[str]) -> int:
             run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"The driver lock could not be taken: {exc}")
             return 1
     master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
+    # its path in the JVM's environment from the start, the server itself started when a restart in this process is
+    # expected (``RestartReady``): the query's Python processes start without their imports' time then
+    forks = None if is_green or not fork_server_wanted() else start_fork_server(master, start=False)
     try:
         spark = job_session(job, master)
     except Exception as exc:
@@ -595,7 +602,9 @@ def main(argv: list[str]) -> int:
     if is_green and run.green.get("boot") and not _green_booted(spark, job, run):
         spark_stop(spark)  # aborted before its fork was made, or never told
         return 0
-    driver = JobDriver(spark, run_id, keeper=keeper, executor_hosts=hosts, lean=True, reusable=not is_green)
+    driver = JobDriver(
+        spark, run_id, keeper=keeper, executor_hosts=hosts, lean=True, reusable=not is_green, forks=forks
+    )
     if is_green:  # once it took over, the job's lock, after the fenced driver let go of it
         driver.on_live = lambda: threading.Thread(
             target=lambda: held.append(job_lock.hold(job.id, within_seconds=300, grace_seconds=60)),
@@ -622,11 +631,15 @@ def main(argv: list[str]) -> int:
         if why:
             hand_over(run_id, why)
             break
-        driver = current[0] = JobDriver(spark, run_id, executor_hosts=hosts, code=code, lean=True, reusable=True)
+        driver = current[0] = JobDriver(
+            spark, run_id, executor_hosts=hosts, code=code, lean=True, reusable=True, forks=forks
+        )
         status = _run_next(spark, driver, master, held)
         log.info("run %s ended: %s", run_id, status)
     spark_stop(spark)
     _let_go(held)
+    if forks is not None:
+        forks.close()
     return 0 if status == RunStatus.STOPPED else 1
 
 

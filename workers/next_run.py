@@ -11,7 +11,8 @@ the deadline itself, unless a launch claimed it a moment before: then the run is
 
 While the run still runs, the driver gets ready for the restart as soon as an action that will restart the job is in
 flight (``RestartReady``): it starts again the Python daemons of a query's start that it ended after the run's first
-batch (``workers/spark/python_daemons.py``)."""
+batch (``workers/spark/python_daemons.py``), and its fork server (``workers/spark/fork_server.py``), so that the
+next query's source runner and planner start ready with their imports."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from django.utils import timezone
 from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, ActionStatus, Run, RunStatus
 from dashboard.services.runs import respawn_in_own_driver, restart_expected
+from workers.spark.fork_server import ForkServer
 from workers.spark.python_daemons import end_start_daemons, start_daemons_again
 from workers.spark.session import lean_jvm
 
@@ -89,10 +91,17 @@ class RestartReady:
     an upgrade was previewed lately, they are started again beside the query, so that the next run, in this process,
     starts its query without waiting for them (about 2 s of an upgrade's output gap on the demo stack:
     docs/benchmarks.md). Should the action end without stopping the run (refused, or failed before its stop), or no
-    upgrade follow the preview, they are ended again."""
+    upgrade follow the preview, they are ended again.
 
-    def __init__(self, spark: Any, run: Run) -> None:
+    ``forks``: the driver's fork server, its path in the JVM's environment since the driver started but the server
+    not started until a restart is expected (about 70 MiB idle; once the next query's source runner is its child they
+    share their imports, about 25 MiB more than a runner of its own: docs/benchmarks.md). Started here, it stays for
+    the next run's query, whose processes it forked; if the restart does not come it is closed again while idle.
+    ``look`` is called from the driver's main thread, which the server's life is tied to."""
+
+    def __init__(self, spark: Any, run: Run, forks: ForkServer | None = None) -> None:
         self.spark, self.job_id, self.since = spark, run.job_id, run.requested_at
+        self.forks, self.forks_started = forks, False
         self.looked = 0.0
         self.starting: threading.Thread | None = None
 
@@ -102,10 +111,18 @@ class RestartReady:
         self.looked = time.monotonic()
         # not the action that started this run, which stays in flight until that run's first batch
         expected = restart_expected(self.job_id, after=self.since) or self._previewed()
+        if expected and self.forks is not None and not self.forks_started:
+            self.forks_started = self.forks.start()  # not when it runs already: this run's query started with it
+            if self.forks_started:
+                log.info("a restart is coming: the fork server started for the next query's Python processes")
         if expected and self.starting is None:
             self.starting = threading.Thread(target=self._start, name="start-daemons", daemon=True)
             self.starting.start()
-        elif not expected and self.starting is not None and not self.starting.is_alive():
+        elif not expected and self.forks_started and self.forks is not None and self.forks.idle():
+            self.forks_started = False
+            self.forks.close()
+            log.info("no restart came: the fork server is closed again")
+        if not expected and self.starting is not None and not self.starting.is_alive():
             self.starting = None
             try:
                 end_start_daemons(self.spark)

@@ -211,9 +211,13 @@ def serve(path: str) -> None:
 
 
 class ForkServer:
-    """The server as its starter sees it: ``env`` is what makes a SparkSession started afterwards use it."""
+    """The server as its starter sees it: ``env`` is what makes a SparkSession started afterwards use it.
 
-    def __init__(self) -> None:
+    ``start=False``: its path is fixed (and can go into a JVM's environment) but the server is started later, by
+    ``start``; until then, and whenever it is not running, the script runs the ordinary ``python``. Call ``start``
+    from a thread that lives as long as the server should: the server ends with that thread (PR_SET_PDEATHSIG)."""
+
+    def __init__(self, start: bool = True) -> None:
         from dashboard.services.processes import remove_left_by_the_gone  # the starter's side: not in the server
 
         # a server killed with its starter's group (a stack's stop, a kill -9) leaves its directory: named with the
@@ -222,9 +226,19 @@ class ForkServer:
             print(f"removed {left}: a fork server's directory whose process is gone", file=sys.stderr, flush=True)
         self.directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-")
         self.path = os.path.join(self.directory, "socket")
+        self.process: subprocess.Popen[bytes] | None = None
+        if start:
+            self.start()
+
+    def start(self) -> bool:
+        """Start the server unless it runs; whether this call started it."""
+        if self.process is not None and self.process.poll() is None:
+            return False
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)  # a server that ended removed it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "workers.spark.fork_server", self.path], stdin=subprocess.DEVNULL, cwd=PROJECT
         )
+        return True
 
     @property
     def env(self) -> dict[str, str]:
@@ -232,14 +246,25 @@ class ForkServer:
 
     def ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.process.poll() is None:
+        while time.monotonic() < deadline and self.process is not None and self.process.poll() is None:
             if os.path.exists(self.path):
                 return True
             time.sleep(0.05)
         return os.path.exists(self.path)
 
+    def idle(self) -> bool:
+        """Running, with no child: a query's Python processes that it forked end with it, so it is closed only idle.
+        The kernel's list of the server's children (it is single-threaded); unreadable, it is taken as not idle."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text()
+        except OSError:
+            return False
+        return not children.split()
+
     def close(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(5)
         with contextlib.suppress(OSError):
@@ -247,12 +272,18 @@ class ForkServer:
             os.rmdir(self.directory)
 
 
-def start_fork_server(master: str) -> ForkServer | None:
+def fork_server_wanted() -> bool:
+    """A driver of its own keeps one for its restarts in place unless STATEKEEPER_OWN_DRIVER_FORKS is false."""
+    return os.environ.get("STATEKEEPER_OWN_DRIVER_FORKS", "true").strip().lower() not in ("0", "false", "no", "off")
+
+
+def start_fork_server(master: str, start: bool = True) -> ForkServer | None:
     """A fork server for the Python processes Spark starts per query, and this process's environment pointed at it
-    before its JVM starts. Local masters only: on a cluster the executors would be given the script's path too."""
+    before its JVM starts. Local masters only: on a cluster the executors would be given the script's path too.
+    ``start=False``: the path only, the server started later (``ForkServer.start``)."""
     if not master.startswith("local"):
         return None
-    server = ForkServer()  # from this (the main) thread: the server ends with it
+    server = ForkServer(start)  # from this (the main) thread: the server ends with it
     os.environ.update(server.env)
     return server
 
