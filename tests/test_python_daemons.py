@@ -165,6 +165,10 @@ def test_a_driver_of_its_own_starts_its_start_daemons_again_for_a_coming_restart
     look()
     assert set(START_ONLY[1:]) <= wait_daemons(True)
     assert forks.ready(60)
+    # five minutes on, its plan still stands for the upgrade (which then stops the job at once): still ready
+    Action.objects.filter(id=preview.id).update(finished_at=timezone.now() - timedelta(seconds=300))
+    look()
+    assert forks.process is not None and forks.process.poll() is None and set(START_ONLY[1:]) <= daemons(spark)
     answered = timezone.now() - timedelta(seconds=PREVIEW_HINT_SECONDS + 1)
     Action.objects.filter(id=preview.id).update(finished_at=answered)
     look()

@@ -475,6 +475,8 @@ class JobDriver:
                     )
                 stop_at = Run.objects.values_list("stop_requested_at", flat=True).get(id=self.run.id)
             if stop_at or self.stop_signal.is_set():
+                if self.restart_ready is not None:  # an upgrade that took its preview's plan stops the job at once
+                    self.restart_ready.look(now=True)
                 message = self._drain_and_stop(query)
                 self.offered = self.reusable and offer(self.run.id, self.job.id)
                 run_finish(run_id=self.run.id, status=RunStatus.STOPPED, message=message)

@@ -29,6 +29,7 @@ from django.utils import timezone
 from dashboard import pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, ActionStatus, Run, RunStatus
 from dashboard.services.runs import respawn_in_own_driver, restart_expected
+from dashboard.services.upgrades import PLAN_KEPT_SECONDS
 from workers.spark.fork_server import ForkServer
 from workers.spark.python_daemons import end_start_daemons, start_daemons_again
 from workers.spark.session import lean_jvm
@@ -82,7 +83,9 @@ def _restart_gone(run_id: int, job_id: int) -> bool:
     return not later.filter(status=RunStatus.PENDING).exists() and not restart_expected(job_id)
 
 
-PREVIEW_HINT_SECONDS = 120  # how long after an upgrade preview a driver of its own expects the upgrade
+# how long after an upgrade preview a driver of its own expects the upgrade: as long as the preview's plan stands for
+# it, since such an upgrade stops the job at once (no re-run first), before a look between batches would see it
+PREVIEW_HINT_SECONDS = PLAN_KEPT_SECONDS
 
 
 class RestartReady:
@@ -105,8 +108,10 @@ class RestartReady:
         self.looked = 0.0
         self.starting: threading.Thread | None = None
 
-    def look(self) -> None:
-        if time.monotonic() - self.looked < LOOK_SECONDS:
+    def look(self, now: bool = False) -> None:
+        """``now``: at once, not LOOK_SECONDS after the last look (a stop request has come: if it is a restart's,
+        what is started now is ready sooner than at the next run's start)."""
+        if not now and time.monotonic() - self.looked < LOOK_SECONDS:
             return
         self.looked = time.monotonic()
         # not the action that started this run, which stays in flight until that run's first batch
