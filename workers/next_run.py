@@ -98,7 +98,7 @@ class RestartReady:
 
     ``forks``: the driver's fork server, its path in the JVM's environment since the driver started but the server
     not started until a restart is expected (about 70 MiB idle; once the next query's source runner is its child they
-    share their imports, about 25 MiB more than a runner of its own: docs/benchmarks.md). Started here, it stays for
+    share their imports, about 5 MiB (PSS) more than a runner of its own: docs/benchmarks.md). Started here, it stays for
     the next run's query, whose processes it forked; if the restart does not come it is closed again while idle.
     ``look`` is called from the driver's main thread, which the server's life is tied to."""
 
