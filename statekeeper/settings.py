@@ -290,6 +290,8 @@ STANDBY_IDLE_SECONDS = env_int("STATEKEEPER_STANDBY_IDLE_SECONDS", 120)
 # an upgrade or rescale of a job with a driver of its own restarts the job in the same driver process (its JVM up, its
 # code loaded) when it can: the driver waits this long after its run's stop for the job's next run. 0: a new driver
 DRIVER_REUSE_SECONDS = env_int("STATEKEEPER_DRIVER_REUSE_SECONDS", 60)
+# a driver of its own starts a fork server when a restart in the same process is coming (workers/next_run.py)
+OWN_DRIVER_FORKS = env_bool("STATEKEEPER_OWN_DRIVER_FORKS", True)
 # the spare shared driver runs a warm query for each pipeline and backend of the shared jobs with standby on: about
 # 1.6 GB rather than 0.55 GB, for a takeover's first commit in about 1.6 s rather than 12 s
 SPARE_WARM_QUERIES = env_bool("STATEKEEPER_SPARE_WARM_QUERIES", True)

@@ -49,7 +49,7 @@ from workers.next_run import RestartReady, hand_over, offer, reuse_refusal, wait
 from workers.progress import ProgressListener, ProgressRecorder, recording_thread
 from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
-from workers.spark.fork_server import ForkServer, fork_server_wanted, start_fork_server
+from workers.spark.fork_server import ForkServer, start_fork_server
 from workers.spark.python_daemons import end_start_daemons
 from workers.spark.query import JobSpec, start_query
 from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_after, jvm_exit_code, lean_jvm
@@ -583,7 +583,7 @@ def main(argv: list[str]) -> int:
     master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
     # its path in the JVM's environment from the start, the server itself started when a restart in this process is
     # expected (``RestartReady``): the query's Python processes start without their imports' time then
-    forks = None if is_green or not fork_server_wanted() else start_fork_server(master, start=False)
+    forks = None if is_green or not settings.OWN_DRIVER_FORKS else start_fork_server(master, start=False)
     try:
         spark = job_session(job, master)
     except Exception as exc:

@@ -272,11 +272,6 @@ class ForkServer:
             os.rmdir(self.directory)
 
 
-def fork_server_wanted() -> bool:
-    """A driver of its own keeps one for its restarts in place unless STATEKEEPER_OWN_DRIVER_FORKS is false."""
-    return os.environ.get("STATEKEEPER_OWN_DRIVER_FORKS", "true").strip().lower() not in ("0", "false", "no", "off")
-
-
 def start_fork_server(master: str, start: bool = True) -> ForkServer | None:
     """A fork server for the Python processes Spark starts per query, and this process's environment pointed at it
     before its JVM starts. Local masters only: on a cluster the executors would be given the script's path too.
