@@ -79,6 +79,8 @@ def one_round(jobs: list[Job], standby: Job, ready_for: float, all_warm: bool) -
     print(f"  kill at {time.strftime('%H:%M:%S', time.localtime(killed))}, load average {os.getloadavg()[0]:.1f}: "
           + ", ".join(f"{k} {v:.2f} s{'' if in_spare[k] else ' (not in the spare)'}" for k, v in back.items()),
           flush=True)  # fmt: skip
+    for job in jobs:
+        print(f"    {job.name}: {comeback(job, runs[job.name].id, killed)}", flush=True)
     return row
 
 
@@ -102,6 +104,21 @@ def phases(job: Job, lost_run_id: int, killed: float) -> dict[str, float]:
         "started": run.started_at.timestamp() - killed,
         "triggered": first.committed_at.timestamp() - killed,
     }
+
+
+def comeback(job: Job, lost_run_id: int, killed: float) -> str:
+    """One job's comeback, step by step from the kill, and where its first batch's time went (Spark's phases)."""
+    steps = phases(job, lost_run_id, killed)
+    run = Run.objects.filter(job=job, id__gt=lost_run_id).order_by("id").first()
+    first = Checkpoint.objects.filter(run=run).order_by("batch_id").first()
+    if not steps or first is None:
+        return "no comeback on record"
+    return (
+        f"requested {steps['requested']:.2f}, started {steps['started']:.2f}, first batch {steps['triggered']:.2f} "
+        f"+ {first.duration_ms / 1000:.2f} s ({first.input_rows} rows: planning {first.query_planning_ms}, "
+        f"latest offset {first.latest_offset_ms}, add batch {first.add_batch_ms}, "
+        f"state commit {first.state_commit_ms}, wal {first.wal_commit_ms}, offsets {first.commit_offsets_ms} ms)"
+    )
 
 
 def main() -> None:
