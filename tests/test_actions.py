@@ -24,7 +24,7 @@ from dashboard.selectors.partitions import partition_view
 from dashboard.services import upgrades
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.drills import drills_run
-from dashboard.services.errors import ActionRefused
+from dashboard.services.errors import ActionFailed, ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.inspector import on_lineage
 from dashboard.services.storage import job_storage
@@ -290,6 +290,37 @@ def test_rescaling_state_partitions_keeps_every_count(make_job, start_driver, re
     assert not list((settings.CHECKPOINT_ROOT / ".scratch").iterdir()), "scratch copies are removed"
 
 
+def test_a_rescale_whose_savepoint_cannot_be_copied_after_the_switch_stands_and_says_where_the_way_back_is(
+    make_job, start_driver, redis, stream_name, monkeypatch
+):
+    """The savepoint is copied once the job runs on the repartitioned copy: should the copy fail then (a full disk),
+    the rescale has happened and stands; its outcome says so, and names the directory the job left as the way back."""
+    from dashboard.services import rescale
+
+    job = make_job(max_records_per_batch=300, state_partitions=2, state_backend="rocksdb")
+    first = send_events(redis, stream_name, "url-counts", 300, seed=1)
+    run_through(start_driver(job), redis, first)
+    stopped_at = max(committed_batches(job.checkpoint_location))
+
+    def full_disk(**kwargs):
+        raise ActionFailed("Savepoint failed: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(rescale, "savepoint_copy", full_disk)
+    action = execute(job, ActionKind.RESCALE, state_partitions=3)
+    job.refresh_from_db()
+    assert (job.state_partitions, job.checkpoint_dir) == (3, f"checkpoint-rescale-{action.id}")
+    assert "its savepoint could not be taken (Savepoint failed: [Errno 28] No space left on device)" in action.outcome
+    assert "the checkpoint directory it left, checkpoint, is kept as the way back; take a savepoint now" in (
+        action.outcome
+    )
+    assert not job.savepoints.exists()
+    assert max(committed_batches(job.directory / "checkpoint")) == stopped_at, "the way back, as the job left it"
+
+    second = send_events(redis, stream_name, "url-counts", 200, seed=2)
+    run_through(start_driver(job), redis, first + second)
+    assert sink_total(job) == first + second, "every record counted once on the repartitioned state"
+
+
 def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back_and_loses_nothing(
     make_job, start_driver, redis, stream_name, monkeypatch
 ):
@@ -332,7 +363,10 @@ def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back
     driver.thread.join(60)
 
     steps = [p["step"] for p in done.phases]
-    assert steps[-5:] == ["check-state", "apply", "first-batch", "check-after", "back"], (steps, done.outcome)
+    assert steps[-7:] == ["check-state", "apply", "first-batch", "savepoint", "verify", "check-after", "back"], (
+        steps,
+        done.outcome,
+    )
     assert "check-state" not in done.memo, "no load by the reader while the job was stopped"
     assert done.status == ActionStatus.FAILED
     assert done.outcome.startswith("Spark could not load the repartitioned state ("), done.outcome
@@ -346,6 +380,9 @@ def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back
     assert "The spec applied still asks for parallelism 2, state partitions 3: the job page shows" in done.outcome
     assert launched == [done.params["run"], done.params["back_run"]]
     assert (job.directory / f"checkpoint-rescale-{done.id}").is_dir(), "the damaged copy is kept to look into"
+    savepoint = job.savepoints.get(id=done.params["savepoint"])  # taken before the job went back to its checkpoint
+    assert savepoint.origin == "before-rescale" and f"savepoint #{savepoint.id} too" in done.outcome
+    assert savepoint.batch_id == max(committed_batches(job.checkpoint_location)), "the batch the job had stopped at"
 
     run_finish(run_id=done.params["back_run"], status=RunStatus.STOPPED, message="ran below instead")
     run_through(start_driver(job), redis, first + waiting[0])

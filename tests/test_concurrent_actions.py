@@ -122,7 +122,7 @@ def test_a_rescale_whose_worker_is_killed_mid_action_resumes_on_a_new_worker(mak
     rescale = finished(rescale, 600)
     assert rescale.status == ActionStatus.SUCCEEDED, rescale.outcome
     steps = [p["step"] for p in rescale.phases]
-    assert steps[-4:] == ["repartition", "check-state", "apply", "first-batch"], steps
+    assert steps[-7:] == ["repartition", "check-state", "apply", "first-batch", "savepoint", "verify", "settle"], steps
     assert Job.objects.get(id=job.id).state_partitions == 3
     assert job.savepoints.filter(origin="before-rescale", status="verified").count() == 1, "one way back, not two"
     wait_for(lambda: url_total(job) == sent, 300, 0.5, "the rescaled job to count every event once")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.models import Action, ActionKind, ActionStatus, Job, Run, RunStatus
 from dashboard.services.actions import action_request
 from dashboard.services.processes import children_by_parent
@@ -81,10 +82,10 @@ def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_dri
     wait_for(lambda: caught_up(job, sent), 180, 0.5, "version 2 to count every event")
 
     # state partitions 2 → 3: the same Spark master, the same process, the repartitioned state; events arrive while
-    # the job is stopped, so the rescale waits for the new run's first batch, and only then has Spark read the
-    # savepoint (its files were checked before the repartition)
+    # the job is stopped, so the rescale waits for the new run's first batch, and only then copies the savepoint from
+    # the checkpoint the job left, and Spark reads it
     rescale = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3})
-    offline = ["savepoint", "verify", "repartition", "check-state"]
+    offline = ["repartition", "check-state"]
     wait_for(lambda: Action.objects.filter(id=rescale.id, step__in=offline).exists(), 120, 0.02, "the job to stop")
     sent += send(redis, stream_name, 100, seed=3)
     rescale = finished(rescale)
@@ -96,11 +97,15 @@ def test_an_upgrade_and_a_rescale_of_state_partitions_restart_the_job_in_its_dri
     ), rescale.outcome
     assert "check-state" not in rescale.memo, "records waited: the first batch showed the state loads, no reader did"
     savepoint = job.savepoints.get(id=rescale.params["savepoint"])
-    assert savepoint.status == "verified" and savepoint.verified_at >= first_batch.recorded_at, (
-        "Spark read the savepoint after the new run's first batch, not while the job was stopped"
+    assert savepoint.status == "verified" and savepoint.created_at >= first_batch.recorded_at, (
+        "the savepoint was copied after the new run's first batch, not while the job was stopped"
     )
+    left = job.directory / rescale.memo["previous"]
+    assert savepoint.batch_id == max(committed_batches(left)), "of the batch the job stopped at, where it stopped"
+    assert f"savepoint #{savepoint.id} kept for rollback" in rescale.outcome, rescale.outcome
     steps = [p["step"] for p in rescale.phases]
-    assert steps.index("verify") < steps.index("repartition") < steps.index("apply") < steps.index("first-batch")
+    assert steps == ["check", "stop", "repartition", "check-state", "apply", "first-batch", "savepoint", "verify",
+                     "settle"], steps  # fmt: skip
     wait_for(lambda: running_with_progress(job, after_run=second.id), 180, 0.5, "the rescaled run to commit")
     assert third.pid == first.pid, "a rescale of the state partitions kept the driver"
     wait_for(lambda: caught_up(job, sent), 180, 0.5, "the rescaled run to count every event")

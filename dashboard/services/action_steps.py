@@ -119,6 +119,7 @@ Kind = type | tuple[type, ...]
 # here, or a value of another type, fails the step at once, naming the key: not a KeyError three steps later.
 MEMO: dict[str, Kind] = {
     "abort_reason": str,  # blue/green: why it goes on to "abort"
+    "after_savepoint": str,  # rescale: the step its savepoint (taken once the new run is up) goes on to
     "batch": int,  # the batch a partition count reads
     "blue_missing_since": (str, NoneType),  # blue/green: since when blue has had no run (ISO time)
     "failure": str,  # upgrade: why the new version failed, for "roll-back"
@@ -137,7 +138,11 @@ MEMO: dict[str, Kind] = {
     "previous": str,  # the checkpoint directory a fork replaced
     "put_back": str,  # upgrade rollback: what was put back
     "rescaled": str,  # rescale: its outcome as it started the new run, which "first-batch" completes
+    "savepoint_failure": str,  # rescale: why its savepoint, taken once the new run is up, could not be
+    "sinks_at_stop": dict,  # rescale: each sink's last batch as the job stopped, for its savepoint's manifest
     "source": dict,  # state inspector: the copy read ({"path", "batch", "origin"})
+    "stopped_batch": int,  # rescale: the newest committed batch of the checkpoint it stopped on (its savepoint's)
+    "stopped_offset": (dict, NoneType),  # rescale: where that batch ended in the source
 }
 # A Spark read's or a process's own record under its key (``state_read``, ``tool_process``): these keys, each also
 # with a number after it (``verify-12``: savepoint 12's), "-process" after either (its process of its own).

@@ -1,9 +1,12 @@
-"""Rescaling: compute (cores) by a restart; state partitions by stop, savepoint, Spark's offline repartition on a
-fork, restart. The savepoint is kept for rollback; the original checkpoint directory is untouched.
+"""Rescaling: compute (cores) by a restart; state partitions by stop, Spark's offline repartition on a fork, restart,
+savepoint. The savepoint is kept for rollback; the original checkpoint directory is untouched.
 
-While the job is stopped only what the restart needs runs: the savepoint's copy and checksums, and the repartition.
-Spark's reading of the savepoint itself (its verification) follows the new run's first batch, as an upgrade's does:
-the repartition has just read the same state. That Spark loads the repartitioned state is shown by the new run's first
+While the job is stopped only what the restart needs runs: the copy and its repartition. The savepoint of the batch
+the job stopped at is taken once the new run is up (its first batch committed, when records wait for it), from the
+original checkpoint directory: the job no longer runs there, so nothing writes to it between the stop and the copy,
+and the copy no longer holds the job's output up (about a second on the busy demo stack: docs/benchmarks.md). Until
+that copy is made the original directory itself is the way back ("back" returns to it). Spark's reading of the
+savepoint (its verification) follows its copy, as an upgrade's follows its first batch. That Spark loads the repartitioned state is shown by the new run's first
 batch when records wait for it (a batch loads every state partition's store at its new count before it commits), and
 by the state reader before the restart otherwise. Should the new run end before its first batch (or have none within
 FIRST_BATCH_WAIT), the reader reads the repartitioned copy then; one Spark cannot load sends the job back to its
@@ -19,6 +22,7 @@ from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import (
     CheckpointError,
+    batch_offsets,
     copy_checkpoint,
     directory_bytes,
     latest_committed,
@@ -44,10 +48,12 @@ from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, switch_to_fork
 from dashboard.services.savepoints import (
     FILES_NOW_READ_LATER,
+    records_after,
     records_after_savepoint,
+    savepoint_copy,
     savepoint_files_checked,
     savepoint_read_after,
-    savepoint_steps,
+    sinks_last_batches,
 )
 from dashboard.services.upgrades import first_batch
 
@@ -93,10 +99,55 @@ def _check(action: Action) -> Next:
 
 
 def _stop(action: Action) -> Outcome:
-    if (waiting := stopped(action, action.job)) is not None:
+    job = action.job
+    if (waiting := stopped(action, job)) is not None:
         return waiting
     remember(action, stopped_at=timezone.now().isoformat())
-    return Next("savepoint" if _repartitions(action) else "apply")
+    if not _repartitions(action):
+        return Next("apply")
+    try:  # what the savepoint, taken once the new run is up, is of: the newest batch where the job stopped
+        batch = latest_committed(job.checkpoint_location)
+        offset = (batch_offsets(job.checkpoint_location, batch)["sources"] or [None])[0]
+    except CheckpointError as exc:
+        raise ActionFailed(f"{STAYS_STOPPED}: {exc}") from None
+    memo_save(action, stopped_batch=batch, stopped_offset=offset, sinks_at_stop=sinks_last_batches(job))
+    return Next("repartition")
+
+
+def _records_waiting(action: Action) -> bool:
+    """Whether records wait for the new run after the batch the job stopped at (where its savepoint will be)."""
+    if "stopped_batch" not in action.memo:  # an action begun with its savepoint taken before the repartition
+        return records_after_savepoint(action)
+    return records_after(action.job, action.memo["stopped_offset"])
+
+
+def _savepoint_first(action: Action, then: str) -> Next | None:
+    """Next("savepoint") when the rescale's savepoint is still to be taken (it repartitioned, and switched the job
+    off its original checkpoint), going on to ``then`` after it; None when there is none to take."""
+    if action.params.get("savepoint") is not None or "previous" not in action.memo:
+        return None
+    memo_save(action, after_savepoint=then)
+    return Next("savepoint")
+
+
+def _savepoint(action: Action) -> Next:
+    """The savepoint of the batch the job stopped at, copied from the checkpoint directory it left (nothing writes
+    there since its stop)."""
+    job, memo = action.job, action.memo
+    try:
+        if "previous" in memo and "stopped_batch" in memo:
+            source, batch = job.directory / memo["previous"], memo["stopped_batch"]
+            savepoint_copy(
+                job=job, action=action, origin="before-rescale", batch=batch, source=source, sinks=memo["sinks_at_stop"]
+            )  # fmt: skip
+        else:  # an action begun before this order: the job still on the checkpoint it stopped on
+            savepoint_copy(job=job, action=action, origin="before-rescale")
+    except ActionFailed as exc:
+        if "after_savepoint" not in memo:  # the order before: nothing has changed yet
+            raise
+        memo_save(action, savepoint_failure=str(exc)[:1000])  # the rescale stands: its outcome says so
+        return Next(memo["after_savepoint"])
+    return Next("verify")
 
 
 def _copy(action: Action) -> Path:
@@ -134,7 +185,7 @@ def _check_state(action: Action) -> Outcome:
     """Spark's state reader loads the repartitioned copy, unless the job restarts with records waiting: then its first
     batch shows it, and the job's output stops that much less (the reader's load took 1.6-1.8 s of a 6-7.5 s gap on
     the busy demo stack: docs/benchmarks.md)."""
-    if _restarts(action) and (action.memo.get("load_proof") == FIRST_BATCH or records_after_savepoint(action)):
+    if _restarts(action) and (action.memo.get("load_proof") == FIRST_BATCH or _records_waiting(action)):
         memo_save(action, load_proof=FIRST_BATCH)
         return Next("apply")
     target = _copy(action)
@@ -154,7 +205,7 @@ def _check_after(action: Action) -> Outcome:
         return Next("back")
     run = Run.objects.get(id=action.params["run"])
     why = f"run #{run.id} committed no batch within {FIRST_BATCH_WAIT} s" if run.is_active else _ended_first(run)
-    return _rescaled(action, f"{action.memo['rescaled']}; {why}; Spark loads the repartitioned state")
+    return _rescaled(action, f"{_words(action)}; {why}; Spark loads the repartitioned state")
 
 
 def _back(action: Action) -> Outcome:
@@ -235,7 +286,7 @@ def state_loads_wait(action: Action, copy: Path, failed: str) -> Wait | None:
 
 def _verify_files(action: Action) -> Next:
     savepoint_files_checked(action)
-    return Next("repartition")
+    return Next(action.memo.get("after_savepoint", "repartition"))  # "repartition": begun in the order before
 
 
 def _apply(action: Action) -> Outcome:
@@ -254,11 +305,11 @@ def _apply(action: Action) -> Outcome:
     if action.params.get("from_spec"):  # asked by `statekeeper apply`: the applied spec holds the new scale
         job.spec_applied(after)
     notes = []
-    if savepoint_id := action.params.get("savepoint"):
+    if savepoint_id := action.params.get("savepoint"):  # taken before the repartition, in the order before
         notes.append(f"savepoint #{Savepoint.objects.get(id=savepoint_id).id} kept for rollback")
     if _restarts(action):
         notes.append(f"run #{start_once(action, launch=True).id} starting")
-        memo_save(action, input_waiting=records_after_savepoint(action))
+        memo_save(action, input_waiting=_records_waiting(action))
     stopped_at = datetime.fromisoformat(action.params["stopped_at"])
     downtime = (timezone.now() - stopped_at).total_seconds()
     memo_save(
@@ -270,7 +321,8 @@ def _apply(action: Action) -> Outcome:
 
 
 def _first_batch(action: Action) -> Outcome:
-    """The new run's first batch (when records wait for it), then Spark's reading of the savepoint."""
+    """The new run's first batch (when records wait for it), then the savepoint (``_savepoint_first``) and Spark's
+    reading of it."""
     done = action.memo["rescaled"]
     proof = action.memo.get("load_proof") == FIRST_BATCH
     if run_id := action.params.get("run"):
@@ -280,12 +332,32 @@ def _first_batch(action: Action) -> Outcome:
                 ": Spark loaded the repartitioned state" if proof else ""
             )
         elif proof and (not run.is_active or step_seconds(action) >= FIRST_BATCH_WAIT):
-            return Next("check-after")
+            return _savepoint_first(action, "check-after") or Next("check-after")
         elif not run.is_active:
             done += f"; {_ended_first(run)}"
         elif (proof or action.memo.get("input_waiting")) and step_seconds(action) < FIRST_BATCH_WAIT:
             return Wait(f"run #{run.id} starting: waiting for its first batch", 0.5)
+    if then := _savepoint_first(action, "settle"):
+        memo_save(action, rescaled=done)
+        return then
     return _rescaled(action, done)
+
+
+def _settle(action: Action) -> Outcome:
+    return _rescaled(action, _words(action))
+
+
+def _words(action: Action) -> str:
+    """The rescale's outcome so far, with its savepoint once taken (after the new run's start: ``_savepoint``)."""
+    words = action.memo["rescaled"]
+    savepoint = action.params.get("savepoint")
+    if failure := action.memo.get("savepoint_failure"):
+        return (f"{words}; its savepoint could not be taken ({failure}): the checkpoint directory it left, "
+                f"{action.memo['previous']}, is kept as the way back; take a savepoint now")  # fmt: skip
+    if savepoint is None or f"savepoint #{savepoint} " in words:
+        return words
+    scale, rest = words.split("; ", 1)  # "Rescaled: <scale>; <notes>; offline for ...": the savepoint first
+    return f"{scale}; savepoint #{savepoint} kept for rollback, {rest}"
 
 
 def _ended_first(run: Run) -> str:
@@ -317,15 +389,16 @@ def scale_change(before: dict[str, int], after: dict[str, int]) -> str:
 RESCALE_STEPS: Steps = {
     "check": ("check the new scale", _check),
     "stop": ("stop the job", _stop),
-    **savepoint_steps("before-rescale", then="repartition"),
-    "verify": (FILES_NOW_READ_LATER, _verify_files),
     "repartition": ("repartition a copy of the state", _repartition),
     "check-state": (
         "Spark loads the repartitioned state (or, records waiting, the new run's first batch)",
         _check_state,
     ),
     "apply": ("switch and start", _apply),
-    "first-batch": ("its first batch, then Spark reads the savepoint", _first_batch),
+    "first-batch": ("its first batch", _first_batch),
+    "savepoint": ("copy the checkpoint it stopped at (the savepoint)", _savepoint),
+    "verify": (FILES_NOW_READ_LATER, _verify_files),
+    "settle": ("Spark reads the savepoint", _settle),
     "check-after": ("no first batch: Spark loads the repartitioned state", _check_after),
     "back": ("back to the original checkpoint", _back),
 }

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pyspark
 from django.utils import timezone
@@ -45,16 +45,25 @@ from dashboard.services.errors import ActionFailed
 MANIFEST = "_manifest.json"
 
 
-def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None = None) -> Savepoint:
+def savepoint_copy(
+    *,
+    job: Job,
+    action: Action,
+    origin: str,
+    batch: int | None = None,
+    source: Path | None = None,
+    sinks: dict[str, int | None] | None = None,
+) -> Savepoint:
     """Copy the checkpoint as of its latest committed batch (or ``batch``, a retained one) with its manifest; the job
     may keep running. The copy is listed once ``savepoint_check`` has verified it. A copy this action began before
-    (its worker killed mid-copy) is disposed of first."""
+    (its worker killed mid-copy) is disposed of first. ``source``: a checkpoint directory of the job other than the
+    one it runs on (a rescale's, which it left), with ``sinks``, each sink's last batch as the job stopped on it."""
     for unfinished in job.savepoints.filter(action=action, status=SavepointStatus.IN_PROGRESS):
         savepoint_dispose(savepoint=unfinished, status=SavepointStatus.FAILED)
     started = time.monotonic()
     savepoint = Savepoint.objects.create(job=job, action=action, origin=origin)
     try:
-        source = job.checkpoint_location
+        source = job.checkpoint_location if source is None else source
         batch = latest_committed(source) if batch is None else batch
         folder = job.savepoint_root / f"sp-{savepoint.id}-batch-{batch}"
         savepoint.batch_id, savepoint.path = batch, str(folder)
@@ -82,7 +91,7 @@ def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None =
             "files": entries_json(entries),
             "copy_ms": int((copied - started) * 1000),
             # each of the job's sinks' last batch, read as the copy ends
-            "sinks": {s.name: s.position.last_batch for s in job_sinks(job) if not s.off},
+            "sinks": sinks_last_batches(job) if sinks is None else sinks,
         }
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
     except CheckpointError as exc:
@@ -91,6 +100,11 @@ def savepoint_copy(*, job: Job, action: Action, origin: str, batch: int | None =
     savepoint.save(update_fields=["duration_ms"])
     remember(action, savepoint=savepoint.id)
     return savepoint
+
+
+def sinks_last_batches(job: Job) -> dict[str, int | None]:
+    """Each of the job's sinks' last batch written, by name."""
+    return {s.name: s.position.last_batch for s in job_sinks(job) if not s.off}
 
 
 def _savepoint_failed(savepoint: Savepoint, reason: str, started: float | None = None) -> NoReturn:
@@ -169,11 +183,14 @@ def records_after_savepoint(action: Action) -> bool:
     """Whether the job's source holds records after where the action's savepoint (or, without one, the job) starts:
     then the new run's first batch will come, and the action waits for it; a quiet job's returns once its run is
     up."""
-    job = action.job
+    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
+    return records_after(action.job, (savepoint.manifest.get("source_offsets") or [None])[0] if savepoint else None)
+
+
+def records_after(job: Job, offset: dict[str, Any] | None) -> bool:
+    """Whether the job's source holds records after ``offset`` (where a batch ended in it; None: from its start)."""
     if not job.reads_redis:
         return False
-    savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
-    offset = (savepoint.manifest.get("source_offsets") or [None])[0] if savepoint else None
     numbers = stream_head(job.source_stream)
     if numbers is None:
         return False
