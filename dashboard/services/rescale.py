@@ -47,7 +47,6 @@ from dashboard.services.action_steps import (
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, switch_to_fork
 from dashboard.services.savepoints import (
-    FILES_NOW_READ_LATER,
     records_after,
     records_after_savepoint,
     savepoint_copy,
@@ -397,7 +396,7 @@ RESCALE_STEPS: Steps = {
     "apply": ("switch and start", _apply),
     "first-batch": ("its first batch", _first_batch),
     "savepoint": ("copy the checkpoint it stopped at (the savepoint)", _savepoint),
-    "verify": (FILES_NOW_READ_LATER, _verify_files),
+    "verify": ("verify the savepoint's files", _verify_files),
     "settle": ("Spark reads the savepoint", _settle),
     "check-after": ("no first batch: Spark loads the repartitioned state", _check_after),
     "back": ("back to the original checkpoint", _back),
