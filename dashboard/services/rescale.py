@@ -6,11 +6,12 @@ the job stopped at is taken once the new run is up (its first batch committed, w
 original checkpoint directory: the job no longer runs there, so nothing writes to it between the stop and the copy,
 and the copy no longer holds the job's output up (about a second on the busy demo stack: docs/benchmarks.md). Until
 that copy is made the original directory itself is the way back ("back" returns to it). Spark's reading of the
-savepoint (its verification) follows its copy, as an upgrade's follows its first batch. That Spark loads the repartitioned state is shown by the new run's first
-batch when records wait for it (a batch loads every state partition's store at its new count before it commits), and
-by the state reader before the restart otherwise. Should the new run end before its first batch (or have none within
-FIRST_BATCH_WAIT), the reader reads the repartitioned copy then; one Spark cannot load sends the job back to its
-original checkpoint and scale ("back"), which the rescale never wrote to."""
+savepoint (its verification) follows its copy, as an upgrade's follows its first batch. That Spark loads the
+repartitioned state is shown by the new run's first batch when records wait for it (a batch loads every state
+partition's store at its new count before it commits), and by the state reader before the restart otherwise.
+Should the new run end before its first batch (or have none within FIRST_BATCH_WAIT), the reader reads the
+repartitioned copy then; one Spark cannot load sends the job back to its original checkpoint and scale ("back"),
+which the rescale never wrote to."""
 
 from __future__ import annotations
 
