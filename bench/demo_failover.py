@@ -92,11 +92,16 @@ PHASES = (
 )
 
 
+def next_run(job: Job, lost_run_id: int) -> tuple[Run | None, Checkpoint | None]:
+    """The job's run after ``lost_run_id``, and its first batch's record."""
+    run = Run.objects.filter(job=job, id__gt=lost_run_id).order_by("id").first()
+    return run, Checkpoint.objects.filter(run=run).order_by("batch_id").first()
+
+
 def phases(job: Job, lost_run_id: int, killed: float) -> dict[str, float]:
     """Seconds from the kill to each step of the job's comeback, from its records: the next run's request and
     start, and its first batch's trigger."""
-    run = Run.objects.filter(job=job, id__gt=lost_run_id).order_by("id").first()
-    first = Checkpoint.objects.filter(run=run).order_by("batch_id").first()
+    run, first = next_run(job, lost_run_id)
     if run is None or run.started_at is None or first is None:
         return {}
     return {
@@ -109,8 +114,7 @@ def phases(job: Job, lost_run_id: int, killed: float) -> dict[str, float]:
 def comeback(job: Job, lost_run_id: int, killed: float) -> str:
     """One job's comeback, step by step from the kill, and where its first batch's time went (Spark's phases)."""
     steps = phases(job, lost_run_id, killed)
-    run = Run.objects.filter(job=job, id__gt=lost_run_id).order_by("id").first()
-    first = Checkpoint.objects.filter(run=run).order_by("batch_id").first()
+    _, first = next_run(job, lost_run_id)
     if not steps or first is None:
         return "no comeback on record"
     return (
