@@ -225,7 +225,7 @@ class RescaleForm(forms.Form):
         min_value=1, max_value=1024, help_text="Spark's offline repartition on a copy of the state"
     )
     how = forms.ChoiceField(
-        choices=[("savepoint", "Stop, savepoint, repartition, restart"),
+        choices=[("savepoint", "Stop, repartition, restart, savepoint"),
                  ("blue-green", "Blue/green: the repartitioned job runs beside this one and takes over; the output "
                                 "never stops (state partitions only, a running job)")],
         initial="savepoint", widget=forms.RadioSelect, required=False,
