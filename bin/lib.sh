@@ -8,6 +8,7 @@ PY="$VENV/bin/python"
 # A local run: the embedded defaults (a development secret key) are accepted only with this set.
 export STATEKEEPER_ENV=${STATEKEEPER_ENV:-development}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
+PGPASS=${PGPASSFILE:-${XDG_CONFIG_HOME:-$HOME/.config}/statekeeper/pgpass}
 
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*"; }
 
@@ -80,22 +81,64 @@ ensure_redis() {
 
 pg_up() { "$PY" -c "import psycopg; psycopg.connect('host=$PGHOST port=$PGPORT user=$PGUSER dbname=postgres', connect_timeout=2).close()" 2>/dev/null; }
 
+# a command as the postgres system user, on the server's local socket (peer authentication: no password)
+pg_local() {
+  local command="env -u PGHOST -u PGPASSFILE PGPORT=$PGPORT $*"
+  if [ "$(id -u)" -eq 0 ]; then su postgres -c "$command"; else sudo -u postgres sh -c "$command"; fi
+}
+
+pg_passwords() {
+  # Debian's PostgreSQL asks TCP clients for a password (scram-sha-256). The set-up gives the superuser and the app role
+  # a random password each, made once and kept in libpq's password file PGPASS (readable only by you; one per user,
+  # as the server is one per machine: a second checkout finds the same), set through the server's local socket as the
+  # postgres system user; every process finds them through PGPASSFILE, so no password stands in a DSN, a log or the
+  # environment.
+  local file="$PGPASS" role app="${STATEKEEPER_DB_APP_ROLE:-statekeeper_app}"
+  if [ ! -s "$file" ]; then
+    mkdir -p "$(dirname "$file")"
+    ( umask 077
+      for role in "$PGUSER" "$app"; do
+        printf '*:*:*:%s:%s\n' "$role" "$("$PY" -c 'import secrets; print(secrets.token_hex(16))')"
+      done > "$file" )
+  fi
+  export PGPASSFILE="$file"
+  while IFS=: read -r _ _ _ role password; do
+    pg_local "psql -q -v ON_ERROR_STOP=1 -d postgres" >/dev/null <<SQL || return 1
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$role') THEN CREATE ROLE "$role" LOGIN; END IF;
+END \$\$;
+ALTER ROLE "$role" PASSWORD '$password';
+SQL
+  done < "$file"
+}
+
 ensure_postgres() {
-  # Sets DATABASE_URL: PostgreSQL when it is reachable or can be started, otherwise SQLite.
+  # Sets DATABASE_URL to PostgreSQL, installing and starting the server when none answers. Never SQLite by itself:
+  # only DATABASE_URL=sqlite://... chooses it.
   if [ -n "${DATABASE_URL:-}" ]; then return 0; fi
+  [ -s "$PGPASS" ] && export PGPASSFILE="$PGPASS"
   if ! pg_up; then
     if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
       say "installing PostgreSQL"; apt_install postgresql || true
     fi
     if ls /etc/postgresql/*/main >/dev/null 2>&1; then
-      say "starting PostgreSQL"
-      pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start 2>/dev/null || true
-      for _ in $(seq 20); do pg_up && break; sleep 0.5; done
-      pg_up || su postgres -c "psql -c \"ALTER USER postgres PASSWORD NULL\"" >/dev/null 2>&1 || true
+      if ! pg_local "pg_isready -q"; then
+        say "starting PostgreSQL"
+        pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main start 2>/dev/null || true
+        for _ in $(seq 20); do pg_local "pg_isready -q" && break; sleep 0.5; done
+      fi
+      pg_up || { say "PostgreSQL asks for a password: setting the set-up's own ($PGPASS)"; pg_passwords || true; }
     fi
   fi
-  if pg_up; then
-    "$PY" - <<'PYEOF'
+  if ! pg_up; then
+    cat >&2 <<MSG
+PostgreSQL cannot be reached at $PGHOST:$PGPORT as $PGUSER, and could not be installed, started or opened here.
+Start it (or point PGHOST, PGPORT, PGUSER and PGPASSFILE at yours), or choose SQLite for a quick look with
+DATABASE_URL=sqlite://$ROOT/var/db.sqlite3 (the test suite needs PostgreSQL).
+MSG
+    return 1
+  fi
+  "$PY" - <<'PYEOF'
 import os, psycopg
 conn = psycopg.connect(f"host={os.environ['PGHOST']} port={os.environ['PGPORT']} user={os.environ['PGUSER']} dbname=postgres", autocommit=True)
 for name in ("statekeeper", "team_orders"):  # the console's, and the demo team job's own (its sink's table)
@@ -111,12 +154,7 @@ if conn.execute("SHOW autovacuum").fetchone()[0] == "off":
     except psycopg.Error as exc:
         print(f"==> PostgreSQL's autovacuum is off and could not be turned on ({exc}); the capacity review warns of it")
 PYEOF
-    export DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/statekeeper"
-  else
-    say "PostgreSQL is not available: using SQLite (var/db.sqlite3)"
-    mkdir -p "$ROOT/var"
-    export DATABASE_URL="sqlite://$ROOT/var/db.sqlite3"
-  fi
+  export DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/statekeeper"
 }
 
 app_database_url() {
@@ -149,4 +187,118 @@ ensure_class_archive() {
   else
     say "no class archive (var/class-archive.log says why): JVMs start without it"
   fi
+}
+
+# Jars from Maven Central (requirements/maven/*.xml), each set fetched once into var/jars/SET with Maven's own cache in
+# var/maven, checked against requirements/maven/jars.sha256, and reused offline from then on.
+JARS="$ROOT/var/jars"
+
+jars_checked() {  # the set's jars are all there and match their hashes
+  local set=$1
+  [ -d "$JARS/$set" ] || return 1
+  grep " $set/" requirements/maven/jars.sha256 | (cd "$JARS" && sha256sum --quiet --strict -c -) >/dev/null 2>&1 || return 1
+  [ "$(ls "$JARS/$set" | wc -l)" -eq "$(grep -c " $set/" requirements/maven/jars.sha256)" ]
+}
+
+fetch_jars() {  # Maven resolves the set's dependencies into var/jars/SET (the runtime scope: what runs)
+  local set=$1
+  command -v mvn >/dev/null || { say "installing Maven"; apt_install maven; }
+  rm -rf "$JARS/$set"
+  mvn -q -B -f "requirements/maven/$set.xml" dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$JARS/$set" -Dmaven.repo.local="$ROOT/var/maven" >"$ROOT/var/maven.log" 2>&1
+}
+
+ensure_jars() {
+  local set=$1
+  jars_checked "$set" && return 0
+  say "fetching the $set jars with Maven (requirements/maven/$set.xml)"
+  if ! fetch_jars "$set"; then
+    echo "Maven could not fetch the $set jars: see var/maven.log" >&2; return 1
+  fi
+  if ! jars_checked "$set"; then
+    echo "The $set jars Maven fetched do not match requirements/maven/jars.sha256 (var/jars/$set):" >&2
+    (cd "$JARS" && sha256sum "$set"/*.jar) | diff - <(grep " $set/" requirements/maven/jars.sha256 | sort -k2) >&2 || true
+    return 1
+  fi
+}
+
+# Spark's Kafka connector on every driver's class path, after a site's own jars (STATEKEEPER_SPARK_JARS).
+ensure_spark_kafka() {
+  ensure_jars spark-kafka || return 1
+  local listed
+  listed=$(ls "$JARS"/spark-kafka/*.jar | paste -sd, -)
+  case ",${STATEKEEPER_SPARK_JARS:-}," in
+    *"spark-sql-kafka"*) ;;
+    ",,") export STATEKEEPER_SPARK_JARS="$listed" ;;
+    *) export STATEKEEPER_SPARK_JARS="$STATEKEEPER_SPARK_JARS,$listed" ;;
+  esac
+}
+
+KAFKA_DIR="$ROOT/var/kafka"
+KAFKA_STARTED=""
+
+kafka_up() { (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; }
+
+ensure_kafka() {
+  # STATEKEEPER_KAFKA_BOOTSTRAP names a site's own cluster; otherwise a one-node KRaft broker on 127.0.0.1:9092, started
+  # here when none answers, its log under var/kafka. KAFKA_STARTED is set when this call started it (stop_kafka).
+  if [ -n "${STATEKEEPER_KAFKA_BOOTSTRAP:-}" ]; then return 0; fi
+  export STATEKEEPER_KAFKA_BOOTSTRAP=127.0.0.1:9092
+  kafka_up "$STATEKEEPER_KAFKA_BOOTSTRAP" && return 0
+  ensure_jars kafka-broker || return 1
+  mkdir -p "$KAFKA_DIR/data"
+  cat > "$KAFKA_DIR/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:9093
+listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093
+advertised.listeners=PLAINTEXT://127.0.0.1:9092
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$KAFKA_DIR/data
+num.partitions=3
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+group.initial.rebalance.delay.ms=0
+log.retention.hours=24
+PROPS
+  cat > "$KAFKA_DIR/log4j2.properties" <<PROPS
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $KAFKA_DIR/broker.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka.server.KafkaServer
+logger.kafka.level = INFO
+PROPS
+  local java=(java -Xms128m -Xmx384m -XX:+UseG1GC -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties"
+    -cp "$JARS/kafka-broker/*")
+  if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
+    "${java[@]}" kafka.tools.StorageTool format --standalone -t "$("$PY" -c 'import uuid, base64; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
+      -c "$KAFKA_DIR/server.properties" >"$KAFKA_DIR/format.log" 2>&1 || { cat "$KAFKA_DIR/format.log" >&2; return 1; }
+  fi
+  say "starting Kafka on 127.0.0.1:9092 (log: var/kafka/broker.log)"
+  nohup "${java[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" >"$KAFKA_DIR/stdout.log" 2>&1 &
+  echo $! > "$KAFKA_DIR/pid"
+  for _ in $(seq 60); do
+    if kafka_up "$STATEKEEPER_KAFKA_BOOTSTRAP"; then KAFKA_STARTED=1; return 0; fi
+    kill -0 "$(cat "$KAFKA_DIR/pid")" 2>/dev/null || break
+    sleep 0.5
+  done
+  echo "Kafka did not start: see var/kafka/broker.log and var/kafka/stdout.log" >&2; return 1
+}
+
+stop_kafka() {  # the broker this run started, and only that one
+  [ -n "$KAFKA_STARTED" ] && [ -f "$KAFKA_DIR/pid" ] || return 0
+  local pid; pid=$(cat "$KAFKA_DIR/pid")
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$KAFKA_DIR/pid"
 }
