@@ -162,20 +162,16 @@ class JobForm(forms.ModelForm):
         if not pipelines.kafka_connector():
             self.add_error(
                 "source_kind",
-                "Spark's Kafka connector is not on the class path: the pyspark wheel does not ship it. Put "
-                "spark-sql-kafka-0-10, spark-token-provider-kafka, kafka-clients and commons-pool2 jars matching "
-                "this Spark in STATEKEEPER_SPARK_JARS (comma-separated paths).",
+                "Spark's Kafka connector is not on the class path: the pyspark wheel does not ship it. The set-up "
+                "(bin/dev) fetches it with Maven and names it in STATEKEEPER_SPARK_JARS; a console started otherwise "
+                "lists the spark-sql-kafka-0-10, spark-token-provider-kafka, kafka-clients and commons-pool2 jars "
+                "there (comma-separated paths).",
             )
         if not data.get("source_stream") and "source_stream" not in self.errors:
             self.add_error("source_stream", "Name the Kafka topic the job reads.")
         servers = str(data.get("source_path") or "").strip()
         if not KAFKA_SERVERS.match(servers):
             self.add_error("source_path", "Give the bootstrap servers as host:port[,host:port...].")
-        if pipeline is not None and pipeline.payload.kind != "json":
-            self.add_error(
-                "source_kind",
-                f"{pipeline.name} parses its events as {pipeline.payload.kind}; Kafka values are read as JSON.",
-            )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

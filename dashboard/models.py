@@ -237,6 +237,11 @@ class Job(models.Model):
         return self.source_kind == SourceKind.REDIS
 
     @property
+    def reads_kafka(self) -> bool:
+        """Whether the source is a Kafka topic (its lag sampled from the broker's end offsets, per partition)."""
+        return self.source_kind == SourceKind.KAFKA
+
+    @property
     def lag_unit(self) -> str:
         """What the job's lag counts: stream entries, or files not yet read."""
         return "files" if self.reads_files else "records"
@@ -808,6 +813,10 @@ class SourceLag(models.Model):
     lag_records = models.BigIntegerField()
     lag_seconds = models.FloatField(null=True, blank=True, help_text="age of the oldest entry not yet read")
     lag_bytes = models.BigIntegerField(null=True, blank=True, help_text="for a file source: bytes not yet read")
+    partitions = models.JSONField(
+        null=True, blank=True,
+        help_text="for a Kafka source, each partition's {end, committed, lag, oldest_s} (partition as text)",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["job", "sampled_at"]

@@ -148,8 +148,26 @@ class Measure:
 
 
 def _end_n(record: dict[str, Any]) -> int | None:
-    end = record.get("end_offset")
-    return end.get("n") if isinstance(end, dict) else None
+    return source_position(record.get("end_offset"))
+
+
+def kafka_offsets(end: Any) -> dict[str, dict[int, int]] | None:
+    """A Kafka source's offset ({topic: {partition: offset}}) as topic -> partition -> offset; None for any other."""
+    if not isinstance(end, dict) or not end or "n" in end:
+        return None
+    try:
+        return {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in end.items()}
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def source_position(end: Any) -> int | None:
+    """How far a batch's end offset is into its source, as one count: a Redis stream's entries read, a Kafka source's
+    offsets summed over its partitions."""
+    if isinstance(end, dict) and "n" in end:
+        return int(end["n"])
+    kafka = kafka_offsets(end)
+    return None if kafka is None else sum(o for parts in kafka.values() for o in parts.values())
 
 
 MEASURES: tuple[Measure, ...] = (

@@ -201,6 +201,9 @@ LOGOUT_REDIRECT_URL = "/login/"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+# The Kafka cluster the demo and the tests use, and the default servers of a new Kafka job (bin/lib.sh starts a
+# one-node broker here when none answers)
+KAFKA_BOOTSTRAP = env_str("STATEKEEPER_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 CELERY_TASK_ACKS_LATE = False
 CELERY_TASK_TIME_LIMIT = 120
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}

@@ -13,6 +13,7 @@ from typing import Any
 from django.db.models import Avg
 from django.utils import timezone
 
+from dashboard import kafka
 from dashboard.checkpoint_dir.disk import state_version
 from dashboard.checkpoint_dir.files import (
     CheckpointError,
@@ -68,20 +69,25 @@ def fork_name(action: Action, purpose: str) -> str:
 
 def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at: datetime | None) -> Preview:
     result = Preview(batch_id, committed_at, offset, None, None)
-    if not job.reads_redis:  # files stay in their directory, and Kafka keeps its log: nothing to count here
+    if job.reads_kafka:
+        _kafka_replay(job, offset, result)
+    elif not job.reads_redis:  # files stay in their directory: nothing to count here
         return result
-    numbers = stream_head(job.source_stream)
-    if numbers is None or not isinstance(offset, dict) or "n" not in offset:
-        result.refusal = "" if numbers is not None else "Redis cannot be reached: the replay cannot be checked now."
+    else:
+        numbers = stream_head(job.source_stream)
+        if numbers is None or not isinstance(offset, dict) or "n" not in offset:
+            result.refusal = "" if numbers is not None else "Redis cannot be reached: the replay cannot be checked now."
+            return result
+        added, trimmed = numbers
+        result.replay_records = max(0, added - int(offset["n"]))
+        if trimmed > int(offset["n"]):
+            gone = trimmed - int(offset["n"])
+            result.refusal = (
+                f"Refused: {gone} records after this batch were already trimmed from {job.source_stream}; restoring "
+                f"here would lose them."
+            )
+    if result.replay_records is None:
         return result
-    added, trimmed = numbers
-    result.replay_records = max(0, added - int(offset["n"]))
-    if trimmed > int(offset["n"]):
-        gone = trimmed - int(offset["n"])
-        result.refusal = (
-            f"Refused: {gone} records after this batch were already trimmed from {job.source_stream}; restoring here "
-            f"would lose them."
-        )
     rate = (
         Checkpoint.objects.filter(job=job, input_rows__gt=0, processed_rate__gt=0)
         .order_by("-id")[:20]
@@ -90,6 +96,25 @@ def preview(job: Job, batch_id: int, offset: dict[str, Any] | None, committed_at
     if rate:
         result.catch_up_seconds = result.replay_records / rate
     return result
+
+
+def _kafka_replay(job: Job, offset: Any, result: Preview) -> None:
+    """A Kafka job's replay from ``offset``: the records after it in every partition, as the broker holds them now;
+    refused when retention already deleted some of them (Spark would stop on the gap: failOnDataLoss)."""
+    at = kafka.offsets_of(offset, job.source_stream)
+    try:
+        ends = kafka.end_offsets(job.source_path, job.source_stream)
+    except kafka.KafkaUnavailable as exc:
+        result.refusal = f"Kafka cannot be reached, so the replay cannot be checked now: {exc}"
+        return
+    result.replay_records = sum(kafka.lag_by_partition(ends, at).values())
+    gone = {p: earliest - at.get(p, 0) for p, (earliest, _) in ends.items() if earliest > at.get(p, 0)}
+    if gone:
+        where = ", ".join(f"{n} in partition {p}" for p, n in sorted(gone.items()))
+        result.refusal = (
+            f"Refused: {sum(gone.values())} records after this batch were already deleted from {job.source_stream} by "
+            f"the topic's retention ({where}); restoring here would lose them."
+        )
 
 
 RUNNING = "Refused: {job} is running. Stop it first (Stop with savepoint keeps its latest state too)."

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 import pyspark
 from django.utils import timezone
 
+from dashboard import kafka
 from dashboard.checkpoint_dir.files import (
     CheckpointError,
     batch_offsets,
@@ -189,6 +190,12 @@ def records_after_savepoint(action: Action) -> bool:
 
 def records_after(job: Job, offset: dict[str, Any] | None) -> bool:
     """Whether the job's source holds records after ``offset`` (where a batch ended in it; None: from its start)."""
+    if job.reads_kafka:
+        try:
+            ends = kafka.end_offsets(job.source_path, job.source_stream)
+        except kafka.KafkaUnavailable:
+            return False
+        return sum(kafka.lag_by_partition(ends, kafka.offsets_of(offset, job.source_stream)).values()) > 0
     if not job.reads_redis:
         return False
     numbers = stream_head(job.source_stream)

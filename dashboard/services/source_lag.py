@@ -14,6 +14,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from dashboard import kafka
 from dashboard.checkpoint_dir.file_source import file_backlog
 from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, committed_batches
 from dashboard.connections import redis_client
@@ -52,13 +53,14 @@ def source_lag_sample(now: datetime | None = None) -> int:
     """Sample every job's source; two Redis round trips and one insert whatever the number of jobs."""
     now = now or timezone.now()
     every = list(Job.objects.select_related("latest_checkpoint"))
-    jobs = [job for job in every if job.reads_redis]  # a Kafka job's lag comes from its progress events
-    file_samples = [_file_sample(job, now) for job in every if job.reads_files]
-    if file_samples:
-        SourceLag.objects.bulk_create(file_samples)
-        _push(file_samples, now)
+    jobs = [job for job in every if job.reads_redis]
+    not_redis = [_file_sample(job, now) for job in every if job.reads_files]
+    not_redis += [sample for job in every if job.reads_kafka and (sample := _kafka_sample(job, now))]
+    if not_redis:
+        SourceLag.objects.bulk_create(not_redis)
+        _push(not_redis, now)
     if not jobs:
-        return len(file_samples)
+        return len(not_redis)
     client = redis_client(timeout=5)
     offsets = [committed(job) for job in jobs]
     pipe = client.pipeline(transaction=False)
@@ -92,7 +94,7 @@ def source_lag_sample(now: datetime | None = None) -> int:
     _push(samples, now)
     if now.second < 5:  # about once a minute: samples older than the raw checkpoints' retention go
         SourceLag.objects.filter(sampled_at__lt=now - timedelta(hours=settings.CHECKPOINT_RAW_RETENTION_HOURS)).delete()
-    return len(samples) + len(file_samples)
+    return len(samples) + len(not_redis)
 
 
 def _file_sample(job: Job, now: datetime) -> SourceLag:
@@ -103,6 +105,37 @@ def _file_sample(job: Job, now: datetime) -> SourceLag:
         job=job, sampled_at=now, source_n=backlog.files, committed_n=backlog.read, lag_records=backlog.unread,
         lag_seconds=max(0.0, round(now.timestamp() - oldest, 1)) if oldest is not None else 0.0,
         lag_bytes=backlog.unread_bytes,
+    )  # fmt: skip
+
+
+def _kafka_sample(job: Job, now: datetime) -> SourceLag | None:
+    """A Kafka topic's backlog, per partition: the broker's end offsets against the newest committed batch's (from its
+    checkpoint record, or the checkpoint directory after a switch), and the age of the oldest record not yet read. No
+    sample when the broker does not answer or the topic is gone: the job's page says why from the failed sample's log,
+    and the lag alerts see no false zero."""
+    end = job.latest_checkpoint.end_offset if job.latest_checkpoint else None
+    committed_at = kafka.offsets_of(end, job.source_stream) or kafka.offsets_of(_on_disk(job), job.source_stream)
+    try:
+        ends = kafka.end_offsets(job.source_path, job.source_stream, timeout=3)
+        lag = kafka.lag_by_partition(ends, committed_at)
+        waiting = {p: committed_at.get(p, ends[p][0]) for p, n in lag.items() if n}
+        times = kafka.record_times(job.source_path, job.source_stream, waiting, timeout=3)
+    except kafka.KafkaUnavailable as exc:
+        log.warning("Kafka lag of %s not sampled: %s", job.name, exc)
+        return None
+    partitions = {
+        str(p): {
+            "end": ends[p][1], "committed": committed_at.get(p, ends[p][0]), "lag": lag[p],
+            "oldest_s": max(0.0, round(now.timestamp() - times[p], 1)) if p in times else None,
+        }
+        for p in sorted(ends)
+    }  # fmt: skip
+    total = sum(lag.values())
+    ages = [v["oldest_s"] for v in partitions.values() if v["oldest_s"] is not None]
+    return SourceLag(
+        job=job, sampled_at=now, source_n=sum(e for _, e in ends.values()),
+        committed_n=sum(v["committed"] for v in partitions.values()), lag_records=total,
+        lag_seconds=max(ages) if total and ages else 0.0, partitions=partitions,
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""Create the demo jobs and request the start of the first two (memory and RocksDB-incremental); the third, on the
+"""Create the demo jobs and request the start of the first three (memory and RocksDB-incremental on Redis streams, and
+url-counts on a Kafka topic of three partitions); the next, on the
 example package's user-sessions pipeline, waits to be started and upgraded (Deploys tab), as does the fourth, the team
 job example's customer-spend (nested orders, with parameters: upgrade it to a shorter window or a lower threshold),
 which also writes its own table in the ``team_orders`` database (on PostgreSQL) and Parquet files under var/lake.
@@ -13,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from dashboard import pipelines
-from dashboard.models import ACTIVE_RUN_STATUSES, Job, StateBackend
+from dashboard.models import ACTIVE_RUN_STATUSES, Job, SourceKind, StateBackend
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import WARM_STATE_READER, enqueue
 from dashboard.services.errors import ActionRefused
@@ -34,6 +35,16 @@ DEMO_JOBS = [
         "name": "orders-rocksdb",
         "pipeline": "order-state-machine-v2",
         "source_stream": "events:orders",
+        "state_backend": StateBackend.ROCKSDB_INCREMENTAL,
+        "parallelism": 1,
+        "trigger_interval_seconds": 2,
+        "driver": "shared",
+    },
+    {
+        "name": "urls-kafka",
+        "pipeline": "url-counts",
+        "source_kind": SourceKind.KAFKA,
+        "source_stream": "access-log",  # on STATEKEEPER_KAFKA_BOOTSTRAP, three partitions (produce_events makes it)
         "state_backend": StateBackend.ROCKSDB_INCREMENTAL,
         "parallelism": 1,
         "trigger_interval_seconds": 2,
@@ -84,6 +95,11 @@ class Command(BaseCommand):
             spec = {k: v for k, v in demo.items() if k != "start"}
             if spec["pipeline"] == "customer-spend":
                 spec["parameters"] = {**dict(spec["parameters"]), **team_sinks()}  # type: ignore[call-overload]
+            if spec.get("source_kind") == SourceKind.KAFKA:
+                if not pipelines.kafka_connector():
+                    self.stdout.write(f"skipped job {spec['name']}: Spark's Kafka connector is not on the class path")
+                    continue
+                spec["source_path"] = settings.KAFKA_BOOTSTRAP
             if pipelines.find(str(spec["pipeline"])) is None:
                 self.stdout.write(f"skipped job {spec['name']}: its pipeline {spec['pipeline']} is not installed")
                 continue

@@ -1,7 +1,8 @@
-"""A Kafka topic through Spark's own Kafka source, where its connector jars are on the class path (the pyspark wheel
-does not ship them: set STATEKEEPER_SPARK_JARS). Each record's value passes the same checks as a Redis stream entry;
-its entry id is ``<record timestamp ms>-<partition << 40 | offset>``, unique and the same on a replay. Lag comes from
-the progress events (the latest offsets against the batch's end, per partition)."""
+"""A Kafka topic through Spark's own Kafka source (its connector's jars: requirements/maven/spark-kafka.xml, put on every
+driver's class path by the set-up). Each record's value passes the same checks as a Redis stream entry; its entry id
+is ``<record timestamp ms>-<partition << 40 | offset>``, unique and the same on a replay, and a dead letter's reason
+names its topic, partition and offset. Lag comes from the progress events (the latest offsets against the batch's end,
+per partition) and, while the job is down, from the broker's end offsets (``dashboard/kafka.py``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ def kafka_events(
     spark: SparkSession, servers: str, topic: str, payload: PayloadFormat, dead_letters: str, redis_url: str,
     max_future_seconds: float, max_records: int,
 ) -> DataFrame:  # fmt: skip
-    if payload.kind != "json":
-        raise ValueError(f"This pipeline parses its events as {payload.kind}; a Kafka source checks JSON values.")
     reader = (
         spark.readStream.format("kafka").option("kafka.bootstrap.servers", servers).option("subscribe", topic)
         .option("startingOffsets", "earliest").option("failOnDataLoss", "true")
@@ -32,12 +31,20 @@ def kafka_events(
             "%d-%d", F.unix_millis("timestamp"), F.shiftleft(F.col("partition").cast("long"), 40) + F.col("offset")
         ).alias("_id"),
         F.col("value").alias("v"),
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
     )
     option, limits = payload.to_option(), Limits(max_future_seconds=max_future_seconds)
 
     def entries_of(batch: Any) -> Entries:
         columns = batch.to_pydict()
-        return [(i.encode(), [b"v", v or b""]) for i, v in zip(columns["_id"], columns["v"], strict=True)], [], {}
+        ids = columns["_id"]
+        where = {
+            i: f"topic {t}, partition {p}, offset {o}"
+            for i, t, p, o in zip(ids, columns["topic"], columns["partition"], columns["offset"], strict=True)
+        }
+        return [(i.encode(), [b"v", v or b""]) for i, v in zip(ids, columns["v"], strict=True)], [], where
 
     def check(batches: Iterator[Any]) -> Iterator[Any]:
         yield from check_batches(batches, option, limits, dead_letters, redis_url, entries_of)

@@ -1,0 +1,222 @@
+"""Kafka jobs against the real broker the set-up starts (bin/lib.sh, ensure_kafka), with Spark's own Kafka source: each
+record counted once through savepoint, restore, rollback, rescale and kill -9; lag per partition from the broker while
+the job is down; bad records in the dead letters with their topic, partition and offset."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_lib
+from confluent_kafka.admin import AdminClient
+from django.conf import settings
+
+from dashboard import kafka
+from dashboard.engine.samples import sample_events
+from dashboard.models import ActionKind, Job, RunStatus, SourceLag
+from dashboard.pipelines import get as get_pipeline
+from dashboard.records import kafka_offsets, source_position
+from dashboard.services.checkpoints import progress_stream_ingest
+from dashboard.services.forks import rollback_preview, savepoint_preview
+from dashboard.services.runs import job_request_start, job_request_stop
+from dashboard.services.source_lag import source_lag_sample
+from dashboard.templatetags.console import offset_id
+from tests.conftest import DriverThread, wait_for
+from tests.support import execute, running_with_progress, sink_total
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+PARTITIONS = 3
+# what a broken producer writes among the access-log lines (Kafka's own limit refuses a record over 1 MiB: the broker,
+# not the job, stops that one)
+BAD = [b"GET /oops", b"{oops", b"", '10.0.0.1 - - [x] "GET /\xff HTTP/1.1" 200 1'.encode("latin-1")]
+
+
+@pytest.fixture
+def topic() -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    kafka.ensure_topic(settings.KAFKA_BOOTSTRAP, name, PARTITIONS)
+    yield name
+    AdminClient({"bootstrap.servers": settings.KAFKA_BOOTSTRAP}).delete_topics([name])
+
+
+class Sent:
+    """What the test produced: good records, and the place (partition, offset) of every bad one."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic, self.good, self.bad = topic, 0, set[tuple[int, int]]()
+        self.producer = kafka.producer(settings.KAFKA_BOOTSTRAP)
+
+    def send(self, count: int, seed: int, bad: list[bytes] = ()) -> int:
+        make, rng = sample_events(get_pipeline("url-counts"), random.Random(seed)), random.Random(seed)
+
+        def placed(error, message) -> None:
+            assert error is None, error
+            if message.value() in bad:
+                self.bad.add((message.partition(), message.offset()))
+
+        for n in range(count):
+            self.producer.produce(
+                self.topic, make(int(time.time() * 1000)).encode(), rng.randbytes(4), on_delivery=placed
+            )
+            if bad and n % max(1, count // len(bad)) == 0:
+                self.producer.produce(self.topic, bad[(n // max(1, count // len(bad))) % len(bad)], on_delivery=placed)
+            self.producer.poll(0)
+        self.producer.flush()
+        self.good += count
+        return count
+
+    def total(self) -> int:
+        """Every record in the topic: the sum of its partitions' end offsets."""
+        return sum(end for _, end in kafka.end_offsets(settings.KAFKA_BOOTSTRAP, self.topic).values())
+
+
+def read_to_end(job: Job, sent: Sent) -> bool:
+    progress_stream_ingest(client=redis_lib.Redis.from_url(settings.REDIS_URL))
+    job.refresh_from_db()
+    latest = job.checkpoints.filter(location=job.checkpoint_dir).order_by("-batch_id").first()
+    return latest is not None and source_position(latest.end_offset) == sent.total()
+
+
+def run_to_end(spark, job: Job, sent: Sent) -> None:
+    driver = DriverThread(spark, job)
+    wait_for(lambda: read_to_end(job, sent), 180, what=f"{job.name} to read {sent.total()} records")
+    assert driver.stop() == RunStatus.STOPPED
+    read_to_end(job, sent)
+
+
+def kafka_job(make_job, topic: str, **fields) -> Job:
+    return make_job(source_kind="kafka", source_stream=topic, source_path=settings.KAFKA_BOOTSTRAP, **fields)
+
+
+def take_pending_start(job) -> None:
+    job.runs.filter(status=RunStatus.PENDING).update(status=RunStatus.STOPPED)
+
+
+def test_a_kafka_job_counts_every_record_once_through_savepoint_restore_rollback_and_rescale(
+    spark, make_job, topic, redis
+):
+    job = kafka_job(make_job, topic, max_records_per_batch=300, state_backend="rocksdb", state_partitions=2)
+    sent = Sent(topic)
+    sent.send(900, seed=1, bad=BAD)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == sent.good == 900
+
+    # the checkpoint history holds each partition's offsets, as the broker has them
+    ends = kafka.end_offsets(settings.KAFKA_BOOTSTRAP, topic)
+    latest = job.checkpoints.order_by("-batch_id").first()
+    assert kafka_offsets(latest.end_offset) == {topic: {p: end for p, (_, end) in ends.items()}}
+    assert offset_id(latest.end_offset) == f"{topic} " + " ".join(f"{p}:{ends[p][1]}" for p in range(PARTITIONS))
+    assert all(end > 0 for _, end in ends.values()), "every partition got records"
+    # admission control over all partitions together: maxOffsetsPerTrigger
+    assert max(c.input_rows for c in job.checkpoints.all()) <= 300
+
+    # every bad record in the dead letters, once, with its topic, partition and offset
+    dead = [f for _, f in redis.xrange(job.dead_letter_stream)]
+    places = {tuple(map(int, re.search(rb"partition (\d+), offset (\d+)", f[b"reason"]).groups())) for f in dead}
+    assert len(dead) == len(sent.bad) == len(BAD) and places == sent.bad
+    assert all(f"topic {topic}".encode() in f[b"reason"] for f in dead)
+
+    execute(job, ActionKind.SAVEPOINT)
+    savepoint = job.savepoints.get()
+    sent.send(600, seed=2)
+    # the preview counts the records to replay from the broker
+    assert (savepoint_preview(job, savepoint).replay_records, savepoint_preview(job, savepoint).refusal) == (600, "")
+
+    # while the job is down its lag comes from the broker, per partition
+    before = SourceLag.objects.count()
+    source_lag_sample()
+    sample = SourceLag.objects.filter(job=job).latest("sampled_at")
+    assert SourceLag.objects.count() == before + 1
+    assert sample.lag_records == 600 == sum(p["lag"] for p in sample.partitions.values())
+    assert sorted(sample.partitions) == ["0", "1", "2"] and sample.lag_seconds is not None and sample.lag_seconds >= 0
+    assert all(p["end"] == ends_now for p, ends_now in zip(
+        sample.partitions.values(), [e for _, e in kafka.end_offsets(settings.KAFKA_BOOTSTRAP, topic).values()],
+        strict=True))  # fmt: skip
+
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == 1500
+
+    execute(job, ActionKind.RESTORE, savepoint=savepoint.id)
+    take_pending_start(job)
+    job.refresh_from_db()
+    assert job.checkpoint_dir.startswith("checkpoint-restore-")
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == 1500, "the replay from the broker overwrites, never adds"
+
+    first = job.checkpoints.filter(location=job.checkpoint_dir).order_by("batch_id").first()
+    preview = rollback_preview(job, first.batch_id)
+    assert preview.refusal == "" and preview.replay_records == sent.total() - source_position(first.end_offset)
+    execute(job, ActionKind.ROLLBACK, batch=first.batch_id)
+    take_pending_start(job)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == 1500
+
+    execute(job, ActionKind.RESCALE, parallelism=1, state_partitions=3)
+    take_pending_start(job)
+    job.refresh_from_db()
+    assert job.state_partitions == 3
+    sent.send(300, seed=3)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == sent.good == 1800
+    latest = job.checkpoints.filter(location=job.checkpoint_dir).order_by("-batch_id").first()
+    assert latest.state_operators[0]["numShufflePartitions"] == 3
+
+
+def test_a_restore_past_the_topics_retention_is_refused_with_the_count(spark, make_job, topic):
+    job = kafka_job(make_job, topic, max_records_per_batch=500)
+    sent = Sent(topic)
+    sent.send(300, seed=1)
+    run_to_end(spark, job, sent)
+    execute(job, ActionKind.SAVEPOINT)
+    savepoint = job.savepoints.get()
+    sent.send(300, seed=2)
+    # retention deletes every partition's records up to its end (what a short retention.ms does over time)
+    from confluent_kafka import TopicPartition
+
+    admin = AdminClient({"bootstrap.servers": settings.KAFKA_BOOTSTRAP})
+    ends = kafka.end_offsets(settings.KAFKA_BOOTSTRAP, topic)
+    deleted = admin.delete_records([TopicPartition(topic, p, end) for p, (_, end) in ends.items()])
+    for future in deleted.values():
+        future.result(10)
+    preview = savepoint_preview(job, savepoint)
+    assert preview.refusal.startswith(f"Refused: 300 records after this batch were already deleted from {topic}")
+
+
+@pytest.mark.browser
+def test_kill_minus_nine_of_a_kafka_jobs_driver_loses_and_duplicates_nothing(make_job, topic, redis, celery_worker):
+    job = kafka_job(
+        make_job, topic, parallelism=1, trigger_interval_seconds=1, restart_strategy="fixed-delay",
+        restart_delay_seconds=1,
+    )  # fmt: skip
+    sent, halt = Sent(topic), threading.Event()
+
+    def produce() -> None:
+        seed = 0
+        while not halt.wait(0.2):
+            seed += 1
+            sent.send(30, seed=seed, bad=BAD[:1] if seed % 5 == 0 else [])
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    job_request_start(job=job)
+    run = wait_for(lambda: running_with_progress(job), 120, 0.5, "the first run to commit")
+    for kill in range(2):
+        time.sleep(random.Random(kill).uniform(0.5, 3))
+        os.killpg(run.pid, signal.SIGKILL)
+        run = wait_for(lambda last=run.id: running_with_progress(job, last), 180, 0.5, f"recovery after kill {kill}")
+    halt.set()
+    producer.join()
+    wait_for(lambda: read_to_end(job, sent), 180, 1, "the job to catch up")
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
+    assert sink_total(job) == sent.good, "every good record counted exactly once"
+    assert redis.xlen(job.dead_letter_stream) == len(sent.bad), "every bad record in the dead letters, once"
+    assert job.recoveries.count() == 2
