@@ -161,6 +161,16 @@ def kafka_offsets(end: Any) -> dict[str, dict[int, int]] | None:
         return None
 
 
+def offset_text(value: object) -> str:
+    """A checkpoint's end offset as a person reads it: a Redis stream's entry id and count, or each Kafka partition's
+    offset (``access-log 0:812 1:790 2:805``)."""
+    if (kafka := kafka_offsets(value)) is not None:
+        return "; ".join(f"{t} " + " ".join(f"{p}:{o}" for p, o in sorted(parts.items())) for t, parts in kafka.items())
+    if isinstance(value, dict):
+        return f"{value.get('id', '?')} (#{value.get('n', '?')})"
+    return "–" if value is None else str(value)
+
+
 def source_position(end: Any) -> int | None:
     """How far a batch's end offset is into its source, as one count: a Redis stream's entries read, a Kafka source's
     offsets summed over its partitions."""

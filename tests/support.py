@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from dashboard import kafka
 from dashboard.checkpoint_dir.files import (
     committed_batches,
 )
@@ -156,13 +157,16 @@ VALID = {
 class Orders:
     """Orders sent to a stream, kept so that every expected figure comes from them, not from the job."""
 
-    def __init__(self, redis: Any, stream: str) -> None:
+    def __init__(self, redis: Any, stream: str, kafka_servers: str = "") -> None:
+        """``kafka_servers``: the orders go to the Kafka topic ``stream`` there, keyed by customer, not to Redis."""
         self.redis, self.stream = redis, stream
         self.sent: list[dict[str, Any]] = []
         self.poison: dict[str, str] = {}  # entry id -> the path its dead letter must name
+        self.kafka = kafka.producer(kafka_servers) if kafka_servers else None
 
     def send(self, count: int, seed: int, customers: list[str] = CUSTOMERS) -> int:
-        rng, pipe, now = random.Random(seed), self.redis.pipeline(transaction=False), time.time()
+        rng, now = random.Random(seed), time.time()
+        pipe = self.redis.pipeline(transaction=False) if self.kafka is None else None
         for n in range(count):
             items = [
                 # prices as JSON text and as JSON numbers: both are exact decimals to the job
@@ -178,8 +182,14 @@ class Orders:
                 "items": items,
             }
             self.sent.append(order)
-            pipe.xadd(self.stream, {"v": json.dumps(order)})
-        pipe.execute()
+            if pipe is not None:
+                pipe.xadd(self.stream, {"v": json.dumps(order)})
+            else:
+                kafka.send_all(
+                    self.kafka, self.stream, [(order["customer"]["id"].encode(), json.dumps(order).encode())]
+                )
+        if pipe is not None:
+            pipe.execute()
         return count
 
     def send_poison(self) -> None:

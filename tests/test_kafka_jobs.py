@@ -20,16 +20,18 @@ from django.conf import settings
 
 from dashboard import kafka
 from dashboard.engine.samples import sample_events
-from dashboard.models import ActionKind, Job, RunStatus, SourceLag
+from dashboard.models import ActionKind, ActionStatus, Job, RunStatus, SourceLag
 from dashboard.pipelines import get as get_pipeline
 from dashboard.records import kafka_offsets, source_position
+from dashboard.services.actions import action_request
 from dashboard.services.checkpoints import progress_stream_ingest
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import job_request_start, job_request_stop
 from dashboard.services.source_lag import source_lag_sample
 from dashboard.templatetags.console import offset_id
 from tests.conftest import DriverThread, wait_for
-from tests.support import execute, running_with_progress, sink_total
+from tests.support import Orders, every_sink_exact, execute, finished, running_with_progress, sink_total, switched_to
+from tests.test_state_migration import migrated_exactly, truth
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -220,3 +222,53 @@ def test_kill_minus_nine_of_a_kafka_jobs_driver_loses_and_duplicates_nothing(mak
     assert sink_total(job) == sent.good, "every good record counted exactly once"
     assert redis.xlen(job.dead_letter_stream) == len(sent.bad), "every bad record in the dead letters, once"
     assert job.recoveries.count() == 2
+
+
+@pytest.mark.chaos  # a team job on Kafka through a savepoint upgrade, a migration with its preview, and its rollback
+def test_a_kafka_team_job_upgraded_then_migrated_and_rolled_back_keeps_every_total_in_every_sink(
+    make_job, redis, topic, celery_worker, spark, team_database, tmp_path
+):
+    lake = tmp_path / "lake"
+    values = {"orders_dsn": team_database, "lake_dir": str(lake)}
+    job = kafka_job(make_job, topic, pipeline="customer-spend", parallelism=1, trigger_interval_seconds=1,
+                    parameters=values)  # fmt: skip
+    orders = Orders(redis, topic, settings.KAFKA_BOOTSTRAP)
+    orders.send(60, seed=1)
+    job_request_start(job=job)
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "the first orders")
+
+    # the savepoint upgrade to new parameters: the new run goes on from the savepoint's offsets in the broker
+    upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE, params={
+        "pipeline": "customer-spend", "parameters": {**values, "window_minutes": 60, "threshold": 2_000_000}}))  # fmt: skip
+    assert upgrade.status == ActionStatus.SUCCEEDED, upgrade.outcome
+    orders.send(20, seed=2)
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "the orders after it")
+
+    # the migration's preview runs the new version's first batch from the batch's Kafka offsets
+    preview = finished(action_request(job=job, kind=ActionKind.UPGRADE_PREVIEW,
+                                      params={"pipeline": "customer-spend-daily", "migrate": 1}))  # fmt: skip
+    assert preview.status == ActionStatus.SUCCEEDED, preview.outcome
+    windows = truth(orders)
+    assert preview.params["migration"]["keys_in"] == len(windows)
+
+    before_migration = len(orders.sent)
+    migrated = finished(action_request(job=job, kind=ActionKind.UPGRADE,
+                                       params={"pipeline": "customer-spend-daily", "migrate": 1}))  # fmt: skip
+    assert migrated.status == ActionStatus.SUCCEEDED and switched_to(job, "customer-spend-daily"), migrated.outcome
+    job.refresh_from_db()
+    savepoint = job.savepoints.get(id=migrated.params["savepoint"])
+    assert job.start_offset == {topic: {str(p): o for p, o in kafka_offsets(
+        savepoint.manifest["source_offsets"][0])[topic].items()}}, "the new line starts where the savepoint's batch ended"  # fmt: skip
+    orders.send(30, seed=3)
+    hourly = truth(orders, before_migration)
+    touched = {f"{o['customer']['id']}|" for o in orders.sent[before_migration:]}
+    daily = {k: v for k, v in truth(orders, window_minutes=1440).items() if any(k.startswith(t) for t in touched)}
+    wait_for(lambda: migrated_exactly(spark, job, team_database, lake, hourly, daily), 240, 0.5,
+             "the daily totals to go on from the migrated state in every sink")  # fmt: skip
+
+    back = finished(action_request(job=job, kind=ActionKind.UPGRADE_ROLLBACK, params={"upgrade": migrated.id}))
+    assert back.status == ActionStatus.SUCCEEDED and switched_to(job, "customer-spend"), back.outcome
+    orders.send(10, seed=4)
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5,
+             "every order in its hour after the rollback, in every sink")  # fmt: skip
+    job_request_stop(job=job)

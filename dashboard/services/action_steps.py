@@ -131,7 +131,8 @@ MEMO: dict[str, Kind] = {
     "load_failure": str,  # rescale: why Spark could not load the repartitioned state, for "back"
     "migrated": bool,  # upgrade: the migration wrote the new line's seed
     "migration_begun": bool,
-    "migration_start": dict,  # migration preview: the input range of the first batch ({"id", "n"})
+    # migration preview: the input range of the first batch ({"id", "n"}; Kafka's {topic: {partition: offset}})
+    "migration_start": dict,
     "migration_end": (dict, NoneType),  # None: no input after the batch to run a first batch on
     "plan_batch": int,  # upgrade preview: the batch the scratch copy re-runs
     "plan_full": bool,  # upgrade preview: the re-run on the trimmed copy failed; it runs again on a full one

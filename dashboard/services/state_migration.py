@@ -20,9 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dashboard import pipelines
+from dashboard import kafka, pipelines
 from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, copy_checkpoint, remove_tree, seed_dir
-from dashboard.models import Action, Savepoint, StateBackend
+from dashboard.models import Action, Job, Savepoint, StateBackend
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -51,6 +51,7 @@ from dashboard.services.upgrades import (
     scratch_dead_letters,
     scratch_dir,
     scratch_spec,
+    start_of,
     target_shown,
     verify_beside,
 )
@@ -111,11 +112,25 @@ def _preview_copy(action: Action) -> Outcome:
         starting = batch_offsets(old, batch)["sources"][0]
     except (CheckpointError, IndexError) as exc:
         raise ActionFailed(f"The checkpoint cannot be copied for the migration's preview: {exc}") from None
-    if not isinstance(starting, dict) or "id" not in starting:
-        raise ActionFailed(f"Batch {batch}'s offsets do not say where {job.source_stream} was read to.")
-    memo_save(action, migration_start={"id": starting["id"], "n": int(starting["n"])},
-              migration_end=range_end(job, starting, PREVIEW_RECORDS, "so the first batch's input cannot be fixed"))  # fmt: skip
+    start = start_of(job, starting, f"Batch {batch}'s offsets")
+    memo_save(action, migration_start=start, migration_end=_first_input(job, start))
     return Next("migration")
+
+
+def _first_input(job: Job, start: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the preview's first batch on the migrated state ends: PREVIEW_RECORDS entries of a Redis stream after
+    ``start``; for Kafka, the topic's end offsets now (Spark reads at most PREVIEW_RECORDS of them in that batch). None
+    when no record comes after ``start``."""
+    if not job.reads_kafka:
+        return range_end(job, start, PREVIEW_RECORDS, "so the first batch's input cannot be fixed")
+    try:
+        ends = kafka.end_offsets(job.source_path, job.source_stream)
+    except kafka.KafkaUnavailable as exc:
+        raise ActionFailed(f"Kafka cannot be reached, so the first batch's input cannot be fixed: {exc}") from None
+    at = kafka.offsets_of(start, job.source_stream)
+    if not sum(kafka.lag_by_partition(ends, at).values()):
+        return None
+    return {job.source_stream: {str(p): end for p, (_, end) in ends.items()}}
 
 
 def _preview_run(action: Action) -> Outcome:

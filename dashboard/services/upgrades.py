@@ -63,6 +63,7 @@ from dashboard.models import (
     SavepointStatus,
     StateBackend,
 )
+from dashboard.records import kafka_offsets, offset_text
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -202,8 +203,11 @@ def migration_refusal(job: Job, target: str) -> str:
             f"{target} declares no state migration from {job.pipeline} (it declares {declared}): its state cannot be "
             "built from this job's."
         )
-    if not job.reads_redis:
-        return "A state migration starts a new checkpoint where the old one stopped, which needs a Redis stream source."
+    if not (job.reads_redis or job.reads_kafka):
+        return (
+            "A state migration starts a new checkpoint where the old one stopped, which needs a Redis stream or Kafka "
+            "source."
+        )
     return ""
 
 
@@ -410,8 +414,17 @@ def scratch_spec(job: Job, dead_letters: str) -> dict[str, Any]:
 def savepoint_offset(action: Action, savepoint: Savepoint) -> dict[str, Any]:
     """Where the savepoint's batch ended in the job's stream: where a new checkpoint after it starts reading."""
     offset = (savepoint.manifest.get("source_offsets") or [None])[0]
+    return start_of(action.job, offset, f"Savepoint #{savepoint.id}")
+
+
+def start_of(job: Job, offset: Any, what: str) -> dict[str, Any]:
+    """Where a batch ended in the job's source (``offset``, as its checkpoint's offsets file says it), as the offset a
+    new checkpoint starts reading from: a Redis stream's {"id", "n"}, a Kafka topic's {topic: {partition: offset}}.
+    ``what`` names the batch's holder for the error when it says neither."""
+    if job.reads_kafka and (kafka := kafka_offsets(offset)) is not None and job.source_stream in kafka:
+        return {job.source_stream: {str(p): o for p, o in kafka[job.source_stream].items()}}
     if not isinstance(offset, dict) or "id" not in offset:
-        raise ActionFailed(f"Savepoint #{savepoint.id} does not say where {action.job.source_stream} was read to.")
+        raise ActionFailed(f"{what} does not say where {job.source_stream} was read to.")
     return {"id": offset["id"], "n": int(offset["n"])}
 
 
@@ -436,7 +449,7 @@ def _start_empty(action: Action, savepoint: Savepoint) -> str:
     )
     return (
         f"; started with empty state ({', '.join(operators) or 'every operator'}) in {fork}, reading on from "
-        f"entry {offset['id']}"
+        f"{offset_text(offset)}"
     )
 
 
@@ -459,7 +472,7 @@ def _start_migrated(action: Action, savepoint: Savepoint) -> str:
     done = action.params.get("migration", {})
     return (
         f"; state migrated from batch {savepoint.batch_id} ({done.get('rows_in', '?')} rows → {done.get('rows_out', '?')} "
-        f"rows, {done.get('keys_out', '?')} keys) into {fork}, reading on from entry {offset['id']}; the sinks go on "
+        f"rows, {done.get('keys_out', '?')} keys) into {fork}, reading on from {offset_text(offset)}; the sinks go on "
         f"from batch {next_line_base(savepoint)}"
     )
 
@@ -499,8 +512,10 @@ def _gate(action: Action) -> Next:
             f"state, and {source}'s state stays in the savepoint"
         )
         raise ActionFailed(f"Refused before anything stopped. {plan['summary']}. To run it anyway, {way}.")
-    if empty and not job.reads_redis:
-        raise ActionFailed("Starting with empty state needs a Redis stream source (a start offset); nothing stopped.")
+    if empty and not (job.reads_redis or job.reads_kafka):
+        raise ActionFailed(
+            "Starting with empty state needs a Redis stream or Kafka source (a start offset); nothing stopped."
+        )
     if migrate and (refused := migration_refusal(job, plan["target"])):
         raise ActionFailed(f"{refused} Nothing stopped.")
     if "was_running" not in action.params:

@@ -10,7 +10,7 @@ from django import template
 from django.utils import timezone
 
 from dashboard import units
-from dashboard.records import kafka_offsets
+from dashboard.records import offset_text
 
 register = template.Library()
 
@@ -66,12 +66,7 @@ def stat(value: float | None, unit: str) -> str:
 
 @register.filter
 def offset_id(value: object) -> str:
-    """A checkpoint's end offset: a Redis stream's entry id and count, or each Kafka partition's offset."""
-    if (kafka := kafka_offsets(value)) is not None:
-        return "; ".join(f"{t} " + " ".join(f"{p}:{o}" for p, o in sorted(parts.items())) for t, parts in kafka.items())
-    if isinstance(value, dict):
-        return f"{value.get('id', '?')} (#{value.get('n', '?')})"
-    return "–" if value is None else str(value)
+    return offset_text(value)
 
 
 @register.filter

@@ -49,7 +49,8 @@ class JobSpec:
     source_kind: str = "redis-stream"  # "files": Spark's file source on ``source_path``; "kafka": topic ``stream``
     source_path: str = ""
     source_format: str = "json"
-    starting_offset: str = ""  # JSON {"id", "n"}: where a new checkpoint starts reading the stream
+    # JSON, where a new checkpoint starts reading: a Redis stream's {"id", "n"}, a Kafka topic's {topic: {partition: n}}
+    starting_offset: str = ""
     parameters: str = "{}"  # JSON: the job's values for the pipeline's parameters
     # Start each batch this many seconds into the trigger interval rather than on Spark's tick (a shared driver spreads
     # its jobs so); see ``spread_trigger``.
@@ -101,7 +102,7 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
     if spec.source_kind == "kafka":
         return kafka_events(
             spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,
-            spec.max_future_seconds, spec.max_records,
+            spec.max_future_seconds, spec.max_records, spec.starting_offset,
         )  # fmt: skip
     if spec.source_kind == "files":
         return file_events(

@@ -18,11 +18,14 @@ from workers.spark.sources.checks import Entries, check_batches
 
 def kafka_events(
     spark: SparkSession, servers: str, topic: str, payload: PayloadFormat, dead_letters: str, redis_url: str,
-    max_future_seconds: float, max_records: int,
+    max_future_seconds: float, max_records: int, starting: str = "",
 ) -> DataFrame:  # fmt: skip
+    """``starting``: where a new checkpoint starts reading, as a checkpoint's Kafka offsets in JSON
+    (``{"topic": {"0": 812, ...}}``: an upgrade with empty or migrated state goes on where the old line stopped);
+    empty: the earliest record the broker holds. Spark takes it only when the checkpoint is new."""
     reader = (
         spark.readStream.format("kafka").option("kafka.bootstrap.servers", servers).option("subscribe", topic)
-        .option("startingOffsets", "earliest").option("failOnDataLoss", "true")
+        .option("startingOffsets", starting or "earliest").option("failOnDataLoss", "true")
     )  # fmt: skip
     if max_records > 0:
         reader = reader.option("maxOffsetsPerTrigger", str(max_records))
