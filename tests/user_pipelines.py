@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from pyspark.sql import Row
-from statekeeper_sdk import KafkaSink, Result, ResultsTable
+from statekeeper_sdk import KafkaSink, Parameter, Result, ResultsTable
 from team_orders import jobs as team_jobs
 from user_sessions import pipelines as user_sessions
 
@@ -42,4 +42,22 @@ SPEND_TO_KAFKA = replace(
     team_jobs.CUSTOMER_SPEND,
     name="spend-to-kafka",
     sinks=(ResultsTable(), KafkaSink("spend-topic", servers="127.0.0.1:9092", topic="spend", key="customer")),
+)
+
+
+# url-counts with its counts also upserted into a Kafka topic (the parameter ``topic``; empty: not written), each
+# batch one transaction: the exactly-once sink a team's consumer reads with read_committed
+def counts_with(events, params):
+    return url_counts.transform(events)
+
+
+URLS_TO_KAFKA = replace(
+    url_counts.PIPELINE,
+    name="urls-to-kafka",
+    transform=counts_with,
+    parameters=(
+        Parameter("servers", "str", "", "the Kafka cluster of the counts topic"),
+        Parameter("topic", "str", "", "the topic the counts go to (empty: not written)"),
+    ),
+    sinks=(ResultsTable(), KafkaSink("counts", servers="{servers}", topic="{topic}", key="url")),
 )

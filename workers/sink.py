@@ -26,7 +26,7 @@ from django.db import connection, transaction
 from django.db.models import Subquery
 from django.utils import timezone
 from pyspark.sql import DataFrame, Row
-from statekeeper_sdk import FileSink, Pipeline, Rejected, Result, ResultsTable, TableSink
+from statekeeper_sdk import FileSink, KafkaSink, Pipeline, Rejected, Result, ResultsTable, TableSink
 from statekeeper_sdk.pipeline import ResultRecord
 
 from dashboard.checkpoint_dir.files import committed_batches, handed_over_after, lineage_base
@@ -35,15 +35,16 @@ from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the 
     COMPACT_INTERVAL,
     Fenced,
     FileLog,
+    KafkaWriter,
     SinkError,
     TableWriter,
     Written,
     chunked,
+    kafka_rows,
     lineage_digest,
     probe_files,
     rejected_output,
     write_files,
-    write_kafka,
 )
 from dashboard.models import ResultRow, ResultUndo, Savepoint, SavepointStatus
 from dashboard.pipelines import result_bound
@@ -278,8 +279,9 @@ class SinkSet:
         self.job_id, self.job_name, self.token, self.pipeline = job_id, job_name, token, pipeline
         self.sinks = [s for s in pipeline.outputs(parameters) if not s.off()]
         self.tables = {s.name: TableWriter(s, job_name, token) for s in self.sinks if isinstance(s, TableSink)}
-        # the results table and team tables read the batch on the driver; files and Kafka are written by executors
-        self.on_driver = any(isinstance(s, (ResultsTable, TableSink)) for s in self.sinks)
+        self.topics = {s.name: KafkaWriter(s, job_name, token) for s in self.sinks if isinstance(s, KafkaSink)}
+        # the results table, team tables and Kafka topics read the batch on the driver; files are written by executors
+        self.on_driver = any(isinstance(s, (ResultsTable, TableSink, KafkaSink)) for s in self.sinks)
         self.kinds = {view.kind for view in pipeline.views}  # the results' kinds, to be kept to their bounds
 
     def _noted(self, results: Iterable[Result | BadResult]) -> Iterator[Result | BadResult]:
@@ -314,7 +316,7 @@ class SinkSet:
                 return self.tables[sink.name].write(batch_id, digest, columns, chunked(rows, CHUNK))
             if isinstance(sink, FileSink):
                 return write_files(frame, sink, batch_id, digest, self.job_name, self.token)
-            return write_kafka(frame, sink, self.job_name, batch_id)
+            return self.topics[sink.name].write(kafka_rows(frame, sink, output_rows(frame, at_once)), batch_id, digest)
         except Fenced:
             raise
         except Exception as exc:
@@ -362,6 +364,8 @@ class SinkSet:
     def close(self) -> None:
         for writer in self.tables.values():
             writer.close()
+        for topic in self.topics.values():
+            topic.close()
 
 
 def batch_writer(

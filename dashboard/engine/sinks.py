@@ -13,8 +13,8 @@ is written again.
 - ``FileLog`` and ``write_files``: the data files and a ``_spark_metadata`` log that Spark's readers trust, so a file
   a failed attempt left behind is never read. A rewind drops the log's entries after the fork point and moves those
   batches' files to ``_statekeeper/rewound/``.
-- ``write_kafka``: Spark's Kafka producer is at-least-once; every record carries ``statekeeper-job`` and
-  ``statekeeper-batch`` headers.
+- ``KafkaWriter``: each batch one Kafka transaction with a marker of the batch (an offset commit of the sink's own
+  group), so a ``read_committed`` consumer sees it whole and once; a replay finds its marker and is skipped.
 
 No Django here: the drivers (``workers/``) and the pages (``dashboard/``) both use it.
 """
@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from statekeeper_sdk import FileSink, KafkaSink, Rejected, TableSink
+
+from dashboard.kafka import ensure_topic
 
 COMMITS = "statekeeper_sink_commits"
 FENCES = "statekeeper_sink_fences"
@@ -615,8 +617,111 @@ def _rows_in(files: list[Path], fmt: str) -> int:
     return sum(pq.ParquetFile(p).metadata.num_rows for p in files)
 
 
+MARKERS = "statekeeper-sink-commits"  # the topic whose offsets, per job and sink, say the newest batch a sink holds
+
+
+class KafkaWriter:
+    """A Kafka sink, each batch one Kafka transaction, so a consumer reading ``read_committed`` sees a batch whole and
+    once. The transaction carries, besides the records, an offset commit of the sink's own consumer group on the
+    marker topic: offset = the batch + 1, metadata = the batch's lineage digest and the driver's fencing token. Both
+    become visible together or not at all, so the marker says exactly which batch the topic holds.
+
+    - A replay (a restarted driver runs its last batch again, same digest) finds its batch under the marker: skipped.
+    - A fork (restore, rollback, an upgrade's rollback: the batch number again under another digest, or a lower one)
+      is written again, its records carrying the new lineage in their headers: Kafka keeps what was committed, so a
+      consumer that keeps the newest value per key (the records are keyed upserts) holds the state's figures, and one
+      that keeps history drops the records of a batch number it sees again under another lineage.
+    - Fencing: the producer's transactional id is the job's and the sink's, so a new driver's ``init_transactions``
+      aborts whatever a dead one left open and fences it for good; a token older than the marker's is refused too
+      (``Fenced``), as the table sinks refuse it.
+
+    Every record carries ``statekeeper-job``, ``statekeeper-batch`` and ``statekeeper-lineage`` headers."""
+
+    def __init__(self, sink: KafkaSink, job: str, token: int, timeout: float = 30.0) -> None:
+        self.sink, self.job, self.token, self.timeout = sink, job, token, timeout
+        self.group = f"statekeeper-sink.{job}.{sink.name}"
+        self.producer: Any = None
+        self.consumer: Any = None
+
+    def _open(self) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        base: dict[str, Any] = {"bootstrap.servers": self.sink.servers, "socket.timeout.ms": int(self.timeout * 1000)}
+        ensure_topic(self.sink.servers, MARKERS, 1, self.timeout)  # every job's Kafka sinks share it
+        self.consumer = Consumer(
+            {**base, "group.id": self.group, "isolation.level": "read_committed", "enable.auto.commit": False}
+        )
+        self.producer = Producer(
+            {**base, "transactional.id": self.group, "transaction.timeout.ms": 60_000, "linger.ms": 5}
+        )
+        self.producer.init_transactions(self.timeout)  # fences every earlier producer of this sink
+
+    def held(self) -> tuple[int | None, str, int]:
+        """The newest batch the topic holds for this sink, its digest and the token that wrote it."""
+        from confluent_kafka import TopicPartition
+
+        if self.consumer is None:
+            self._open()
+        marker = self.consumer.committed([TopicPartition(MARKERS, 0)], timeout=self.timeout)[0]
+        if marker.offset < 0:
+            return None, "", 0
+        meta = json.loads(marker.metadata or "{}")
+        return marker.offset - 1, str(meta.get("digest", "")), int(meta.get("token", 0))
+
+    def write(self, rows: Iterable[tuple[Any, str]], batch_id: int, digest: str) -> Written:
+        """``rows``: (key, JSON value) of every output record of the batch."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        batch, held_digest, held_token = self.held()
+        if held_token > self.token:
+            raise Fenced(f"sink {self.sink.name}: token {self.token} is stale ({held_token} has written since)")
+        if batch == batch_id and held_digest == digest:
+            return Written(skipped=True)
+        written = Written(rewound=int(batch is not None and batch >= batch_id))
+        headers = [("statekeeper-job", self.job.encode()), ("statekeeper-batch", str(batch_id).encode()),
+                   ("statekeeper-lineage", digest.encode())]  # fmt: skip
+        self.producer.begin_transaction()
+        try:
+            for key, value in rows:
+                while True:
+                    try:
+                        self.producer.produce(
+                            self.sink.topic, value=value.encode(), key=None if key is None else str(key).encode(),
+                            headers=headers,
+                        )  # fmt: skip
+                        break
+                    except BufferError:
+                        self.producer.poll(0.5)
+                written.rows += 1
+            meta = json.dumps({"digest": digest, "token": self.token})
+            self.producer.send_offsets_to_transaction(
+                [TopicPartition(MARKERS, 0, batch_id + 1, metadata=meta)],
+                self.consumer.consumer_group_metadata(), self.timeout,
+            )  # fmt: skip
+            self.producer.commit_transaction(self.timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.fatal() or "FENCED" in error.name():
+                self.close()
+                raise Fenced(f"sink {self.sink.name}: a newer driver's producer took over ({error.str()})") from None
+            if error.txn_requires_abort():
+                self.producer.abort_transaction(self.timeout)
+            raise
+        except BaseException:
+            self.producer.abort_transaction(self.timeout)
+            raise
+        return written
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+        self.producer = self.consumer = None
+
+
 def write_kafka(frame: Any, sink: KafkaSink, job: str, batch_id: int) -> Written:
-    """One batch into the topic, each record with the job's name and the batch id in its headers."""
+    """One batch into the topic by Spark's own Kafka writer, at least once, each record with the job's name and the
+    batch id in its headers. The console writes with ``KafkaWriter``; this stays for ``statekeeper_sdk.sinks``'s
+    deprecated name until its 2.0."""
     from pyspark.sql import functions as F
 
     columns = list(sink.columns or frame.columns)
@@ -630,6 +735,17 @@ def write_kafka(frame: Any, sink: KafkaSink, job: str, batch_id: int) -> Written
         "includeHeaders", "true"
     ).save()
     return Written(rows=-1)
+
+
+def kafka_rows(frame: Any, sink: KafkaSink, rows: Iterable[Any]) -> Iterator[tuple[Any, str]]:
+    """(key, value as JSON) of each output row, its columns those the sink names (every one by default)."""
+    columns = list(sink.columns or frame.columns)
+    for row in rows:
+        values = row.asDict()
+        yield (
+            (values.get(sink.key) if sink.key else None),
+            json.dumps({c: values[c] for c in columns}, default=str, separators=(",", ":")),
+        )
 
 
 def chunked(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:

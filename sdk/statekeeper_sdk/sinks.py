@@ -7,8 +7,9 @@ a restore, a rollback and an upgrade (its engine, not this package, writes them:
 - ``TableSink``: a table in the team's own database, through any DB-API 2 driver (PostgreSQL through psycopg first).
   Each row carries its batch id (``batch_column``), which a rewind deletes by. One job writes a table.
 - ``FileSink``: Parquet or JSON files in the layout of Spark's file sink (data files and a ``_spark_metadata`` log).
-- ``KafkaSink``: a topic, where Spark's Kafka connector jars are on the class path; every record carries the headers
-  ``statekeeper-job`` and ``statekeeper-batch``, so a consumer can drop a replayed batch's copies.
+- ``KafkaSink``: a topic; each batch is one Kafka transaction, so a consumer reading ``read_committed`` sees it whole
+  and once. Every record carries the headers ``statekeeper-job``, ``statekeeper-batch`` and ``statekeeper-lineage``:
+  after a restore or rollback the batches after it come again under a new lineage.
 
 Targets may name the job's parameters: ``FileSink("lake", path="{lake_dir}/spend")``. A sink whose target is left
 empty (the parameter's value is "") is off: the job writes to its other sinks.
