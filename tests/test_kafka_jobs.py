@@ -193,6 +193,7 @@ def test_a_restore_past_the_topics_retention_is_refused_with_the_count(spark, ma
     assert preview.refusal.startswith(f"Refused: 300 records after this batch were already deleted from {topic}")
 
 
+@pytest.mark.chaos  # the default run kills a Kafka job's driver twice in the sink's test below
 @pytest.mark.browser
 def test_kill_minus_nine_of_a_kafka_jobs_driver_loses_and_duplicates_nothing(make_job, topic, redis, celery_worker):
     job = kafka_job(
