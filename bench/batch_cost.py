@@ -3,6 +3,7 @@ threads, for url-counts jobs like the demo's at 50 events/s each (memory backend
 phases as Spark reports them.
 
     .venv/bin/python -m bench.batch_cost [--jobs 1] [--window 60] [--trigger 2] [--driver shared|own]
+        [--source redis|kafka]
 
 Starts its own Celery worker (as bench.density does; Redis database 13) and a producer. Over the window it reads, from
 /proc, the CPU time of every process of the jobs' drivers (the JVM thread by thread, grouped by the thread's name; the
@@ -34,6 +35,7 @@ import redis  # noqa: E402  (after bench.density: it chooses the Redis database)
 from django.utils import timezone  # noqa: E402
 
 from bench.busy import start_worker  # noqa: E402
+from bench.kafka_source import use_cached_connector  # noqa: E402
 from bench.procs import command, cpu_ticks, parents, process_tree  # noqa: E402
 from dashboard.models import Checkpoint, Job  # noqa: E402
 from workers.spark.worker_daemon import MODULE as WORKER_DAEMON  # noqa: E402
@@ -171,7 +173,10 @@ def main() -> None:
     parser.add_argument("--driver", choices=("shared", "own"), default="shared")
     parser.add_argument("--settle", type=float, default=0, help="seconds more before the window (the JIT's warm-up)")
     parser.add_argument("--jfr", default="", help="record the JVMs with Java Flight Recorder over the window, here")
+    parser.add_argument("--source", choices=("redis", "kafka"), default="redis", help="each job's own stream or topic")
     args = parser.parse_args()
+    if args.source == "kafka":
+        use_cached_connector()
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     client.flushdb()
     worker = start_worker(ROOT)
@@ -179,7 +184,7 @@ def main() -> None:
     jobs: list[Job] = []
     threading.Thread(target=produce, args=(client, jobs, halt), daemon=True).start()
     try:
-        add_jobs(jobs, args.jobs, int(time.time()), trigger=args.trigger, driver=args.driver)
+        add_jobs(jobs, args.jobs, int(time.time()), trigger=args.trigger, driver=args.driver, source=args.source)
         settle(jobs, args.trigger)
         time.sleep(args.settle)
         since, clock, before = timezone.now(), time.monotonic(), snapshot(worker.pid)
@@ -192,7 +197,7 @@ def main() -> None:
         halt.set()
         end_jobs(jobs, worker.pid)
     print(
-        f"\n{args.jobs} url-counts job(s), {args.driver} driver, trigger {args.trigger:g} s, {RATE} events/s each, "
+        f"\n{args.jobs} url-counts job(s) on {args.source}, {args.driver} driver, trigger {args.trigger:g} s, {RATE} events/s each, "
         f"window {args.window:g} s after {args.settle:g} s more to settle"
     )
     report(before, after, len(rows), seconds, rows)

@@ -3,13 +3,16 @@ by step (in the shared driver, or each with a driver of its own); at each step t
 processes' memory per job, each job's checkpoint latency p95 and its lag are measured over a window.
 
     .venv/bin/python -m bench.density [--steps 1,10,20,30,40] [--window 60] [--driver shared|own] [--standbys N]
-                                      [--trigger SECONDS] [--cluster]
+                                      [--trigger SECONDS] [--cluster] [--source redis|kafka]
 
 Starts its own Celery worker with beat (concurrency 2, as bin/dev; Redis database 13) and a producer. The jobs are
 the demo's url-counts job (memory backend, local[1], trigger 2 s unless ``--trigger``). ``--standbys N`` ticks the
 warm standby on the first N jobs. A job keeps up when its lag at the end of the window is under its trigger interval
 and 3 s of its events (250 at a trigger of 2 s: a batch's worth arrives while it runs). Target (issue
 24): 40 jobs or more, each keeping up, with checkpoint p95 at most twice the single job's.
+
+``--source kafka``: each job reads a Kafka topic of its own (one partition) through Spark's own Kafka source, in place
+of a Redis stream through the project's Python source; its lag is the topic's end offset against its newest batch's.
 
 ``--pipeline NAME --backend memory|rocksdb``: jobs of another pipeline, each fed its pipeline's sample events. A plan
 that runs batches without new data (a watermark, a processing-time clock) is not spread over the interval.
@@ -58,10 +61,13 @@ from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench.busy import start_worker  # noqa: E402
+from bench.kafka_source import use_cached_connector  # noqa: E402
 from bench.procs import cpu_ticks, process_tree, sizes  # noqa: E402
+from dashboard import kafka  # noqa: E402
 from dashboard.engine.samples import sample_events  # noqa: E402
 from dashboard.models import Checkpoint, DriverHost, Job, Run, RunStatus, StandbyDriver  # noqa: E402
 from dashboard.pipelines import get as get_pipeline  # noqa: E402
+from dashboard.records import source_position  # noqa: E402
 from dashboard.services.errors import ActionRefused  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop, kill_group  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
@@ -115,15 +121,30 @@ def statekeeper_cpu_seconds() -> float:
 
 
 def produce(client: Any, jobs: list[Job], halt: threading.Event) -> None:
-    """RATE events/s into every job's stream (its pipeline's sample events), in ticks of 200 ms."""
+    """RATE events/s into every job's stream or topic (its pipeline's sample events), in ticks of 200 ms."""
     makers: dict[str, Any] = {}
+    producing = kafka.producer(settings.KAFKA_BOOTSTRAP)
     while not halt.wait(0.2):
         pipe = client.pipeline(transaction=False)
         for job in list(jobs):
             make = makers.setdefault(job.pipeline, sample_events(get_pipeline(job.pipeline), random.Random(7)))
             for _ in range(RATE // 5):
-                pipe.xadd(job.source_stream, {"v": make(int(time.time() * 1000))})
+                if job.reads_kafka:
+                    producing.produce(job.source_stream, make(int(time.time() * 1000)).encode())
+                else:
+                    pipe.xadd(job.source_stream, {"v": make(int(time.time() * 1000))})
         pipe.execute()
+        producing.poll(0)
+    producing.flush()
+
+
+def source_lag(client: Any, job: Job) -> int:
+    """Records in the job's source after its newest committed batch."""
+    latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
+    read = (source_position(latest.end_offset) or 0) if latest else 0
+    if job.reads_kafka:
+        return sum(end for _, end in kafka.end_offsets(job.source_path, job.source_stream).values()) - read
+    return client.xlen(job.source_stream) - read
 
 
 def p95(values: list[float]) -> float:
@@ -144,9 +165,7 @@ def measure(jobs: list[Job], client: Any, window: float, keeping_up: float) -> d
         durations[job_id].append(ms)
     lags = []
     for job in jobs:
-        latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
-        read = (latest.end_offset or {}).get("n", 0) if latest else 0
-        lags.append(client.xlen(job.source_stream) - read)
+        lags.append(source_lag(client, job))
     p95s = [p95(durations[job.id]) for job in jobs if durations[job.id]]
     cores = (statekeeper_cpu_seconds() - cpu_began) / (time.monotonic() - clock)
     return {
@@ -164,15 +183,19 @@ def measure(jobs: list[Job], client: Any, window: float, keeping_up: float) -> d
 
 def add_jobs(
     jobs: list[Job], count: int, stamp: int, *, trigger: float, driver: str, standbys: int = 0,
-    pipeline: str = "url-counts", backend: str = "memory",
+    pipeline: str = "url-counts", backend: str = "memory", source: str = "redis",
 ) -> None:  # fmt: skip
-    """Jobs like the demo's url-counts (memory backend, 2 state partitions; or ``pipeline`` on ``backend``) started
-    until ``jobs`` holds ``count``."""
+    """Jobs like the demo's url-counts (memory backend, 2 state partitions; or ``pipeline`` on ``backend``, and a
+    Kafka topic of its own with ``source``) started until ``jobs`` holds ``count``."""
     while len(jobs) < count:
+        name = f"density-{stamp}-{len(jobs)}"
+        where = {"source_stream": f"bench:{name}"}
+        if source == "kafka":
+            kafka.ensure_topic(settings.KAFKA_BOOTSTRAP, name, 1)
+            where = {"source_kind": "kafka", "source_stream": name, "source_path": settings.KAFKA_BOOTSTRAP}
         job = Job.objects.create(
-            name=f"density-{stamp}-{len(jobs)}", pipeline=pipeline, state_backend=backend,
-            source_stream=f"bench:density-{stamp}-{len(jobs)}", parallelism=1, state_partitions=2,
-            trigger_interval_seconds=trigger, driver=driver, standby=len(jobs) < standbys,
+            name=name, pipeline=pipeline, state_backend=backend, parallelism=1, state_partitions=2,
+            trigger_interval_seconds=trigger, driver=driver, standby=len(jobs) < standbys, **where,
         )  # fmt: skip
         jobs.append(job)
         job_request_start(job=job)
@@ -236,7 +259,10 @@ def main() -> None:
         "the interval; user-sessions (transformWithState without a clock) is spread",
     )  # fmt: skip
     parser.add_argument("--backend", choices=("memory", "rocksdb"), default="memory")
+    parser.add_argument("--source", choices=("redis", "kafka"), default="redis")
     args = parser.parse_args()
+    if args.source == "kafka":
+        use_cached_connector()  # before the worker starts: its drivers inherit it
     steps = [int(step) for step in args.steps.split(",")]
     if args.cluster:  # read here (the launches) and by the worker and drivers this benchmark starts
         CLUSTER.append(cluster.start(ROOT / "spark", workers=1, cores=2, memory="4g"))
@@ -256,7 +282,7 @@ def main() -> None:
         for step in steps:
             add_jobs(
                 jobs, step, stamp, trigger=args.trigger, driver=args.driver, standbys=args.standbys,
-                pipeline=args.pipeline, backend=args.backend,
+                pipeline=args.pipeline, backend=args.backend, source=args.source,
             )  # fmt: skip
             settle(jobs, args.trigger)
             row = measure(jobs, client, args.window, RATE * (args.trigger + 3)) | {"jobs": len(jobs)}
@@ -277,7 +303,7 @@ def main() -> None:
     single = rows[0]["p95_median"] if rows and rows[0]["jobs"] == 1 else float("nan")
     print(
         f"\n{'on a standalone cluster (one worker, 2 cores), ' if args.cluster else ''}"
-        f"{args.pipeline} on {args.backend}, driver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job, trigger {args.trigger:g} s, "
+        f"{args.pipeline} on {args.backend}, reading {'Kafka' if args.source == 'kafka' else 'Redis streams'}, driver: {args.driver}, standbys: {args.standbys}, {RATE} events/s a job, trigger {args.trigger:g} s, "
         f"batches spread: {spread} of {told} runs; "
         f"machine used before: {idle_mib} MiB\n"
     )

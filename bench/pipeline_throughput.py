@@ -2,6 +2,11 @@
 PostgreSQL sink, as a driver runs it (local[2], the job's defaults), and where the time goes.
 
     .venv/bin/python -m bench.pipeline_throughput [--events 200000] [--batch 100000] [--repeat 2] [--only url-counts]
+        [--source kafka]
+
+With ``--source kafka`` the backlog is a Kafka topic of as many partitions as cores, on STATEKEEPER_KAFKA_BOOTSTRAP
+(the broker bin/dev starts), read by Spark's own Kafka source (its connector from var/jars/spark-kafka, which the
+set-up fetches), in place of a Redis stream read by the project's Python source.
 
 Each pipeline runs three queries over the same backlog, each on a fresh checkpoint, batch after batch (trigger 0 s)
 at the job's batch limit; a rate is the events of the batches after the query's first over their own durations
@@ -39,13 +44,15 @@ import django  # noqa: E402
 django.setup()
 
 from bench.database import migrated  # noqa: E402
+from bench.kafka_source import use_cached_connector  # noqa: E402
 
 migrated()
 
 import redis  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from dashboard import pipelines  # noqa: E402
+from dashboard import kafka, pipelines  # noqa: E402
 from dashboard.models import Job, ResultRow  # noqa: E402
 from workers.driver import job_spec  # noqa: E402
 from workers.sink import batch_writer  # noqa: E402
@@ -55,6 +62,14 @@ from workers.spark.session import build_session  # noqa: E402
 
 CORES = 2
 TARGETS = {"order-state-machine": 15_000, "order-state-machine-v2": 15_000, "url-counts": 100_000}
+
+
+def fill_kafka(topic: str, pipeline: Any, count: int) -> None:
+    make = pipeline.generator(random.Random(7))
+    now = int(time.time() * 1000)
+    kafka.ensure_topic(settings.KAFKA_BOOTSTRAP, topic, CORES)
+    producing = kafka.producer(settings.KAFKA_BOOTSTRAP)
+    kafka.send_all(producing, topic, ((str(i).encode(), make(now + i // 1000).encode()) for i in range(count)))
 
 
 def fill(client: Any, stream: str, pipeline: Any, count: int) -> None:
@@ -119,16 +134,24 @@ def run(spark: Any, spec: JobSpec, pipeline: Any, part: str, events: int, sink: 
 
 
 def measure(
-    spark: Any, client: Any, name: str, events: int, batch: int, repeat: int, parts: list[str]
+    spark: Any, client: Any, name: str, events: int, batch: int, repeat: int, parts: list[str], source: str = "redis"
 ) -> dict[str, Any]:
     pipeline = pipelines.get(name)
     backend = "rocksdb" if pipeline.needs_rocksdb else "memory"
+    stamp = int(time.time())
+    where = (
+        {"source_kind": "kafka", "source_stream": f"bench-tp-{name}-{stamp}", "source_path": settings.KAFKA_BOOTSTRAP}
+        if source == "kafka" else {"source_stream": f"bench:tp:{name}"}
+    )  # fmt: skip
     job = Job.objects.create(
-        name=f"bench-tp-{name}-{int(time.time())}", pipeline=name, source_stream=f"bench:tp:{name}",
-        state_backend=backend, parallelism=CORES, max_records_per_batch=batch, lease_token=1,
+        name=f"bench-tp-{name}-{stamp}", pipeline=name, state_backend=backend, parallelism=CORES,
+        max_records_per_batch=batch, lease_token=1, **where,
     )  # fmt: skip
     try:
-        fill(client, job.source_stream, pipeline, events)
+        if source == "kafka":
+            fill_kafka(job.source_stream, pipeline, events)
+        else:
+            fill(client, job.source_stream, pipeline, events)
         figures: dict[str, list[dict[str, float]]] = {part: [] for part in parts}
         for attempt in range(repeat + 1):  # the first round warms this pipeline's code up, and is not counted
             for part in figures:
@@ -154,6 +177,8 @@ def measure(
         }
     finally:
         client.delete(job.source_stream, job.dead_letter_stream)
+        if source == "kafka":
+            AdminClient({"bootstrap.servers": settings.KAFKA_BOOTSTRAP}).delete_topics([job.source_stream])
         job.delete()
 
 
@@ -167,7 +192,10 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2, help="local[N] and the jobs' parallelism")
     parser.add_argument("--cluster", action="store_true", help="on a 1-worker standalone cluster of --cores cores")
     parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting to try")
+    parser.add_argument("--source", choices=["redis", "kafka"], default="redis")
     args = parser.parse_args()
+    if args.source == "kafka":
+        use_cached_connector()
 
     client = redis.Redis.from_url(settings.REDIS_URL)
     global CORES
@@ -181,14 +209,16 @@ def main() -> None:
     shipped = [n for n in pipelines.names() if pipelines.reference(n) in settings.BUILTIN_PIPELINES]
     names = args.only or shipped
     try:
-        rows = [measure(spark, client, name, args.events, args.batch, args.repeat, parts) for name in names]
+        rows = [
+            measure(spark, client, name, args.events, args.batch, args.repeat, parts, args.source) for name in names
+        ]
     finally:
         spark.stop()
         if standalone:
             cluster.stop(standalone)
         shutil.rmtree(ROOT, ignore_errors=True)
     print(
-        f"{args.events:,} events a run, at most {args.batch:,} a batch, trigger 0 s, {master if not standalone else f'a 1-worker standalone cluster, one {CORES}-core executor'}, the job defaults "
+        f"{args.events:,} events a run from {'a Kafka topic' if args.source == 'kafka' else 'a Redis stream'}, at most {args.batch:,} a batch, trigger 0 s, {master if not standalone else f'a 1-worker standalone cluster, one {CORES}-core executor'}, the job defaults "
         f"(4 state partitions, {CORES} read partitions); events/s over the batches after each query's first, median "
         f"of {args.repeat}\n"
     )
