@@ -132,6 +132,7 @@ def job_detail(request: HttpRequest, name: str) -> HttpResponse:
     context = {
         "dead_letters": jobs.dead_letter_counts([job])[job.id],
         "source_lag": lag.latest_source_lag([job]).get(job.id),
+        "source_down": lag.source_unreachable(job) if job.reads_kafka else None,
         "standby": job.standbys.first() if job.standby else None,
         "spare": jobs.spare_driver() if job.standby and shares_driver(job) else None,
         "shared": shares_driver(job),

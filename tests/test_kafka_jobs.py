@@ -367,3 +367,18 @@ def test_a_kafka_sink_read_committed_holds_every_count_once_through_kill_minus_n
     again = {b for _, b, _ in seen if len({lin for _, b2, lin in seen if b2 == b}) > 1}
     assert again and min(map(int, again)) == savepoint.batch_id + 1, "the batches after the savepoint came again"
     job_request_stop(job=job)
+
+
+def test_a_broker_that_does_not_answer_is_said_on_the_jobs_page_and_no_lag_is_made_up(make_job, topic, as_role):
+    job = kafka_job(make_job, topic)
+    Job.objects.filter(id=job.id).update(source_path="127.0.0.1:9")  # nothing listens there
+    source_lag_sample()
+    assert not SourceLag.objects.filter(job=job).exists(), "no sample rather than a false zero"
+    page = as_role("viewer").get(f"/jobs/{job.name}/").content.decode()
+    assert 'id="source-down"' in page and "did not answer" in page
+
+    Job.objects.filter(id=job.id).update(source_path=settings.KAFKA_BOOTSTRAP)
+    Sent(topic).send(30, seed=1)
+    source_lag_sample()
+    assert SourceLag.objects.get(job=job).lag_records == 30
+    assert 'id="source-down"' not in as_role("viewer", "another").get(f"/jobs/{job.name}/").content.decode()

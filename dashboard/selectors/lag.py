@@ -3,6 +3,7 @@ take it from here."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -111,6 +112,24 @@ def latest_source_lag(jobs: list[Job], now: datetime | None = None) -> dict[int,
     for sample in SourceLag.objects.filter(job__in=jobs, sampled_at__gte=since).order_by("job", "-sampled_at"):
         latest.setdefault(sample.job_id, sample)
     return latest
+
+
+def source_error_key(job_id: int) -> str:
+    """Where the lag sampler keeps why a job's source did not answer (``services.source_lag``)."""
+    return f"statekeeper:source-error:{job_id}"
+
+
+def source_unreachable(job: Job) -> dict[str, Any] | None:
+    """Why the job's source could not be sampled lately ({"error", "since"}), None when it answers (or Redis, which
+    keeps the reason, does not)."""
+    try:
+        raw = redis_client(timeout=2).get(source_error_key(job.id))
+    except redis.RedisError:
+        return None
+    if not raw:
+        return None
+    found = json.loads(raw)
+    return {"error": str(found.get("error", "")), "since": datetime.fromisoformat(found["since"])}
 
 
 def source_series(job: Job, since: datetime, limit: int = 3000) -> list[dict[str, Any]]:

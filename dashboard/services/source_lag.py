@@ -5,6 +5,7 @@ job is down or stalled; these samples keep lag true then, on the charts, the job
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, commi
 from dashboard.connections import redis_client
 from dashboard.engine.live import live_add, live_message
 from dashboard.models import Job, SourceLag
+from dashboard.selectors.lag import source_error_key
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,9 @@ def _kafka_sample(job: Job, now: datetime) -> SourceLag | None:
         times = kafka.record_times(job.source_path, job.source_stream, waiting, timeout=3)
     except kafka.KafkaUnavailable as exc:
         log.warning("Kafka lag of %s not sampled: %s", job.name, exc)
+        _source_failed(job, str(exc))
         return None
+    _source_failed(job, "")
     partitions = {
         str(p): {
             "end": ends[p][1], "committed": committed_at.get(p, ends[p][0]), "lag": lag[p],
@@ -137,6 +141,18 @@ def _kafka_sample(job: Job, now: datetime) -> SourceLag | None:
         committed_n=sum(v["committed"] for v in partitions.values()), lag_records=total,
         lag_seconds=max(ages) if total and ages else 0.0, partitions=partitions,
     )  # fmt: skip
+
+
+def _source_failed(job: Job, error: str) -> None:
+    """Keep why the job's source could not be sampled, and since when (two minutes after the last failure it is
+    forgotten); an empty ``error`` clears it. The job's page says so beside the last sample's figures."""
+    with contextlib.suppress(redis.RedisError):
+        client, key = redis_client(timeout=5), source_error_key(job.id)
+        if not error:
+            client.delete(key)
+            return
+        since = json.loads(client.get(key) or "{}").get("since") or timezone.now().isoformat()
+        client.set(key, json.dumps({"error": error, "since": since}), ex=120)
 
 
 def _push(samples: list[SourceLag], now: datetime) -> None:
