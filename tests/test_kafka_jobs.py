@@ -32,7 +32,7 @@ from dashboard.services.source_lag import source_lag_sample
 from dashboard.templatetags.console import offset_id
 from tests.conftest import DriverThread, wait_for
 from tests.support import Orders, every_sink_exact, execute, finished, running_with_progress, sink_total, switched_to
-from tests.test_state_migration import migrated_exactly, truth
+from tests.test_state_migration import daily_totals_go_on, truth
 
 pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -261,12 +261,7 @@ def test_a_kafka_team_job_upgraded_then_migrated_and_rolled_back_keeps_every_tot
     savepoint = job.savepoints.get(id=migrated.params["savepoint"])
     assert job.start_offset == {topic: {str(p): o for p, o in kafka_offsets(
         savepoint.manifest["source_offsets"][0])[topic].items()}}, "the new line starts where the savepoint's batch ended"  # fmt: skip
-    orders.send(30, seed=3)
-    hourly = truth(orders, before_migration)
-    touched = {f"{o['customer']['id']}|" for o in orders.sent[before_migration:]}
-    daily = {k: v for k, v in truth(orders, window_minutes=1440).items() if any(k.startswith(t) for t in touched)}
-    wait_for(lambda: migrated_exactly(spark, job, team_database, lake, hourly, daily), 240, 0.5,
-             "the daily totals to go on from the migrated state in every sink")  # fmt: skip
+    daily_totals_go_on(spark, job, orders, team_database, lake, before_migration)
 
     back = finished(action_request(job=job, kind=ActionKind.UPGRADE_ROLLBACK, params={"upgrade": migrated.id}))
     assert back.status == ActionStatus.SUCCEEDED and switched_to(job, "customer-spend"), back.outcome

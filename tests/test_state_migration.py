@@ -58,6 +58,17 @@ def migrated_exactly(spark: Any, job: Job, dsn: str, lake: Path, hourly: dict, d
     return True
 
 
+def daily_totals_go_on(spark: Any, job: Job, orders: Orders, dsn: str, lake: Path, before_migration: int) -> None:
+    """After the migration: 30 orders more, and every sink holds the hourly windows of the orders before it as they
+    were, and each day the new orders touched with its total over every order."""
+    orders.send(30, seed=3)
+    hourly = truth(orders, before_migration)
+    touched = {f"{o['customer']['id']}|" for o in orders.sent[before_migration:]}
+    daily = {k: v for k, v in truth(orders, window_minutes=1440).items() if any(k.startswith(t) for t in touched)}
+    wait_for(lambda: migrated_exactly(spark, job, dsn, lake, hourly, daily), 240, 0.5,
+             "the daily totals to go on from the migrated state in every sink")  # fmt: skip
+
+
 @pytest.mark.chaos  # a team job through preview, migration under load and its rollback, three sinks: four minutes
 @pytest.mark.django_db(transaction=True)
 def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_rolls_back_exact(
@@ -104,12 +115,7 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
     assert lineage(job.checkpoint_location)["base"] == savepoint.batch_id + 1
     assert (seed_dir(job.checkpoint_location) / "_SUCCESS").exists()
 
-    orders.send(30, seed=3)
-    hourly = truth(orders, before_migration)
-    touched = {f"{o['customer']['id']}|" for o in orders.sent[before_migration:]}
-    daily = {k: v for k, v in truth(orders, window_minutes=1440).items() if any(k.startswith(t) for t in touched)}
-    wait_for(lambda: migrated_exactly(spark, job, team_database, lake, hourly, daily), 240, 0.5,
-             "the daily totals to go on from the migrated state in every sink")  # fmt: skip
+    daily_totals_go_on(spark, job, orders, team_database, lake, before_migration)
     assert committed_batches(job.checkpoint_location)[0] == 0, "Spark's batches start again in the new checkpoint"
 
     # and back: the hourly version from savepoint N; the sinks rewind what the migrated line wrote, and the orders
