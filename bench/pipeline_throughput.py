@@ -49,7 +49,6 @@ from bench.kafka_source import use_cached_connector  # noqa: E402
 migrated()
 
 import redis  # noqa: E402
-from confluent_kafka.admin import AdminClient  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from dashboard import kafka, pipelines  # noqa: E402
@@ -123,6 +122,10 @@ def run(spark: Any, spec: JobSpec, pipeline: Any, part: str, events: int, sink: 
         raise RuntimeError(f"{pipeline.name} {part}: {query.exception()}")
     batches = progress()
     steady = batches[1:] or batches
+    if len(steady) > 1 and steady[-1]["numInputRows"] < 0.01 * max(p["numInputRows"] for p in steady):
+        # the few records Spark's Kafka source leaves after splitting the limit among partitions (99,999 and then 1):
+        # a batch of its own that a backlog read at saturation never has
+        steady = steady[:-1]
     commit_ms = sum(op.get("commitTimeMs", 0) for p in steady for op in p.get("stateOperators", []))
     return {
         "rows": sum(p["numInputRows"] for p in batches),
@@ -178,7 +181,7 @@ def measure(
     finally:
         client.delete(job.source_stream, job.dead_letter_stream)
         if source == "kafka":
-            AdminClient({"bootstrap.servers": settings.KAFKA_BOOTSTRAP}).delete_topics([job.source_stream])
+            kafka.delete_topic(settings.KAFKA_BOOTSTRAP, job.source_stream)
         job.delete()
 
 

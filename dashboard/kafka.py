@@ -119,6 +119,16 @@ def ensure_topic(servers: str, topic: str, partitions: int, timeout: float = 10.
     return True
 
 
+def delete_topic(servers: str, topic: str, timeout: float = 10.0) -> None:
+    """Delete the topic and wait for the broker to say so (a topic already gone is fine)."""
+    admin = AdminClient(_config(servers, timeout))
+    try:
+        admin.delete_topics([topic], request_timeout=timeout)[topic].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise KafkaUnavailable(f"topic {topic!r} could not be deleted at {servers}: {exc.args[0]}") from exc
+
+
 def producer(servers: str, timeout: float = 10.0) -> Producer:
     """A producer that waits for the broker's acknowledgement and retries on its own (idempotent: no duplicate
     from a retry), so a broker that is away for a while loses nothing that was handed to it."""

@@ -4,7 +4,7 @@ dead-letter stream (each once: a replayed batch rejects them again)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -14,8 +14,9 @@ from statekeeper_sdk.events import parse_entries
 from workers.spark.sources.redis_streams import dead_letter
 
 # (entry id, [b"v", payload]) pairs to check, the rows already rejected on the way, and where each entry came from
-# (entry id -> a place named in its dead letter's reason; empty when the id says enough)
-Entries = tuple[list[tuple[bytes, list[bytes]]], list[Rejected], dict[str, str]]
+# (entry id -> a place named in its dead letter's reason; empty when the id says enough). Only a rejected entry's
+# place is looked up: a mapping that works it out from the id costs nothing for the others.
+Entries = tuple[list[tuple[bytes, list[bytes]]], list[Rejected], Mapping[str, str]]
 
 
 def check_batches(

@@ -6,7 +6,7 @@ per partition) and, while the job is down, from the broker's end offsets (``dash
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -14,6 +14,30 @@ from pyspark.sql import functions as F
 from statekeeper_sdk import Limits, PayloadFormat
 
 from workers.spark.sources.checks import Entries, check_batches
+
+
+class Places(Mapping[str, str]):
+    """A record's place, for its dead letter's reason, read from its entry id: ``<timestamp ms>-<partition << 40 |
+    offset>`` -> ``topic T, partition P, offset O``."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+
+    def __getitem__(self, entry: str) -> str:
+        try:
+            n = int(entry.rpartition("-")[2])
+        except ValueError:
+            raise KeyError(entry) from None
+        return f"topic {self.topic}, partition {n >> 40}, offset {n & ((1 << 40) - 1)}"
+
+    def __contains__(self, entry: object) -> bool:
+        return isinstance(entry, str) and entry.rpartition("-")[2].isdigit()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def kafka_events(
@@ -34,20 +58,12 @@ def kafka_events(
             "%d-%d", F.unix_millis("timestamp"), F.shiftleft(F.col("partition").cast("long"), 40) + F.col("offset")
         ).alias("_id"),
         F.col("value").alias("v"),
-        F.col("topic"),
-        F.col("partition"),
-        F.col("offset"),
     )
-    option, limits = payload.to_option(), Limits(max_future_seconds=max_future_seconds)
+    option, limits, where = payload.to_option(), Limits(max_future_seconds=max_future_seconds), Places(topic)
 
     def entries_of(batch: Any) -> Entries:
         columns = batch.to_pydict()
-        ids = columns["_id"]
-        where = {
-            i: f"topic {t}, partition {p}, offset {o}"
-            for i, t, p, o in zip(ids, columns["topic"], columns["partition"], columns["offset"], strict=True)
-        }
-        return [(i.encode(), [b"v", v or b""]) for i, v in zip(ids, columns["v"], strict=True)], [], where
+        return [(i.encode(), [b"v", v or b""]) for i, v in zip(columns["_id"], columns["v"], strict=True)], [], where
 
     def check(batches: Iterator[Any]) -> Iterator[Any]:
         yield from check_batches(batches, option, limits, dead_letters, redis_url, entries_of)
