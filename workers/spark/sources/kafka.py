@@ -15,7 +15,6 @@ from statekeeper_sdk import Limits, PayloadFormat
 
 from workers.spark.sources.checks import Entries, check_batches
 
-
 FETCH_WAIT_MS = 10
 
 
