@@ -31,8 +31,7 @@ def check_batches(
         raw, dead, where = entries_of(batch)
         good, rejected = parse_entries(raw, fmt, limits)
         dead += rejected
-        if where:
-            dead = [replace(r, reason=f"{r.reason} (in {where[r.entry]})") if r.entry in where else r for r in dead]
+        dead = [replace(r, reason=f"{r.reason} (in {where[r.entry]})") if r.entry in where else r for r in dead]
         if dead:
             client = client or redis.Redis.from_url(redis_url, socket_timeout=30)
             dead_letter(client, dead_letters, dead)
