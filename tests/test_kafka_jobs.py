@@ -389,3 +389,25 @@ def test_a_broker_that_does_not_answer_is_said_on_the_jobs_page_and_no_lag_is_ma
     source_lag_sample()
     assert SourceLag.objects.get(job=job).lag_records == 30
     assert 'id="source-down"' not in as_role("viewer", "another").get(f"/jobs/{job.name}/").content.decode()
+
+
+def test_a_partition_added_while_the_job_runs_is_read_from_its_start_and_sampled(spark, make_job, topic):
+    from confluent_kafka.admin import NewPartitions
+
+    job = kafka_job(make_job, topic, max_records_per_batch=500)
+    sent = Sent(topic)
+    sent.send(300, seed=1)
+    driver = DriverThread(spark, job)
+    wait_for(lambda: read_to_end(job, sent), 180, what="the first records")
+    admin = AdminClient({"bootstrap.servers": settings.KAFKA_BOOTSTRAP})
+    admin.create_partitions([NewPartitions(topic, PARTITIONS + 1)])[topic].result(10)
+    wait_for(lambda: len(kafka.partitions(settings.KAFKA_BOOTSTRAP, topic)) == PARTITIONS + 1, 30, what="the partition")
+    sent.producer = kafka.producer(settings.KAFKA_BOOTSTRAP)  # one that knows the new partition already
+    sent.send(400, seed=2)  # keyed at random: the new partition gets its share
+    assert kafka.end_offsets(settings.KAFKA_BOOTSTRAP, topic)[PARTITIONS][1] > 0
+    wait_for(lambda: read_to_end(job, sent), 180, what="every record, the new partition's too")
+    assert driver.stop() == RunStatus.STOPPED
+    assert sink_total(job) == sent.good == 700
+    source_lag_sample()
+    sample = SourceLag.objects.filter(job=job).latest("sampled_at")
+    assert sorted(sample.partitions) == [str(p) for p in range(PARTITIONS + 1)] and sample.lag_records == 0
