@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from dashboard.checkpoint_dir.files import PlannedBatch
+from dashboard.records import offset_text
 
 # A Python error line ("UnicodeEncodeError: ...", "pyspark.errors.X: ...") at the start of a line.
 PYTHON_ERROR = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(?P<msg>.*))?$")
@@ -58,5 +59,8 @@ def describe(text: str, planned: PlannedBatch | None) -> str:
     if planned is None:
         return cause
     entries = f", {planned.entries:,} entries" if planned.entries is not None else ""
-    where = f"entries after {planned.after.get('id', '?')} up to {planned.upto.get('id', '?')}{entries}"
+    if "id" in planned.after or "id" in planned.upto:  # a Redis stream's entry ids
+        where = f"entries after {planned.after.get('id', '?')} up to {planned.upto.get('id', '?')}{entries}"
+    else:  # each Kafka partition's offsets
+        where = f"records after {offset_text(planned.after)} up to {offset_text(planned.upto)}"
     return f"Batch {planned.batch} failed ({where}): {cause}"

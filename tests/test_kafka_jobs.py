@@ -411,3 +411,22 @@ def test_a_partition_added_while_the_job_runs_is_read_from_its_start_and_sampled
     source_lag_sample()
     sample = SourceLag.objects.filter(job=job).latest("sampled_at")
     assert sorted(sample.partitions) == [str(p) for p in range(PARTITIONS + 1)] and sample.lag_records == 0
+
+
+def test_a_topic_deleted_under_a_running_job_fails_its_run_with_the_reason_and_the_lag_card_says_so(
+    spark, make_job, topic, as_role
+):
+    job = kafka_job(make_job, topic, max_records_per_batch=500)
+    sent = Sent(topic)
+    sent.send(200, seed=1)
+    driver = DriverThread(spark, job)
+    wait_for(lambda: read_to_end(job, sent), 180, what="the first records")
+    kafka.delete_topic(settings.KAFKA_BOOTSTRAP, topic)
+    driver.thread.join(120)
+    assert not driver.thread.is_alive(), "the run ended"
+    driver.run.refresh_from_db()
+    assert driver.run.status == RunStatus.FAILED and topic in driver.run.message, driver.run.message
+    assert sink_total(job) == 200, "what was read before stays counted once"
+    source_lag_sample()
+    page = as_role("viewer").get(f"/jobs/{job.name}/").content.decode()
+    assert 'id="source-down"' in page and f"topic &#x27;{topic}&#x27; cannot be read" in page

@@ -450,6 +450,8 @@ class JobDriver:
                 message = (
                     describe(trace, planned_batch(self.job.checkpoint_location)) if error else "The query stopped."
                 )
+                if error and self.job.reads_kafka and self.job.source_stream not in message:
+                    message += f" (reading Kafka topic {self.job.source_stream} on {self.job.source_path})"
                 run_finish(run_id=self.run.id, status=RunStatus.FAILED, message=message[:2000], error=trace)
                 return RunStatus.FAILED
             stop_at = None
