@@ -15,6 +15,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from dashboard.records import kafka_offsets
+
 
 class KafkaUnavailable(Exception):
     """The broker did not answer, or the topic does not exist."""
@@ -41,32 +43,35 @@ class _Quiet:
 _quiet = _Quiet()
 
 
-def partitions(servers: str, topic: str, timeout: float = 5.0) -> list[int]:
-    """The topic's partitions, as the broker lists them now."""
-    consumer = _consumer(servers, timeout)
+def _listed(consumer: Consumer, servers: str, topic: str, timeout: float) -> list[int]:
+    """The topic's partitions as the broker lists them now; KafkaUnavailable when it does not answer or the topic
+    cannot be read."""
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
         raise KafkaUnavailable(f"Kafka at {servers} did not answer: {exc.args[0]}") from exc
-    finally:
-        consumer.close()
     if meta is None or meta.error is not None or not meta.partitions:
         why = meta.error.str() if meta is not None and meta.error is not None else "no partitions"
         raise KafkaUnavailable(f"topic {topic!r} cannot be read at {servers}: {why}")
     return sorted(meta.partitions)
 
 
+def partitions(servers: str, topic: str, timeout: float = 5.0) -> list[int]:
+    """The topic's partitions, as the broker lists them now."""
+    consumer = _consumer(servers, timeout)
+    try:
+        return _listed(consumer, servers, topic, timeout)
+    finally:
+        consumer.close()
+
+
 def end_offsets(servers: str, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
     """Each partition's (earliest, end) offsets: the first record the broker still holds and the next one to come."""
     consumer = _consumer(servers, timeout)
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            why = meta.error.str() if meta is not None and meta.error is not None else "no partitions"
-            raise KafkaUnavailable(f"topic {topic!r} cannot be read at {servers}: {why}")
         return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
-            for p in sorted(meta.partitions)
+            for p in _listed(consumer, servers, topic, timeout)
         }
     except KafkaException as exc:
         raise KafkaUnavailable(f"Kafka at {servers} did not answer: {exc.args[0]}") from exc
@@ -139,15 +144,14 @@ def producer(servers: str, timeout: float = 10.0) -> Producer:
 
 
 def offsets_of(end_offset: Any, topic: str) -> dict[int, int]:
-    """A checkpoint's end offset for ``topic`` ({"topic": {"0": n, ...}}, or its JSON text) as partition -> offset."""
+    """A checkpoint's end offset for ``topic`` ({"topic": {"0": n, ...}}, or its JSON text) as partition -> offset
+    (``records.kafka_offsets`` reads it)."""
     if isinstance(end_offset, str):
         try:
             end_offset = json.loads(end_offset)
         except ValueError:
             return {}
-    if not isinstance(end_offset, dict) or not isinstance(end_offset.get(topic), dict):
-        return {}
-    return {int(p): int(o) for p, o in end_offset[topic].items()}
+    return (kafka_offsets(end_offset) or {}).get(topic, {})
 
 
 def lag_by_partition(ends: dict[int, tuple[int, int]], committed: dict[int, int]) -> dict[int, int]:
