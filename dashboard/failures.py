@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
+from statekeeper_sdk.compatibility import python_error
+
 from dashboard.checkpoint_dir.files import PlannedBatch
 from dashboard.records import offset_text
 
-# A Python error line ("UnicodeEncodeError: ...", "pyspark.errors.X: ...") at the start of a line.
-PYTHON_ERROR = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(?P<msg>.*))?$")
 JVM_CAUSE = re.compile(r"^\s*Caused by:\s*(?P<cls>[\w.$]+)(?::\s*(?P<msg>.*))?$")
 # Wrappers that say that something failed, not what.
 WRAPPERS = (
@@ -34,8 +34,8 @@ def root_cause(text: str) -> str:
     meaningful line when no error line is found."""
     python, jvm = [], []
     for line in text.splitlines():
-        if m := PYTHON_ERROR.match(line.strip()):
-            python.append((m["cls"], (m["msg"] or "").strip()))
+        if error := python_error(line):
+            python.append(error)
         elif m := JVM_CAUSE.match(line):
             jvm.append((m["cls"], (m["msg"] or "").strip()))
     for found in (python, jvm):

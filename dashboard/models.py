@@ -568,6 +568,7 @@ class ActionStatus(models.TextChoices):
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
+    ABORTED = "aborted", "Aborted"  # stopped by design before it changed the job (a blue/green's abort)
 
 
 IN_FLIGHT_ACTIONS = (ActionStatus.PENDING, ActionStatus.RUNNING)
@@ -597,6 +598,10 @@ class Action(models.Model):
     claimed_until = models.DateTimeField(null=True, blank=True)
     resumed = models.PositiveIntegerField(default=0, help_text="steps run again after their worker died")
     memo = models.JSONField(default=dict, blank=True, help_text="what a step keeps between its visits")
+    asked = models.JSONField(
+        default=dict, blank=True, help_text="what the operator asked of it while it runs (a blue/green's promote or "
+        "abort, with when): written by the console only, read by its steps"
+    )  # fmt: skip
 
     class Meta:
         ordering = ["-id"]

@@ -26,7 +26,7 @@ from dashboard.connections import redis_client
 from dashboard.forms import JobForm
 from dashboard.models import ACTIVE_RUN_STATUSES, Job
 from dashboard.selectors.cluster import free_cores_warning
-from dashboard.services.upgrades import migration_refusal
+from dashboard.services.upgrade_parts import migration_refusal
 
 # settings of the job form, and the policies set elsewhere in the console
 POLICY_FIELDS = (

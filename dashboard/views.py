@@ -64,10 +64,9 @@ from dashboard.services.forks import old_checkpoints, rollback_preview, savepoin
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, shares_driver
 from dashboard.services.secrets import SecretError, secret_delete, secret_set
-from dashboard.services.shadow import SHADOW_RECORDS
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
-from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
+from dashboard.services.upgrade_parts import UpgradeRequestError, upgrade_request, upgrade_role_refusal
 from dashboard.specs import drift
 
 
@@ -231,37 +230,32 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
     except ValueError as exc:
         messages.error(request, f"Parameters: {exc}")
         return redirect("dashboard:job_deploys", name=job.name)
+    params["parameters"] = given
     if kind == ActionKind.UPGRADE and request.POST.get("empty_state"):
         params["empty_state"] = 1
     if kind in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW) and request.POST.get("migrate"):
-        if params.get("empty_state"):
-            messages.error(request, "Choose one: migrate the state, or start with empty state.")
-            return redirect("dashboard:job_deploys", name=job.name)
         params["migrate"] = 1
     if kind == ActionKind.BLUE_GREEN:
         params |= {"auto": int(bool(request.POST.get("auto"))), "no_removed": int(bool(request.POST.get("no_removed")))}
         if (percent := request.POST.get("max_changed_percent", "").strip()) != "":
-            if not percent.isdigit() or not 0 <= int(percent) <= 100:
-                messages.error(request, "Changed rows at most: a whole percentage from 0 to 100.")
-                return redirect("dashboard:job_deploys", name=job.name)
-            params["max_changed_percent"] = int(percent)
-    if kind == ActionKind.UPGRADE_SHADOW:
-        try:
-            params["records"] = int(request.POST.get("records") or SHADOW_RECORDS)
-        except ValueError:
-            params["records"] = 0
-        if not 1 <= params["records"] <= 100_000:
-            messages.error(request, "A shadow run reads 1 to 100,000 records.")
-            return redirect("dashboard:job_deploys", name=job.name)
-    if refusal := upgrade_refusal(job, target, given, migrate=bool(params.get("migrate"))):
-        messages.error(request, refusal)
+            params["max_changed_percent"] = _whole_number(percent)
+    if kind == ActionKind.UPGRADE_SHADOW and (records := request.POST.get("records", "").strip()):
+        params["records"] = _whole_number(records)
+    try:
+        params = upgrade_request(job, kind, params)
+    except UpgradeRequestError as exc:
+        messages.error(request, str(exc))
         return redirect("dashboard:job_deploys", name=job.name)
     if kind in (ActionKind.UPGRADE, ActionKind.BLUE_GREEN) and (
         denied := upgrade_role_refusal(request.user, job, target, given)
     ):
         return forbidden(request, denied)
-    params["parameters"] = target_parameters(job, target, given)
     return _request_to(request, job, kind, params, "dashboard:job_deploys")
+
+
+def _whole_number(text: str) -> int | str:
+    """A form's whole number as an int, or the text as given for the rules to refuse."""
+    return int(text) if text.isdigit() and len(text) < 10 else text
 
 
 @login_required
@@ -284,13 +278,14 @@ def job_blue_green_request(request: HttpRequest, name: str, what: str) -> HttpRe
         messages.error(request, f"{job.name} has no blue/green upgrade to {what}.")
         return redirect("dashboard:job_deploys", name=job.name)
     try:
-        green_request(action, what)
+        up = green_request(action, what)
     except ActionRefused as exc:
         messages.error(request, str(exc))
         return redirect("dashboard:job_deploys", name=job.name)
     audit_record(request, verb=f"blue-green-{what}", job=job.name, target=f"action #{action.id}", outcome="requested")
-    messages.success(request, "Handing over once green has committed what the job has." if what == "promote"
-                     else "Aborting: green stops, its fork and its diff are removed; the job is untouched.")  # fmt: skip
+    when = "" if up else "The new version is not up yet: kept, and done once it follows the job. "
+    messages.success(request, when + ("Handing over once green has committed what the job has." if what == "promote"
+                     else "Aborting: green stops, its fork and its diff are removed; the job is untouched."))  # fmt: skip
     return redirect("dashboard:job_deploys", name=job.name)
 
 

@@ -21,7 +21,7 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.models import Action, ActionKind, ActionStatus, Job, RunStatus, SavepointStatus
 from dashboard.selectors.partitions import partition_view
-from dashboard.services import upgrades
+from dashboard.services import upgrade_parts, upgrades
 from dashboard.services.actions import action_execute, action_request
 from dashboard.services.drills import drills_run
 from dashboard.services.errors import ActionFailed, ActionRefused
@@ -169,7 +169,7 @@ def test_a_preview_copies_what_its_batch_needs_and_a_full_copy_when_that_is_not_
     planned = tmp_path / "planned"
     copy_checkpoint(job.checkpoint_location, planned, batch, replay=True)
     given: list[tuple[dict, bool]] = []
-    spec = upgrades.scratch_spec(job, f"{job.dead_letter_stream}:planned") | {
+    spec = upgrade_parts.scratch_spec(job, f"{job.dead_letter_stream}:planned") | {
         "reference": pipelines.reference("user-sessions-v2"), "parameters": job.parameters,
     }  # fmt: skip
     result = state_tool.answer(spark_settings_kept, "plan", str(planned), batch, spec,

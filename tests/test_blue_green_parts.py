@@ -343,18 +343,21 @@ def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job
     action = Action.objects.create(job=job, kind=ActionKind.BLUE_GREEN, status=ActionStatus.RUNNING,
                                    params={"pipeline": "url-counts", "plan": {"target": "url-counts"}, "auto": 1,
                                            "no_removed": 1, "bg_batch": 3})  # fmt: skip
-    assert call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", operator).status_code == 409, "no green yet"
+    early = call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", operator)
+    assert early.status_code == 200 and early.json()["green_up"] is False, "no green yet: kept for when it is up"
+    assert "promote" in Action.objects.get(id=action.id).asked
     blue = Run.objects.create(job=job, status=RunStatus.RUNNING)
     green = Run.objects.create(job=job, status=RunStatus.GREEN, green={"action": action.id})
     action.params["green_run"] = green.id
-    action.save()
+    Action.objects.filter(id=action.id).update(params=action.params)
     GreenBatch.objects.create(action=action, batch_id=4, input_rows=10, output_rows=3, same=2, changed=1,
                               samples=[{"change": "changed", "kind": "url", "key": "/a", "before": 1, "after": 2}])  # fmt: skip
     state = call(client, "GET", "/api/v1/jobs/orders/blue-green/state", viewer).json()
     assert state["green_batch"] == 4 and state["totals"]["changed"] == 1 and state["rules"] == {"no_removed": True}
     assert call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", viewer).status_code == 403
-    answer = call(client, "POST", "/api/v1/jobs/orders/blue-green/promote", operator)
-    assert answer.status_code == 200 and "promote" in Run.objects.get(id=green.id).green
+    answer = call(client, "POST", "/api/v1/jobs/orders/blue-green/abort", operator)
+    assert answer.status_code == 200 and answer.json()["green_up"] is True
+    assert blue_green.asked(action, green, "abort") and blue_green.asked(action, green, "promote")
 
     page = as_role("operator").get("/jobs/orders/deploys").content.decode()
     assert 'value="blue-green"' in page and 'id="blue-green"' in page

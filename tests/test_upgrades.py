@@ -476,7 +476,7 @@ def test_the_rollback_of_a_failed_new_version_waits_while_another_action_holds_t
 
 @pytest.mark.django_db
 def test_a_transform_with_state_version_needs_rocksdb_of_either_kind(make_job):
-    from dashboard.services.upgrades import upgrade_refusal
+    from dashboard.services.upgrade_parts import upgrade_refusal
 
     memory = make_job(pipeline="order-state-machine-v2", state_backend="memory")
     assert "needs the RocksDB backend" in upgrade_refusal(memory, "order-state-machine")
@@ -485,3 +485,37 @@ def test_a_transform_with_state_version_needs_rocksdb_of_either_kind(make_job):
             upgrade_refusal(make_job(pipeline="order-state-machine-v2", state_backend=backend), "order-state-machine")
             == ""
         )
+
+
+@pytest.mark.django_db
+def test_the_deploys_page_and_the_api_refuse_the_same_upgrade_requests_and_request_nothing(
+    client, make_job, as_role, django_user_model
+):
+    """One set of rules for an upgrade request (``upgrade_parts.upgrade_request``): what the API refuses, the Deploys
+    tab refuses too, with a sentence, and neither requests an action."""
+    from django.contrib.messages import get_messages
+
+    from dashboard.api.tokens import token_create
+
+    make_job(name="spend", pipeline="customer-spend")
+    as_role("operator", "op")
+    bearer = "Bearer " + token_create(user=django_user_model.objects.get(username="op"), name="ci")[1]
+    cases = [  # (the form's step, its fields; the API's verb, its body)
+        ("upgrade", {"pipeline": "customer-spend-daily", "migrate": "1", "empty_state": "1"},
+         "upgrade", {"pipeline": "customer-spend-daily", "migrate": 1, "empty_state": 1}),
+        ("blue-green", {"pipeline": "customer-spend", "max_changed_percent": "150", "parameters": "threshold=5"},
+         "blue-green", {"pipeline": "customer-spend", "max_changed_percent": 150, "parameters": {"threshold": 5}}),
+        ("shadow", {"pipeline": "customer-spend-v2", "records": "200001"},
+         "upgrade-shadow", {"pipeline": "customer-spend-v2", "records": 200_001}),
+        ("preview", {"pipeline": "no-such-pipeline"}, "upgrade-preview", {"pipeline": "no-such-pipeline"}),
+        ("upgrade", {"pipeline": "customer-spend"}, "upgrade", {"pipeline": "customer-spend"}),
+    ]  # fmt: skip
+    for step, form, verb, body in cases:
+        answer = client.post("/jobs/spend/upgrade", form | {"step": step}, follow=True)
+        shown = [str(m) for m in get_messages(answer.wsgi_request)]
+        assert answer.redirect_chain[-1][0] == "/jobs/spend/deploys" and len(shown) == 1, (step, form, shown)
+        api = client.post(f"/api/v1/jobs/spend/{verb}", json.dumps(body), content_type="application/json",
+                          HTTP_AUTHORIZATION=bearer)  # fmt: skip
+        assert api.status_code in (400, 409), (verb, body, api.status_code, api.content[:300])
+        assert api.json()["error"], (verb, body)
+    assert not Action.objects.filter(job__name="spend").exists(), "nothing was requested"

@@ -78,7 +78,7 @@ class Console:
         deadline, shown = time.monotonic() + timeout, ""
         while True:
             action = self.call("GET", f"actions/{action['id']}")
-            if action["status"] in ("succeeded", "failed"):
+            if action["status"] in ("succeeded", "failed", "aborted"):
                 return action
             if action.get("progress") and action["progress"] != shown:
                 shown = action["progress"]

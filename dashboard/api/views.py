@@ -37,6 +37,7 @@ from dashboard.models import (
     Savepoint,
 )  # fmt: skip
 from dashboard.records import MEASURES
+from dashboard.request_guard import Refused, strict_json
 from dashboard.selectors.checkpoints import checkpoint_history, checkpoint_summary
 from dashboard.selectors.cluster import free_cores_warning
 from dashboard.selectors.dead_letters import dead_letter_page
@@ -50,7 +51,13 @@ from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, run_holds_process
 from dashboard.services.secrets import SecretError, masked, secret_delete, secret_set
-from dashboard.services.upgrades import target_parameters, upgrade_refusal, upgrade_role_refusal
+from dashboard.services.upgrade_parts import (
+    CHANGED_PERCENT_MOST,
+    SHADOW_RECORDS_MOST,
+    UpgradeRequestError,
+    upgrade_request,
+    upgrade_role_refusal,
+)
 from dashboard.specs import (
     SpecError,
     drift,
@@ -301,11 +308,9 @@ def _spec_body(request: HttpRequest) -> dict[str, Any]:
 def _json_object(request: HttpRequest, what: str = "The body must be a JSON object.") -> dict[str, Any]:
     """The request's JSON body (none: an empty object); 400 with ``what`` when it is not an object."""
     try:
-        data = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "The body must be JSON.") from None
-    except RecursionError:
-        raise ApiError(400, "The body is nested too deeply.") from None
+        data = strict_json(request.body or b"{}")
+    except Refused as exc:
+        raise ApiError(exc.status, str(exc)) from None
     if not isinstance(data, dict):
         raise ApiError(400, what)
     return data
@@ -509,7 +514,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
     },  # fmt: skip
     ActionKind.UPGRADE_SHADOW: {
         "pipeline": (str, 1, 40, True),
-        "records": (int, 1, 100_000, False),
+        "records": (int, 1, SHADOW_RECORDS_MOST, False),
         "parameters": (dict, 0, 100, False),
     },  # fmt: skip
     ActionKind.UPGRADE: {
@@ -525,7 +530,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
         "state_partitions": (int, 1, 1024, False),  # a rescale: green starts on a repartitioned fork
         "auto": (int, 0, 1, False),  # hand over by itself once green is caught up and passes the rules
         "no_removed": (int, 0, 1, False),  # a rule: no row of the job's missing from green's output
-        "max_changed_percent": (int, 0, 100, False),  # a rule: at most this share of rows changed
+        "max_changed_percent": (int, 0, CHANGED_PERCENT_MOST, False),  # a rule: at most this share of rows changed
         "from_spec": (int, 0, 1, False),
     },  # fmt: skip
     ActionKind.UPGRADE_ROLLBACK: {"upgrade": (int, 1, 2**62, True)},
@@ -654,25 +659,15 @@ def _check_preview(job: Job, verb: str, params: dict[str, Any]) -> None:
             raise ApiError(404, f"No savepoint {params['savepoint']} of {job.name}.")
         if refused := savepoint_preview(job, chosen).refusal:
             raise ActionRefused(refused)
-    elif (
-        verb == ActionKind.ROLLBACK
-        and (refused := rollback_preview(job, params["batch"]).refusal)
-        or verb in UPGRADE_KINDS
-        and (
-            refused := upgrade_refusal(
-                job,
-                params["pipeline"],
-                params.get("parameters"),
-                bool(params.get("migrate")),
-                params.get("state_partitions") not in (None, job.state_partitions),
-            )
-        )
-    ):
+    elif verb == ActionKind.ROLLBACK and (refused := rollback_preview(job, params["batch"]).refusal):
         raise ActionRefused(refused)
-    if params.get("migrate") and params.get("empty_state"):
-        raise ApiError(400, "Choose one: migrate (the state built by the target's migration) or empty_state.")
-    if verb in UPGRADE_KINDS:
-        params["parameters"] = target_parameters(job, params["pipeline"], params.get("parameters"))
+    elif verb in UPGRADE_KINDS:
+        try:
+            params.update(upgrade_request(job, verb, params))
+        except UpgradeRequestError as exc:
+            if exc.malformed:
+                raise ApiError(400, str(exc)) from None
+            raise ActionRefused(str(exc)) from None
 
 
 UPGRADE_KINDS = (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW, ActionKind.UPGRADE_SHADOW, ActionKind.BLUE_GREEN)
@@ -721,12 +716,13 @@ def _green_writer(what: str) -> Callable[..., JsonResponse]:
     def view(request: HttpRequest, name: str) -> Any:
         found, action = _blue_green_of(name)
         try:
-            green_request(action, what)
+            up = green_request(action, what)
         except ActionRefused as exc:
             raise ApiError(409, str(exc)) from None
         audit_record(request, verb=f"blue-green-{what}", job=found.name, target=f"action #{action.id}",
                      outcome="requested", origin="api")  # fmt: skip
-        return {"action": action.id, "requested": what}
+        # asked before the new version is up, it is kept and done once green follows the job (green_up: false)
+        return {"action": action.id, "requested": what, "green_up": up}
 
     view.__name__ = f"api_blue_green_{what}"
     return view

@@ -45,7 +45,7 @@ READ_ONLY_ACTIONS = (ActionKind.INSPECT_STATE, ActionKind.COUNT_PARTITION_ROWS)
 
 
 def action_incidents(action: Action) -> list[dict[str, Any]]:
-    if action.status not in (ActionStatus.SUCCEEDED, ActionStatus.FAILED) or not action.finished_at:
+    if action.status in (ActionStatus.PENDING, ActionStatus.RUNNING) or not action.finished_at:
         return []
     if action.kind in READ_ONLY_ACTIONS:
         return []

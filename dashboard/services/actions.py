@@ -38,14 +38,13 @@ from dashboard.services import (
     savepoints,
     shadow,
     skips,
-    state_migration,
     storage,
     upgrades,
 )
 from dashboard.services.action_steps import Done, Next, Steps, Wait, check_steps, one_step
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import RESEND, RUN_ACTION, actions_send, enqueue
-from dashboard.services.errors import ActionFailed, ActionRefused
+from dashboard.services.errors import ActionAborted, ActionFailed, ActionRefused
 from dashboard.services.incidents import incidents_publish
 from dashboard.services.runs import pid_alive
 
@@ -62,9 +61,9 @@ STEPS: dict[str, Steps] = {
     ActionKind.INSPECT_STATE: inspector.INSPECT_STEPS,
     ActionKind.SKIP_ENTRIES: one_step("skip", skips.skip_action),
     ActionKind.REDRIVE_DEAD_LETTERS: one_step("re-drive", dead_letters.redrive_action),
-    ActionKind.UPGRADE_PREVIEW: state_migration.PREVIEW_STEPS,
+    ActionKind.UPGRADE_PREVIEW: upgrades.PREVIEW_STEPS,
     ActionKind.UPGRADE_SHADOW: shadow.SHADOW_STEPS,
-    ActionKind.UPGRADE: state_migration.UPGRADE_STEPS,
+    ActionKind.UPGRADE: upgrades.UPGRADE_STEPS,
     ActionKind.UPGRADE_ROLLBACK: upgrades.UPGRADE_ROLLBACK_STEPS,
     ActionKind.BLUE_GREEN: blue_green.BLUE_GREEN_STEPS,
 }
@@ -168,6 +167,8 @@ def _advance(action: Action) -> Action:
             _phase_begin(action, name, label)
         try:
             result = step(action)
+        except ActionAborted as exc:
+            return _finish(action, ActionStatus.ABORTED, str(exc))
         except (ActionFailed, ActionRefused) as exc:
             return _finish(action, ActionStatus.FAILED, str(exc))
         except Exception as exc:

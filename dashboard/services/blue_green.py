@@ -76,14 +76,14 @@ from dashboard.services.action_steps import (
     remember,
     step_seconds,
 )
-from dashboard.services.errors import ActionFailed, ActionRefused
+from dashboard.services.errors import ActionAborted, ActionFailed, ActionRefused
 from dashboard.services.forks import fork_name, savepoint_fork
 from dashboard.services.hosts import host_for_launch, shared_master_label
 from dashboard.services.rescale import MEMORY_REPARTITION, repartition_wait, state_loads_wait
 from dashboard.services.runs import own_driver_settings, run_holds_process, shares_driver, spawn_driver
 from dashboard.services.savepoints import savepoint_steps
-from dashboard.services.upgrades import current_parameters, plan_steps, spec_applied, target_parameters
-from dashboard.services.upgrades import target_shown as version_shown
+from dashboard.services.upgrade_parts import current_parameters, target_parameters, target_shown
+from dashboard.services.upgrades import plan_steps, spec_applied
 from dashboard.units import bytes_h
 
 GREEN_STARTS = 3  # a green that dies before the handover is started again this often, then the upgrade fails
@@ -166,20 +166,27 @@ def rules_problems(rules: dict[str, Any], totals: dict[str, int]) -> list[str]:
     return problems
 
 
-def green_request(action: Action, what: str) -> None:
+def green_request(action: Action, what: str) -> bool:
     """The operator asks the running blue/green upgrade to hand over now (``promote``) or to stop (``abort``): kept in
-    green's run, which the upgrade's steps read and never overwrite."""
-    if action.status not in (ActionStatus.PENDING, ActionStatus.RUNNING):
-        raise ActionRefused(f"Blue/green upgrade #{action.id} has ended ({action.status}): nothing to {what}.")
-    if action.params.get("handed_over"):
-        raise ActionRefused(f"Blue/green upgrade #{action.id} has already handed over: nothing to {what}.")
-    run = green_run(action)
-    if run is None:
-        raise ActionRefused(f"Blue/green upgrade #{action.id} has not started its new version yet; try again shortly.")
+    the action's ``asked``, which only the console writes and its steps read. Asked before green is up, it is kept
+    and acted on once green follows; True when green is up already."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(id=run.id)
-        locked.green = {**locked.green, what: timezone.now().isoformat()}
-        locked.save(update_fields=["green"])
+        locked = Action.objects.select_for_update().get(id=action.id)
+        if locked.status not in (ActionStatus.PENDING, ActionStatus.RUNNING):
+            raise ActionRefused(f"Blue/green upgrade #{action.id} has ended ({locked.status}): nothing to {what}.")
+        if locked.params.get("handed_over"):
+            raise ActionRefused(f"Blue/green upgrade #{action.id} has already handed over: nothing to {what}.")
+        locked.asked = {**locked.asked, what: timezone.now().isoformat()}
+        locked.save(update_fields=["asked"])
+    action.asked = locked.asked
+    return green_run(action) is not None
+
+
+def asked(action: Action, run: Run, what: str) -> bool:
+    """Whether the operator asked for ``what`` (promote, abort): in the action (read afresh: the console writes it
+    while the step runs), or in green's run, where upgrades requested before ``Action.asked`` kept it."""
+    fresh = Action.objects.filter(id=action.id).values_list("asked", flat=True).first() or {}
+    return bool(fresh.get(what) or run.green.get(what))
 
 
 def partitions_to(action: Action) -> int | None:
@@ -189,10 +196,10 @@ def partitions_to(action: Action) -> int | None:
     return int(wanted) if wanted is not None and int(wanted) != before else None
 
 
-def target_shown(action: Action) -> str:
+def change_shown(action: Action) -> str:
     """What the change is, as the operator reads it: the version and the parameters it changes, and the new state
     partitions of a rescale."""
-    shown = version_shown(action)
+    shown = target_shown(action)
     if (partitions := partitions_to(action)) is not None:
         shown += f", state partitions {action.params['before']['state_partitions']} → {partitions}"
     return shown
@@ -230,7 +237,7 @@ def _what(action: Action) -> Next:
     return Next("gate")
 
 
-def _gate(action: Action) -> Next:
+def _green_gate(action: Action) -> Next:
     """Refuse before anything starts: an incompatible change, a job that is not running, too little memory."""
     job = action.job
     plan = action.params["plan"]
@@ -483,13 +490,13 @@ def _follow(action: Action) -> Outcome:
     run = green_run(action)
     assert run is not None
     if why := _green_gone(run):
-        if run.green.get("abort"):
+        if asked(action, run, "abort"):
             return Next("abort")
         memo_save(action, green_ended=why)
         Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(status=RunStatus.FAILED, message=why[:2000],
                                                                     ended_at=timezone.now())  # fmt: skip
         return Next("green")
-    if run.green.get("abort"):
+    if asked(action, run, "abort"):
         return Next("abort")
     if active_run(job) is None:  # blue failed, or was stopped: its restart strategy may bring it back
         since = action.memo.get("blue_missing_since") or timezone.now().isoformat()
@@ -515,7 +522,7 @@ def _follow(action: Action) -> Outcome:
             f"{where}; diff so far: {t['added']} added, {t['removed']} removed, {t['changed']} changed, {t['same']} "
             "the same" + (f"; rules not met: {'; '.join(problems)}" if problems else "")
         )
-        if run.green.get("promote") or (view["auto"] and caught_up and not problems):
+        if asked(action, run, "promote") or (view["auto"] and caught_up and not problems):
             return Next("handover")
     if view["auto"] and step_seconds(action) > float(action.params.get("catch_up_seconds") or CATCH_UP_SECONDS):
         memo_save(action, abort_reason="green did not catch up and pass its rules in time"
@@ -593,7 +600,7 @@ def _handover(action: Action) -> Outcome:
         if blue is not None:
             Run.objects.filter(id=blue.id).update(
                 status=RunStatus.STOPPED, ended_at=now,
-                message=f"Handed over to run #{run.id} ({target_shown(action)}) after batch {after}.",
+                message=f"Handed over to run #{run.id} ({change_shown(action)}) after batch {after}.",
             )  # fmt: skip
         Run.objects.filter(id=run.id).update(
             status=RunStatus.RUNNING, fencing_token=token, started_at=now, last_heartbeat_at=now,
@@ -660,7 +667,7 @@ def _upgraded(action: Action, run: Run, first: int | None) -> Done:
     gap = action.params.get("gap_seconds")
     t = green_view(action)["totals"]
     return Done(
-        f"Blue/green upgrade of {action.job.name} to {target_shown(action)}: run #{run.id} took over after batch "
+        f"Blue/green upgrade of {action.job.name} to {change_shown(action)}: run #{run.id} took over after batch "
         f"{action.params['handover_after']}"
         + (f" and committed batch {first} to the job's sinks" if first is not None else ", no batch yet")
         + (
@@ -697,7 +704,7 @@ def _abort(action: Action) -> Outcome:
     compared = GreenBatch.objects.filter(action=action).count()
     GreenBatch.objects.filter(action=action).delete()
     why = action.memo.get("abort_reason") or "on request"
-    raise ActionFailed(
+    raise ActionAborted(
         f"Blue/green upgrade aborted ({why}) before the handover: {job.name} runs on unchanged; the new version's "
         f"fork and its {compared} compared batch(es) are removed."
     )
@@ -706,7 +713,7 @@ def _abort(action: Action) -> Outcome:
 BLUE_GREEN_STEPS: Steps = {
     "what": ("what changes", _what),
     **plan_steps(),
-    "gate": ("refuse an incompatible change", _gate),
+    "gate": ("refuse an incompatible change", _green_gate),
     "boot": ("start green's driver of its own", _boot),
     "booted": ("green's driver starts", _booted),
     **savepoint_steps("before-upgrade", then="fork", batch=lambda action: action.params["bg_batch"]),

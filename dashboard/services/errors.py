@@ -1,4 +1,4 @@
-"""The two ways an operator action ends without doing its work; both messages are for the operator."""
+"""The ways an operator action ends without doing its work; every message is for the operator."""
 
 
 class ActionRefused(Exception):
@@ -7,3 +7,8 @@ class ActionRefused(Exception):
 
 class ActionFailed(Exception):
     """The action started but could not be completed."""
+
+
+class ActionAborted(ActionFailed):
+    """The action stopped by design before it changed the job (an operator's abort, or a rule it gives up by): it
+    ends ``aborted``, not ``failed``, so a script can tell the two apart."""

@@ -98,7 +98,7 @@ def _check(action: Action) -> Next:
     return Next("stop")
 
 
-def _stop(action: Action) -> Outcome:
+def _rescale_stop(action: Action) -> Outcome:
     job = action.job
     if (waiting := stopped(action, job)) is not None:
         return waiting
@@ -388,7 +388,7 @@ def scale_change(before: dict[str, int], after: dict[str, int]) -> str:
 
 RESCALE_STEPS: Steps = {
     "check": ("check the new scale", _check),
-    "stop": ("stop the job", _stop),
+    "stop": ("stop the job", _rescale_stop),
     "repartition": ("repartition a copy of the state", _repartition),
     "check-state": (
         "Spark loads the repartitioned state (or, records waiting, the new run's first batch)",

@@ -31,6 +31,7 @@ from dashboard.services.action_steps import (
     Done,
     Next,
     Outcome,
+    Step,
     Steps,
     Wait,
     action_progress,
@@ -223,15 +224,23 @@ def savepoint_steps(
     ``then``; ``origin`` None takes the action's own origin (a person's, or periodic); ``batch`` picks a retained
     batch other than the newest."""
 
-    def copy(action: Action) -> Next:
-        savepoint_copy(job=action.job, action=action, origin=origin or action.origin, batch=batch(action))
-        return Next("verify")
-
     def verify(action: Action) -> Outcome:
         checked = savepoint_check(action)
         return checked if isinstance(checked, Wait) else Next(then)
 
-    return {"savepoint": ("copy the checkpoint", copy), "verify": ("verify the savepoint", verify)}
+    return {"savepoint": savepoint_copy_step(origin, batch), "verify": ("verify the savepoint", verify)}
+
+
+def savepoint_copy_step(
+    origin: str | None, batch: Callable[[Action], int | None] = lambda action: None
+) -> tuple[str, Step]:
+    """The step "savepoint" of ``savepoint_steps`` alone, for an action that verifies the copy its own way."""
+
+    def copy(action: Action) -> Next:
+        savepoint_copy(job=action.job, action=action, origin=origin or action.origin, batch=batch(action))
+        return Next("verify")
+
+    return "copy the checkpoint", copy
 
 
 def _verified(action: Action) -> Done:

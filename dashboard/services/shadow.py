@@ -35,7 +35,9 @@ from dashboard.services.action_steps import (
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import restorable_batches
 from dashboard.services.savepoints import savepoint_steps
-from dashboard.services.upgrades import (
+from dashboard.services.upgrade_parts import (
+    SHADOW_RECORDS,
+    SHADOW_RECORDS_MOST,
     checked_target,
     scratch_cleanup,
     scratch_dead_letters,
@@ -43,7 +45,6 @@ from dashboard.services.upgrades import (
     scratch_spec,
 )
 
-SHADOW_RECORDS = 5000  # input a shadow run reads by default
 INPUT_WAIT_SECONDS = 1800  # how long a shadow run waits for a first record when the stream has none to compare on
 SHADOW_LIMIT = 3600  # seconds the two versions may take over the range
 
@@ -80,7 +81,7 @@ def _range(action: Action) -> Outcome:
             "A shadow run reads a fixed range of a Redis stream beside the live job; this job's source has no such "
             "range yet. Preview the upgrade instead."
         )
-    records = min(int(action.params.get("records") or SHADOW_RECORDS), 100_000)
+    records = min(int(action.params.get("records") or SHADOW_RECORDS), SHADOW_RECORDS_MOST)
     head = stream_head(job.source_stream)
     if head is None:
         raise ActionFailed("Redis cannot be reached, so the shadow run's input cannot be fixed.")

@@ -1,14 +1,15 @@
 """State migrations: an upgrade to a version whose state cannot be read from the job's, built from it instead.
 
 The new version declares how (``statekeeper_sdk.Migration``: the old state per state variable in, its initial state
-out). The upgrade preview and the upgrade (``dashboard.services.upgrades``) take ``migrate``:
+out). The upgrade preview and the upgrade take ``migrate``; their step tables (``dashboard.services.upgrades``) list
+this module's steps, which do the following:
 
-- the preview, after the compatibility check, copies the checkpoint as of its newest batch, runs the migration on the
+- the preview (``preview_copy``, ``preview_run``), after the compatibility check, copies the checkpoint as of its newest batch, runs the migration on the
   copy into a scratch checkpoint, and runs the new version's first batch there on the migrated state, from where that
   batch ended, over the entries that came after it (``migrate`` of the state tool). Nothing stops. It shows the rows
   read per state variable and written, keys in and out, the old keys that map to nothing, samples before and after,
   and the first batch's output; a migration that raises, or output the new state refuses, is shown with the error.
-- the upgrade stops the job with a savepoint at batch N, runs the migration on the savepoint's state into the new
+- the upgrade stops the job with a savepoint at batch N, runs the migration (``migrate``) on the savepoint's state into the new
   checkpoint's seed (``checkpoint_dir.files.seed_dir``), and starts the new version there: its transformWithState
   operator takes the seed as its initial state at batch 0, its source reads on after N's offsets, and its sinks number
   its batches from N + 1 (``write_lineage``). A failure before the new version's first batch rolls back by itself to
@@ -27,7 +28,6 @@ from dashboard.services.action_steps import (
     Done,
     Next,
     Outcome,
-    Steps,
     Wait,
     action_progress,
     memo_save,
@@ -36,16 +36,8 @@ from dashboard.services.action_steps import (
 )
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name
-from dashboard.services.savepoints import FILES_NOW_READ_LATER, savepoint_steps
 from dashboard.services.shadow import range_end
-from dashboard.services.upgrades import (
-    PREVIEW_STEPS as CHECK_STEPS,
-)
-from dashboard.services.upgrades import (
-    UPGRADE_STEPS as PLAIN_UPGRADE_STEPS,
-)
-from dashboard.services.upgrades import (
-    _preview_done,
+from dashboard.services.upgrade_parts import (
     next_line_base,
     scratch_cleanup,
     scratch_dead_letters,
@@ -53,7 +45,6 @@ from dashboard.services.upgrades import (
     scratch_spec,
     start_of,
     target_shown,
-    verify_beside,
 )
 
 PREVIEW_RECORDS = 1000  # entries after the batch the preview's first batch reads, at most
@@ -94,13 +85,7 @@ def _kept(result: dict[str, Any]) -> dict[str, Any]:
 # --- the preview ----------------------------------------------------------------------------------------------------
 
 
-def _preview_gate(action: Action) -> Outcome:
-    if not action.params.get("migrate") or action.params["plan"]["batch"] is None:
-        return _preview_done(action)
-    return Next("migration-copy")
-
-
-def _preview_copy(action: Action) -> Outcome:
+def preview_copy(action: Action) -> Outcome:
     job = action.job
     batch = int(action.params["plan"]["batch"])
     old, new = scratch_dir(action, "migration-old"), scratch_dir(action, "migration-new")
@@ -133,7 +118,7 @@ def _first_input(job: Job, start: dict[str, Any]) -> dict[str, Any] | None:
     return {job.source_stream: {str(p): end for p, (_, end) in ends.items()}}
 
 
-def _preview_run(action: Action) -> Outcome:
+def preview_run(action: Action) -> Outcome:
     batch = int(action.params["plan"]["batch"])
     old, new = scratch_dir(action, "migration-old"), scratch_dir(action, "migration-new")
     ending = action.memo.get("migration_end")
@@ -168,18 +153,10 @@ def _preview_cleanup(action: Action) -> None:
     scratch_cleanup(action, "migration")
 
 
-PREVIEW_STEPS: Steps = {
-    **CHECK_STEPS,
-    "gate": ("verdict", _preview_gate),
-    "migration-copy": ("copy the checkpoint for the migration", _preview_copy),
-    "migration": ("migrate the state and run a first batch on it", _preview_run),
-}
-
-
 # --- the upgrade ----------------------------------------------------------------------------------------------------
 
 
-def _migrate(action: Action) -> Outcome:
+def migrate(action: Action) -> Outcome:
     """Run the migration on the savepoint's state into the seed of the new checkpoint the job will switch to."""
     if not action.params.get("migrate") or action.memo.get("migrated"):
         return Next("switch")
@@ -204,20 +181,3 @@ def _migrate(action: Action) -> Outcome:
     remember(action, migration=_kept(result))
     memo_save(action, migrated=True)
     return Next("switch")
-
-
-def _before_switch(steps: Steps) -> Steps:
-    """The upgrade's steps with "migrate" listed before "switch" (the order the action's phases are shown in), and
-    the savepoint going on to it, Spark's reading of its state after the new version's first batch
-    (``verify_beside``)."""
-    placed: Steps = {}
-    taken = savepoint_steps("before-upgrade", then="migrate")
-    taken["verify"] = (FILES_NOW_READ_LATER, verify_beside)
-    for name, step in {**steps, **taken}.items():
-        if name == "switch":
-            placed["migrate"] = ("migrate the state", _migrate)
-        placed[name] = step
-    return placed
-
-
-UPGRADE_STEPS: Steps = _before_switch(PLAIN_UPGRADE_STEPS)

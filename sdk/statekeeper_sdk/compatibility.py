@@ -263,8 +263,16 @@ def describe(exc: BaseException) -> str:
     return (_python_error(text) or (text.splitlines() or [repr(exc)])[0])[:2000]
 
 
-# The line a Python traceback ends with: the error's class (dotted or not), then its message.
-_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<error>[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?)$")
+# The line a Python traceback ends with: the error's class (dotted or not), then its message. The console reads
+# failures with it too (dashboard.failures).
+PYTHON_ERROR = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(?P<msg>.*))?$")
+
+
+def python_error(line: str) -> tuple[str, str] | None:
+    """A Python error line's class (its module dropped) and message; None when the line is not one."""
+    if (m := PYTHON_ERROR.match(line.strip())) is None:
+        return None
+    return m["cls"].rsplit(".", 1)[-1], (m["msg"] or "").strip()
 
 
 def _python_error(text: str) -> str:
@@ -273,5 +281,5 @@ def _python_error(text: str) -> str:
     if "Traceback (most recent call last):" not in text:
         return ""
     lines = text.split("Traceback (most recent call last):")[-1].splitlines()
-    found = [m["error"] for line in lines if (m := _PYTHON_ERROR.match(line.rstrip()))]
+    found = [f"{cls}: {msg}" if msg else cls for line in lines if (error := python_error(line)) for cls, msg in [error]]
     return found[0] if found else ""

@@ -14,6 +14,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
+from statekeeper_sdk.events import MAX_FUTURE_SECONDS
 
 from dashboard.checkpoint_dir.files import closing_file, committed_batches, lineage, seed_dir
 from workers.spark.manifest import ManifestKeeper
@@ -43,7 +44,7 @@ class JobSpec:
     max_records: int
     dead_letter: str
     skip_list: str = ""
-    max_future_seconds: float = 300
+    max_future_seconds: float = MAX_FUTURE_SECONDS
     ending_offset: str = ""  # JSON {"id", "n"}: read up to there, then stop (with ``available_now``)
     available_now: bool = False
     source_kind: str = "redis-stream"  # "files": Spark's file source on ``source_path``; "kafka": topic ``stream``
