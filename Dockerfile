@@ -18,4 +18,4 @@ RUN pip install --no-cache-dir ./examples/user_sessions
 ENV DJANGO_SETTINGS_MODULE=statekeeper.settings PYTHONUNBUFFERED=1
 RUN STATEKEEPER_ENV=development python manage.py collectstatic --noinput -v 0
 EXPOSE 8000
-CMD ["uvicorn", "statekeeper.asgi:application", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["uvicorn", "statekeeper.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--no-proxy-headers"]

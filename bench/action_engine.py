@@ -42,7 +42,7 @@ migrated()
 import redis  # noqa: E402
 
 from bench.busy import BESIDE, RATE, feed, make_job, produce, start_worker  # noqa: E402
-from dashboard.models import Action, ActionKind, Checkpoint, Job, RunStatus  # noqa: E402
+from dashboard.models import ENDED_ACTIONS, Action, ActionKind, Checkpoint, Job, RunStatus  # noqa: E402
 from dashboard.services.action_steps import state_reader_stop  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop, kill_group  # noqa: E402
@@ -58,7 +58,7 @@ MEASURED = [
 
 def finished(action: Action, timeout: float = 600) -> Action:
     done = wait_for(
-        lambda: Action.objects.filter(id=action.id, status__in=["succeeded", "failed"]).first(), timeout, 0.1,
+        lambda: Action.objects.filter(id=action.id, status__in=ENDED_ACTIONS).first(), timeout, 0.1,
         f"{action.kind} #{action.id}",
     )  # fmt: skip
     if done.status != "succeeded":

@@ -43,7 +43,7 @@ migrated()
 from bench.busy import busy_stack, feed, make_job  # noqa: E402
 from bench.figures import committed, pct  # noqa: E402
 from bench.procs import process_tree, sizes  # noqa: E402
-from dashboard.models import Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
+from dashboard.models import ENDED_ACTIONS, Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
@@ -52,7 +52,7 @@ SUBJECT_RATE = 50  # events/s into the subject job
 
 
 def finished(action: Action, timeout: float = 600) -> Action:
-    wait_for(lambda: Action.objects.filter(id=action.id, status__in=(ActionStatus.SUCCEEDED, ActionStatus.FAILED))
+    wait_for(lambda: Action.objects.filter(id=action.id, status__in=ENDED_ACTIONS)
              .exists(), timeout, 0.5, f"action #{action.id}")  # fmt: skip
     action.refresh_from_db()
     if action.status != ActionStatus.SUCCEEDED:
@@ -105,7 +105,7 @@ def round_trip(job: Job, kind: str, change: dict[str, Any]) -> dict[str, Any]:
     beside: list[int] = []
     heap_during: list[float] = []
     green_rss: list[float] = []
-    while not Action.objects.filter(id=action.id, status__in=(ActionStatus.SUCCEEDED, ActionStatus.FAILED)).exists():
+    while not Action.objects.filter(id=action.id, status__in=ENDED_ACTIONS).exists():
         if kind == ActionKind.BLUE_GREEN and (heap := heap_mb(old.id)) is not None:
             heap_during.append(heap)
         if kind == ActionKind.BLUE_GREEN and (rss := green_rss_mb(action.id)) is not None:

@@ -38,7 +38,17 @@ import django  # noqa: E402
 django.setup()
 
 from bench.figures import committed, pct  # noqa: E402
-from dashboard.models import ACTIVE_RUN_STATUSES, Action, ActionKind, ActionStatus, Checkpoint, Job, Run, RunStatus  # noqa: E402
+from dashboard.models import (  # noqa: E402
+    ACTIVE_RUN_STATUSES,
+    ENDED_ACTIONS,
+    Action,
+    ActionKind,
+    ActionStatus,
+    Checkpoint,
+    Job,
+    Run,
+    RunStatus,
+)
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
@@ -52,7 +62,7 @@ PREVIEW_TO = {
     "sessions-rocksdb": "user-sessions-v2",
     "spend-rocksdb": "customer-spend-v2",
 }
-DONE = (ActionStatus.SUCCEEDED, ActionStatus.FAILED)
+DONE = ENDED_ACTIONS
 
 
 def running(job: Job) -> Run | None:

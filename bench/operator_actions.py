@@ -44,7 +44,7 @@ migrated()
 import redis  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from dashboard.models import Action, ActionKind, Checkpoint, Job, Run, RunStatus, StandbyDriver  # noqa: E402
+from dashboard.models import ENDED_ACTIONS, Action, ActionKind, Checkpoint, Job, Run, RunStatus, StandbyDriver  # noqa: E402
 from dashboard.pipelines import get as get_pipeline  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop  # noqa: E402
@@ -171,7 +171,7 @@ def main() -> None:
             time.sleep(8)
             quiet_rates.append(statistics.median(batch_rates(job, quiet_from, timezone.now())))
             action = action_request(job=job, kind=ActionKind.SAVEPOINT)
-            finished = Action.objects.filter(id=action.id, status__in=["succeeded", "failed"])
+            finished = Action.objects.filter(id=action.id, status__in=ENDED_ACTIONS)
             done = wait_for(
                 finished.first,
                 300,

@@ -572,6 +572,7 @@ class ActionStatus(models.TextChoices):
 
 
 IN_FLIGHT_ACTIONS = (ActionStatus.PENDING, ActionStatus.RUNNING)
+ENDED_ACTIONS = (ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.ABORTED)
 
 
 class Action(models.Model):

@@ -18,8 +18,14 @@ def celery_worker_command(schedule: Path | None, loglevel: str = "INFO", concurr
 
 
 def web_command(port: int) -> list[str]:
-    """The console under uvicorn (ASGI: the live pages need it), on 127.0.0.1."""
-    return [sys.executable, "-m", "uvicorn", "statekeeper.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+    """The console under uvicorn (ASGI: the live pages need it), on 127.0.0.1, as bin/dev runs it."""
+    return [sys.executable, "-m", "uvicorn", "statekeeper.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+            *UVICORN_FLAGS]  # fmt: skip
+
+
+# uvicorn believes X-Forwarded-For from 127.0.0.1 unless told not to: the console reads it itself, and only from the
+# proxies STATEKEEPER_TRUSTED_PROXIES lists (dashboard.services.audit.client_address)
+UVICORN_FLAGS = ("--no-proxy-headers",)
 
 
 def celery_beat_command(schedule: Path, loglevel: str = "INFO") -> list[str]:

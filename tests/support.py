@@ -22,6 +22,7 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.engine.sinks import COMMITS
 from dashboard.models import (
+    ENDED_ACTIONS,
     Action,
     ActionStatus,
     Checkpoint,
@@ -266,7 +267,7 @@ def events_counted(job: Job) -> int:
 
 def finished(action: Action, timeout: float = 400) -> Action:
     wait_for(
-        lambda: Action.objects.filter(id=action.id, status__in=[ActionStatus.SUCCEEDED, ActionStatus.FAILED]).exists(),
+        lambda: Action.objects.filter(id=action.id, status__in=ENDED_ACTIONS).exists(),
         timeout, 0.5, f"{action.get_kind_display()} #{action.id} to finish",
     )  # fmt: skip
     action.refresh_from_db()

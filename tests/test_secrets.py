@@ -237,3 +237,63 @@ def test_a_job_writes_to_the_sink_a_secret_names_and_its_run_never_holds_the_val
     deploy = Deploy.objects.get(job=job)
     assert deploy.parameters["lake_dir"] == "${secret:team-lake}" and deploy.secret_versions == {"team-lake": 1}
     assert str(lake) not in json.dumps(deploy.spark_conf)
+
+
+# every form a password takes in a connection string (statekeeper_sdk._passwords): the value, and how it is masked
+PASSWORD_FORMS = [
+    ("host=127.0.0.1 user=team password='hunter2' dbname=team_orders", "password='***'"),
+    ("host=127.0.0.1 user=team password='hunt\\'er 2' dbname=team_orders", "password='***'"),
+    ('host=127.0.0.1 user=team password="hunter2" dbname=team_orders', 'password="***"'),
+    ("host=127.0.0.1 user=team sslpassword=hunter2 dbname=team_orders", "sslpassword=***"),
+    ("host=127.0.0.1 user=team PASSWORD = hunter2", "PASSWORD = ***"),
+    ("jdbc:postgresql://db.internal/team?user=team&password=hunter2&ssl=true", "password=***&ssl=true"),
+    ("jdbc:sqlserver://db.internal;user=team;password=hunter2;database=orders", "password=***;database"),
+    ("jdbc:postgresql://team:hunter2@db.internal/team", "team:***@db.internal"),
+    ("Driver={PostgreSQL};Server=db;Uid=team;Pwd=hunter2;", "Pwd=***;"),
+    ("PGPASSWORD=hunter2 psql", "PGPASSWORD=***"),
+    ('org.apache.kafka.common.security.plain.PlainLoginModule required username="team" password="hunter2";',
+     'password="***";'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "shown"), PASSWORD_FORMS)
+def test_every_form_of_a_written_password_is_refused_in_a_job_and_masked_in_history(client, token, value, shown):
+    from dashboard.services.secrets import mask_passwords
+
+    assert mask_passwords(value).count("hunter2") == 0 and shown in mask_passwords(value), mask_passwords(value)
+    assert "hunt" not in mask_passwords(value)
+    spec = {"name": "spend", "pipeline": "customer-spend", "state_backend": "rocksdb", "source_stream": "events:x",
+            "parameters": {"orders_dsn": value}, "state": "suspended"}  # fmt: skip
+    refused = api(client, "POST", "/api/v1/jobs", token("admin"), spec)
+    assert refused.status_code == 400 and "holds a password" in refused.json()["error"], refused.json()
+    assert "hunt" not in json.dumps([[e.params, e.message, e.target] for e in AuditEntry.objects.all()])
+    assert not Job.objects.filter(name="spend").exists()
+
+
+def test_a_reference_and_a_masked_password_are_not_passwords():
+    from dashboard.services.secrets import has_literal_password
+
+    for value in ("password='${secret:db}'", 'password="***"', "password=${secret:db}", "postgres://u:***@h/d",
+                  "mypassword=x", "password=''"):  # fmt: skip
+        assert not has_literal_password(value), value
+
+
+def test_the_second_masking_migration_moves_quoted_passwords_keeping_their_quotes(make_job):
+    quoted = "host=db.internal user=team password='hunt\\'er 2' dbname=team_orders"
+    jaas = 'PlainLoginModule required username="team" password="s3cr\\"et";'
+    job = spend_job(make_job, orders_dsn=quoted)
+    Job.objects.filter(id=job.id).update(parameters={"orders_dsn": quoted, "sasl": jaas})
+    entry = AuditEntry.objects.create(verb="job-create", job=job.name, params={"parameters": {"orders_dsn": quoted}})
+    migration = importlib.import_module("dashboard.migrations.0039_mask_quoted_and_other_password_forms")
+    with connection.schema_editor() as editor:
+        migration.forward(django_apps, editor)
+    job.refresh_from_db()
+    assert (
+        job.parameters["orders_dsn"]
+        == "host=db.internal user=team password='${secret:" + job.name + "-orders_dsn}' dbname=team_orders"
+    )
+    assert reveal(job.parameters) == {"orders_dsn": quoted, "sasl": jaas}, "the job runs with the text it was given"
+    assert AuditEntry.objects.get(id=entry.id).params["parameters"]["orders_dsn"].count("***") == 1
+    with connection.schema_editor() as editor:
+        migration.forward(django_apps, editor)  # a second run changes nothing
+    assert Secret.objects.count() == 2

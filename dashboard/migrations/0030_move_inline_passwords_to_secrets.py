@@ -35,18 +35,20 @@ def _fernet():
     return MultiFernet([Fernet(k) for k in keys])
 
 
-def _replace(text, replacement):
-    """The text with each literal password replaced by ``replacement(password)``; and how many there were."""
+def _replace(text, replacement, patterns):
+    """The text with each literal password replaced by ``replacement(password)``; and how many there were. A quoted
+    password (a later migration's patterns) keeps its quotes around the replacement, and its escapes in it."""
     count = 0
 
     def swap(m):
         nonlocal count
-        if REFERENCE.fullmatch(m.group("password")) or m.group("password") == "***":  # a reference, or masked
+        password = m.group("password")
+        if not password or REFERENCE.fullmatch(password) or password == "***":  # a reference, or masked
             return m.group(0)
         count += 1
-        return m["lead"] + replacement(m.group("password")) + m["tail"]
+        return m["lead"] + replacement(password) + m["tail"]
 
-    for pattern in LITERAL_PASSWORDS:
+    for pattern in patterns:
         text = pattern.sub(swap, text)
     return text, count
 
@@ -72,7 +74,8 @@ def _walk(value, on_text, key=""):
     return value, 0
 
 
-def forward(apps, schema_editor):
+def forward(apps, schema_editor, patterns=LITERAL_PASSWORDS):
+    """Move or mask every password ``patterns`` find (a later migration passes more forms)."""
     Job = apps.get_model("dashboard", "Job")
     Deploy = apps.get_model("dashboard", "Deploy")
     Action = apps.get_model("dashboard", "Action")
@@ -101,10 +104,12 @@ def forward(apps, schema_editor):
         return name
 
     def into_secrets(job):
-        return lambda key, text: _replace(text, lambda pw: "${secret:" + secret_for(job, key or "value", pw) + "}")
+        return lambda key, text: _replace(
+            text, lambda pw: "${secret:" + secret_for(job, key or "value", pw) + "}", patterns
+        )
 
     def masking(key, text):
-        return _replace(text, lambda pw: "***")
+        return _replace(text, lambda pw: "***", patterns)
 
     counts = {"job parameters": 0, "deploys": 0, "upgrades": 0, "audit entries": 0, "replies": 0, "runs": 0,
               "alerts": 0}

@@ -28,18 +28,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
+from statekeeper_sdk._passwords import LITERAL_PASSWORDS, MASK, replace_passwords
 
 from dashboard import pipelines
 from dashboard.models import SECRET_NAME, SECRET_NAME_PATTERN, Secret
 from dashboard.selectors.secrets import REFERENCE, referenced, used_by
 
 VALID_NAME = re.compile(SECRET_NAME_PATTERN)
-# a password written into a value: user:password@ in a URL, or password=... in a key=value connection string
-LITERAL_PASSWORDS = (
-    re.compile(r"(?P<lead>://[^/\s:@]*:)(?P<password>[^@\s]+)(?P<tail>@)"),
-    re.compile(r"(?P<lead>\bpassword\s*=\s*)(?P<password>[^\s'\"]+)(?P<tail>)", re.IGNORECASE),
-)
-MASK = "***"
 MAX_VALUE = 10_000
 
 
@@ -116,7 +111,7 @@ def versions(values: Any) -> dict[str, int]:
 
 def _literal(password: str) -> bool:
     """Whether a password written into a value is one: not a reference to a secret, nor masked already."""
-    return password != MASK and not REFERENCE.fullmatch(password)
+    return bool(password) and password != MASK and not REFERENCE.fullmatch(password)
 
 
 def has_literal_password(text: str) -> bool:
@@ -124,13 +119,9 @@ def has_literal_password(text: str) -> bool:
 
 
 def mask_passwords(text: str) -> str:
-    """The text with every password written into it (a URL's, a ``password=``) replaced by ***, the user and host
-    kept; a reference to a secret is kept as it is."""
-    for pattern in LITERAL_PASSWORDS:
-        text = pattern.sub(
-            lambda m: m["lead"] + MASK + m["tail"] if _literal(m.group("password")) else m.group(0), text
-        )
-    return text
+    """The text with every password written into it (statekeeper_sdk._passwords lists the forms) replaced by ***, the
+    user and host kept; a reference to a secret is kept as it is."""
+    return replace_passwords(text, lambda password: MASK if _literal(password) else None)
 
 
 def into_secret(text: str, *, name: str, username: str) -> str:
@@ -138,7 +129,9 @@ def into_secret(text: str, *, name: str, username: str) -> str:
     its place; the text as it is when it holds none."""
     for pattern in LITERAL_PASSWORDS:
         if (found := pattern.search(text)) and _literal(found.group("password")):
-            secret_set(name=name, value=found.group("password"), username=username)
+            # a quoted password is kept as written between its quotes (escapes and all): the reference stays between
+            # them, so the text the job runs with is the text it was given
+            secret_set(name=name, value=found["password"], username=username)
             reference = "${secret:" + name + "}"
             return text[: found.start("password")] + reference + text[found.end("password") :]
     return text

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from statekeeper_sdk import _passwords
+
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
 
@@ -118,9 +120,8 @@ TEMPLATED = ("dsn", "path", "table", "servers", "topic")
 
 
 def redacted(dsn: str) -> str:
-    """A connection string without its password."""
-    dsn = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn, flags=re.IGNORECASE)
+    """A connection string without its password (in any form statekeeper_sdk._passwords lists)."""
+    return _passwords.redacted(dsn)
 
 
 def targets_named(sink: Any) -> set[str]:
