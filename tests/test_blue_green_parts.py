@@ -421,3 +421,35 @@ def test_a_blue_green_rescale_from_the_rescale_page_the_api_and_a_spec(client, t
     action = Action.objects.create(job=memory, kind=ActionKind.BLUE_GREEN, params={"state_partitions": 4})
     with pytest.raises(ActionFailed, match="memory-backend job cannot change"):
         what(action)
+
+
+@pytest.mark.django_db
+def test_greens_order_is_checked_when_written_and_read_and_reports_never_overwrite_each_other(make_job):
+    from dashboard.green_order import GreenOrder, OrderError, order_write, report
+
+    job = make_job(name="orders", pipeline="url-counts", state_partitions=2)
+    order = GreenOrder(action=7, fork="green-7", follow="/x/checkpoint", pipeline="url-counts-v2",
+                       parameters={"top": 3}, partitions=4, shift=1)  # fmt: skip
+    green = order.applied_to(job)
+    assert (green.pipeline, green.parameters, green.checkpoint_dir, green.state_partitions) == (
+        "url-counts-v2", {"top": 3}, "green-7", 4)  # fmt: skip
+    assert (job.pipeline, job.checkpoint_dir, job.state_partitions) == ("url-counts", "checkpoint", 2), "a copy"
+    with pytest.raises(OrderError, match="partitions holds str"):
+        GreenOrder(**(order.as_json() | {"partitions": "4"}))
+    with pytest.raises(OrderError, match="version 2"):
+        GreenOrder.read(order.as_json() | {"version": 2})
+    with pytest.raises(OrderError, match="does not know: fork_dir"):
+        GreenOrder.read(order.as_json() | {"fork_dir": "x"})
+    with pytest.raises(OrderError, match="incomplete"):
+        GreenOrder.read({k: v for k, v in order.as_json().items() if k != "follow"})
+
+    run = Run.objects.create(job=job, status=RunStatus.GREEN, green=order.as_json())
+    stale = Run.objects.get(id=run.id)
+    report(run.id, shadowing=5)  # green's driver, while the console holds an older copy of the row
+    order_write(stale, GreenOrder(**(order.as_json() | {"boot": True})), go="now")
+    kept = Run.objects.get(id=run.id).green
+    assert kept["shadowing"] == 5 and kept["go"] == "now" and GreenOrder.read(kept).boot
+    with pytest.raises(OrderError, match="not a report"):
+        report(run.id, handed=1)
+    with pytest.raises(OrderError, match="holds str"):
+        report(run.id, shadowing="5")

@@ -37,6 +37,7 @@ from dashboard.checkpoint_dir.files import (
     planned_batch,
 )
 from dashboard.failures import describe, root_cause
+from dashboard.green_order import GreenOrder, OrderError
 from dashboard.models import Job, Run, RunStatus
 from dashboard.selectors.cluster import cluster_cores, master_ui, waiting_for_cores
 from dashboard.services.checkpoints import journal_path
@@ -277,13 +278,11 @@ class JobDriver:
         self.on_first_batch = on_first_batch
         # a blue/green upgrade's new version (workers/green.py): this driver runs the job as green's run says, on its
         # fork, following the job's checkpoint until the handover
-        self.green = dict(self.run.green) if self.run.status == RunStatus.GREEN else {}
+        self.green = GreenOrder.read(self.run.green) if self.run.status == RunStatus.GREEN else None
         self.on_live: Callable[[], None] | None = None  # told when green takes over (a shared driver takes the lock)
         if self.green:
-            self.job.pipeline, self.job.parameters = self.green["pipeline"], self.green["parameters"]
-            self.job.checkpoint_dir = self.green["fork"]
-            self.job.state_partitions = int(self.green.get("partitions") or self.job.state_partitions)
-        self.shift = int(self.green.get("shift") or 0)  # green's batch numbers ahead of the job's (a rescale: 1)
+            self.job = self.green.applied_to(self.job)
+        self.shift = self.green.shift if self.green else 0  # green's batch numbers ahead of the job's (a rescale: 1)
 
     def execute(self) -> str:
         """Run the query until it is stopped or fails; returns the run's final status."""
@@ -297,7 +296,7 @@ class JobDriver:
         spec = job_spec(self.job, phase_seconds=self.phase_seconds)
         if self.green:  # its batches come as fast as the job committed them, then its source paces them
             spec = job_spec(
-                self.job, phase_seconds=None, follow=self.green["follow"],
+                self.job, phase_seconds=None, follow=self.green.follow,
                 handover_file=str(handover_file(self.job.checkpoint_location)), follow_shift=self.shift,
                 follow_mirror=str(follow_mirror(self.job.checkpoint_location)),
             )  # fmt: skip
@@ -350,9 +349,9 @@ class JobDriver:
             if not hasattr(keeper, "state"):
                 keeper.green_setup(self.run.id)
             keeper.on_live = lambda: self._went_live(conf, code)
-            recorder.green_setup(int(self.green["action"]), keeper, self.shift)
+            recorder.green_setup(self.green.action, keeper, self.shift)
             writer = green.green_writer(
-                action_id=int(self.green["action"]), job_id=self.job.id, run_id=self.run.id, pipeline=pipeline,
+                action_id=self.green.action, job_id=self.job.id, run_id=self.run.id, pipeline=pipeline,
                 lease=keeper, live=sinks, close_connection=self.shared, shift=self.shift,
                 base=lineage_base(self.job.checkpoint_location),
             )  # fmt: skip
@@ -569,8 +568,11 @@ def main(argv: list[str]) -> int:
     is_green = run.status == RunStatus.GREEN
     held: list[Any] = []
     if is_green:  # no lease, nor lock, before the handover; the keeper starts with the query (JobDriver.execute)
-        job.pipeline = run.green["pipeline"]  # its Spark session is the new version's
-        job.state_partitions = int(run.green.get("partitions") or job.state_partitions)
+        try:
+            job = GreenOrder.read(run.green).applied_to(job)  # its Spark session is the new version's
+        except OrderError as exc:
+            run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Green's order cannot be read: {exc}")
+            return 1
         green_keeper = GreenKeeper(job.id, 0)
         green_keeper.green_setup(run_id)
         keeper: LeaseKeeper = green_keeper
@@ -603,7 +605,7 @@ def main(argv: list[str]) -> int:
         run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"Refused: {refusal}")
         spark_stop(spark)
         return 1
-    if is_green and run.green.get("boot") and not _green_booted(spark, job, run):
+    if is_green and GreenOrder.read(run.green).boot and not _green_booted(spark, job, run):
         spark_stop(spark)  # aborted before its fork was made, or never told
         return 0
     driver = JobDriver(
@@ -650,8 +652,8 @@ def main(argv: list[str]) -> int:
 def _green_booted(spark: Any, job: Job, run: Run) -> bool:
     """Green's driver of its own, started before the savepoint it forks from: the new version's query warmed up on
     generated events first (a first query in a new JVM took 40 s for its first batch on a busy host, which green then
-    had to catch up on), then the wait for the fork (``green.wait_for_fork``). Whether to run green."""
-    job.parameters = run.green["parameters"]
+    had to catch up on), then the wait for the fork (``green.wait_for_fork``). Whether to run green. ``job`` is
+    green's (``GreenOrder.applied_to``)."""
     warm = None
     try:
         warm = WarmQuery(spark, job, f"green-{run.id}")

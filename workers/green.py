@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame
 from statekeeper_sdk import Pipeline, Rejected
 
 from dashboard.engine.sinks import Fenced
+from dashboard.green_order import report, reported, reports_checked
 from dashboard.models import GreenBatch, ResultRow, ResultUndo, Run, RunStatus
 from dashboard.records import is_commit
 from dashboard.services.enqueue import job_actions_wake
@@ -46,12 +47,10 @@ def wait_for_fork(run_id: int, job_id: int) -> bool:
     its Spark is up (``green["up"]``, and wake the upgrade's step), then wait for the word to start (``green["go"]``,
     with the fork and what it runs): True then; False when the run is no longer green (aborted) or no word came in
     BOOT_WAIT_SECONDS (the run is then failed with the reason)."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().filter(id=run_id, status=RunStatus.GREEN).first()
-        if run is None:
-            return False
-        run.green = {**run.green, "up": timezone.now().isoformat()}
-        run.save(update_fields=["green"])
+    if Run.objects.filter(id=run_id, status=RunStatus.GREEN).exists():
+        report(run_id, up=timezone.now().isoformat())
+    else:
+        return False
     job_actions_wake(job_id)
     log.info("green run %s: Spark is up; waiting for the fork to start on", run_id)
     deadline = time.monotonic() + BOOT_WAIT_SECONDS
@@ -59,7 +58,7 @@ def wait_for_fork(run_id: int, job_id: int) -> bool:
         row = Run.objects.filter(id=run_id).values_list("status", "green").first()
         if row is None or row[0] != RunStatus.GREEN:
             return False
-        if (row[1] or {}).get("go"):
+        if reported(row[1] or {}, "go"):
             return True
         time.sleep(0.1)
     Run.objects.filter(id=run_id, status=RunStatus.GREEN).update(
@@ -109,8 +108,8 @@ class GreenState:
             status, token, after = state = self._parsed(row)
             green = (row[2] if row else None) or {}
             shadow = status in (RunStatus.GREEN, RunStatus.RUNNING) and not is_the_jobs(state, batch_id)
-            if shadow and batch_id > green.get("shadowing", -1):
-                Run.objects.filter(id=self.run_id).update(green={**green, "shadowing": batch_id})
+            if shadow and batch_id > (reported(green, "shadowing") or -1):
+                Run.objects.filter(id=self.run_id).update(green={**green, **reports_checked(shadowing=batch_id)})
         return state
 
     def note_sinks(self, problems: list[str]) -> None:
@@ -118,10 +117,7 @@ class GreenState:
         the upgrade's steps: no handover while there is one (dashboard/services/blue_green.py: ``_follow``)."""
         if problems == self.sink_problems:  # this process alone notes them: no change, no write
             return
-        with transaction.atomic():
-            green = Run.objects.select_for_update().filter(id=self.run_id).values_list("green", flat=True).first()
-            if green is not None:
-                Run.objects.filter(id=self.run_id).update(green={**green, "sink_problems": problems})
+        report(self.run_id, sink_problems=problems)
         self.sink_problems = problems
 
 

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from dashboard import pipelines
 from dashboard.failures import root_cause
+from dashboard.green_order import GreenOrder
 from dashboard.models import BESIDE_THE_JOB, IN_FLIGHT_ACTIONS, Action, DriverHost, HostStatus, Job, Run, RunStatus
 from dashboard.selectors.cluster import SHARED_APP
 from dashboard.services.enqueue import SUPERVISE_JOBS, enqueue_on, enqueue_ready
@@ -490,7 +491,8 @@ class SharedDriver:
             if self.failure:
                 raise RuntimeError(self.failure)
             is_green = run.status == RunStatus.GREEN
-            if is_green and (why := self.refusal(run.green["pipeline"])):
+            ran = GreenOrder.read(run.green).pipeline if is_green else job.pipeline
+            if is_green and (why := self.refusal(ran)):
                 raise RuntimeError(f"{why}; a blue/green upgrade's new version needs the code loaded")
             if why := self.moving_why or self.refusal(job.pipeline):
                 self._hand_over(run, why)
@@ -503,7 +505,7 @@ class SharedDriver:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", f"job-{job.id}")
             phase = self.take_phase(run_id, job.trigger_interval_seconds) if settings.SHARED_DRIVER_SPREAD else None
             driver = JobDriver(
-                session, run_id, keeper=lease, shared=True, phase_seconds=phase, executor_hosts=self.executor_hosts, code=self.loaded[run.green["pipeline"] if is_green else job.pipeline],
+                session, run_id, keeper=lease, shared=True, phase_seconds=phase, executor_hosts=self.executor_hosts, code=self.loaded[ran],
                 on_phase=lambda used: self.phase_used(run_id, job.trigger_interval_seconds, used), start_gate=self.starts,
                 on_first_batch=lambda: self.standby_first.discard(run_id),
             )  # fmt: skip

@@ -50,6 +50,7 @@ from dashboard.checkpoint_dir.files import (
     remove_tree,
     write_lineage,
 )
+from dashboard.green_order import GreenOrder, order_write, reported, reports_checked
 from dashboard.models import (
     ACTIVE_RUN_STATUSES,
     Action,
@@ -186,7 +187,7 @@ def asked(action: Action, run: Run, what: str) -> bool:
     """Whether the operator asked for ``what`` (promote, abort): in the action (read afresh: the console writes it
     while the step runs), or in green's run, where upgrades requested before ``Action.asked`` kept it."""
     fresh = Action.objects.filter(id=action.id).values_list("asked", flat=True).first() or {}
-    return bool(fresh.get(what) or run.green.get(what))
+    return bool(fresh.get(what) or reported(run.green, what))
 
 
 def partitions_to(action: Action) -> int | None:
@@ -383,16 +384,18 @@ def _check_state(action: Action) -> Outcome:
     return Next("green")
 
 
-def _green_values(action: Action) -> dict[str, Any]:
-    """What green's run says its driver runs: the new version, on the fork, following the job's checkpoint."""
+def _green_order(action: Action, boot: bool = False) -> GreenOrder:
+    """What green's driver runs: the new version, on the fork, following the job's checkpoint."""
     job = action.job
-    return {"action": action.id, "fork": fork_name(action, "green"), "follow": str(job.directory / job.checkpoint_dir),
-            "pipeline": action.params["plan"]["target"], "parameters": action.params["parameters"],
-            "partitions": partitions_to(action) or job.state_partitions,
-            "shift": int(action.params.get("shift") or 0)}  # fmt: skip
+    return GreenOrder(
+        action=action.id, fork=fork_name(action, "green"), follow=str(job.directory / job.checkpoint_dir),
+        pipeline=action.params["plan"]["target"], parameters=action.params["parameters"],
+        partitions=partitions_to(action) or job.state_partitions, shift=int(action.params.get("shift") or 0),
+        boot=boot,
+    )  # fmt: skip
 
 
-def _green_create(action: Action, **green: Any) -> Run:
+def _green_create(action: Action, boot: bool = False) -> Run:
     """A run of status green (once per attempt, at most GREEN_STARTS), in the shared driver the job runs in or a
     driver of its own, started."""
     job = action.job
@@ -405,7 +408,7 @@ def _green_create(action: Action, **green: Any) -> Run:
     with transaction.atomic():
         run = Run.objects.create(
             job=job, status=RunStatus.GREEN, requested_by=action.requested_by, host=settings.HOST_ID,
-            green=_green_values(action) | green,
+            green=_green_order(action, boot).as_json(),
         )  # fmt: skip
         run.job = job
         for name, value in own_driver_settings(run).items():
@@ -446,7 +449,7 @@ def _booted(action: Action) -> Outcome:
         memo_save(action, green_ended=why)
         Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(status=RunStatus.FAILED, message=why[:2000],
                                                                     ended_at=timezone.now())  # fmt: skip
-    elif not run.green.get("up") and step_seconds(action) < BOOT_WAIT_SECONDS:
+    elif not reported(run.green, "up") and step_seconds(action) < BOOT_WAIT_SECONDS:
         return Wait(f"green run #{run.id}: its driver starts (its JVM, then Spark) before the savepoint", 0.5)
     if (batch := blue_last(job)) is not None:
         remember(action, bg_batch=batch)
@@ -457,12 +460,9 @@ def _green_start(action: Action) -> Next:
     """Start green (once per attempt): a run of status green, in the shared driver the job runs in, or a driver of
     its own; or, when its driver started before the savepoint (``_boot``) and waits, tell it what to run."""
     run = green_run(action)
-    if run is not None and run.green.get("boot") and run.status == RunStatus.GREEN:
+    if run is not None and GreenOrder.read(run.green).boot and run.status == RunStatus.GREEN:
         if not (why := _green_gone(run)):
-            with transaction.atomic():
-                locked = Run.objects.select_for_update().get(id=run.id)
-                locked.green = {**locked.green, **_green_values(action), "go": timezone.now().isoformat()}
-                locked.save(update_fields=["green"])
+            order_write(run, _green_order(action, boot=True), go=timezone.now().isoformat())
             action_progress(action, f"green run #{run.id} starting on {action.params['fork']}, its driver up already")
             return Next("follow")
         memo_save(action, green_ended=why)
@@ -514,7 +514,7 @@ def _follow(action: Action) -> Outcome:
     t = view["totals"]
     caught_up = behind is not None and behind <= 1 and t["compared"] > 0
     where = f"green at batch {green_at}, {behind if behind is not None else '?'} behind blue"
-    if blocked := run.green.get("sink_problems"):  # the new version cannot write the job's sinks: no handover
+    if blocked := reported(run.green, "sink_problems"):  # the new version cannot write the job's sinks: no handover
         line = f"{where}; no handover while {'; '.join(blocked)}"
         problems = [*problems, *(f"the new version cannot write {p}" for p in blocked)]
     else:
@@ -594,7 +594,7 @@ def _handover(action: Action) -> Outcome:
         shift = int(action.params.get("shift") or 0)  # green's number for blue's batch ``after`` is after + shift
         # green's writer records each batch it takes as a shadow under this row's lock (workers/green.py: decide)
         green_now = Run.objects.select_for_update().get(id=run.id).green or {}
-        after = handover_point(newest, green_now.get("shadowing"), shift)
+        after = handover_point(newest, reported(green_now, "shadowing"), shift)
         token = int(locked.lease_token or 0) + 1
         now = timezone.now()
         if blue is not None:
@@ -604,7 +604,7 @@ def _handover(action: Action) -> Outcome:
             )  # fmt: skip
         Run.objects.filter(id=run.id).update(
             status=RunStatus.RUNNING, fencing_token=token, started_at=now, last_heartbeat_at=now,
-            green={**green_now, "handover": after + shift},
+            green={**green_now, **reports_checked(handover=after + shift)},
         )  # fmt: skip
         Job.objects.filter(id=job.id).update(
             lease_token=token, lease_expires_at=now + timedelta(seconds=settings.LEASE_TTL_SECONDS),
