@@ -12,9 +12,8 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.db import connection
 
 from dashboard import pipelines
-from dashboard.access import login_lockout
 from dashboard.models import Job, RunStatus, SourceKind, StateBackend
-from dashboard.services.audit import audit_record, client_address
+from dashboard.services.audit import audit_record, client_address, login_lockout
 from dashboard.services.rescale import MEMORY_REPARTITION
 from dashboard.services.secrets import value_problems
 

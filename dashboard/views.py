@@ -30,7 +30,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.views.decorators.http import require_POST
 
 from dashboard import pipelines
-from dashboard.access import ADMIN, OPERATOR, forbidden, may, requires
+from dashboard.access import ADMIN, OPERATOR, may
 from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, lineage
 from dashboard.connections import redis_client
 from dashboard.forms import InspectForm, JobForm, RescaleForm
@@ -43,6 +43,7 @@ from dashboard.models import (
     Job,
     SavepointStatus,
 )
+from dashboard.page_access import forbidden, requires
 from dashboard.selectors import charts, checkpoints, incidents, jobs, lag
 from dashboard.selectors.capacity import csv_rows, week_review
 from dashboard.selectors.cluster import free_cores_warning
@@ -233,7 +234,7 @@ def job_upgrade(request: HttpRequest, name: str) -> HttpResponse:
     params["parameters"] = given
     if kind == ActionKind.UPGRADE and request.POST.get("empty_state"):
         params["empty_state"] = 1
-    if kind in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW) and request.POST.get("migrate"):
+    if kind in (ActionKind.UPGRADE, ActionKind.UPGRADE_PREVIEW, ActionKind.BLUE_GREEN) and request.POST.get("migrate"):
         params["migrate"] = 1
     if kind == ActionKind.BLUE_GREEN:
         params |= {"auto": int(bool(request.POST.get("auto"))), "no_removed": int(bool(request.POST.get("no_removed")))}

@@ -7,11 +7,13 @@ import csv
 import json
 import unicodedata
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Max
 from django.http import HttpRequest
+from django.utils import timezone
 
 from dashboard.models import AuditEntry
 from dashboard.services.secrets import mask_passwords, masked
@@ -122,3 +124,24 @@ async def audit_csv(entries: Any, cap: int) -> AsyncIterator[str]:
     yield writer.writerow(COLUMNS)
     async for e in entries[:cap].aiterator(chunk_size=2000):
         yield writer.writerow(audit_row(e))
+
+
+def login_lockout(username: str, address: str) -> int:
+    """Seconds until this user name or address may try again; 0 when it may. Failures are counted from the audit
+    trail (durable: a restart forgets nothing), for a user name since its last successful login."""
+    username = login_name(username)
+    now = timezone.now()
+    window_start = now - timedelta(seconds=settings.LOGIN_LOCKOUT_SECONDS)
+    logins = AuditEntry.objects.filter(verb="login", at__gte=window_start)
+    last_success = logins.filter(username__iexact=username, outcome="succeeded").aggregate(at=Max("at"))["at"]
+    by_name = logins.filter(username=username, outcome="failed")
+    if last_success:
+        by_name = by_name.filter(at__gt=last_success)
+    waits = []
+    for failures in (by_name, logins.filter(address=address, outcome="failed") if address else None):
+        if failures is None:
+            continue
+        recent = list(failures.order_by("-at").values_list("at", flat=True)[: settings.LOGIN_FAILURES_ALLOWED])
+        if len(recent) >= settings.LOGIN_FAILURES_ALLOWED:
+            waits.append((recent[-1] + timedelta(seconds=settings.LOGIN_LOCKOUT_SECONDS) - now).total_seconds())
+    return max(0, int(max(waits, default=0)) + 1) if any(w > 0 for w in waits) else 0
