@@ -4,6 +4,7 @@ from celery import Celery
 from celery.signals import celeryd_after_setup
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
+os.environ.setdefault("STATEKEEPER_PROCESS", "worker")  # named in pg_stat_activity (an entry point may say otherwise)
 
 app = Celery("statekeeper")
 app.config_from_object("django.conf:settings", namespace="CELERY")

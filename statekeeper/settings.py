@@ -58,8 +58,12 @@ def database_from_url(url: str) -> dict[str, object]:
             "PASSWORD": unquote(parsed.password or ""),
             "HOST": parsed.hostname or "",
             "PORT": str(parsed.port or ""),
-            "CONN_MAX_AGE": 60,
+            # a worker's or a driver's connection is kept this long (it runs one thread's work after another); the web
+            # process keeps none (statekeeper/asgi.py sets 0)
+            "CONN_MAX_AGE": env_int("STATEKEEPER_DB_CONN_MAX_AGE", 60),
             "CONN_HEALTH_CHECKS": True,
+            # which process a connection is (pg_stat_activity.application_name), for sizing max_connections
+            "OPTIONS": {"application_name": f"statekeeper-{env_str('STATEKEEPER_PROCESS', 'process')}"[:63]},
             "TEST": {"NAME": env_str("STATEKEEPER_TEST_DB", f"test_{parsed.path.lstrip('/')}")},
         }
     raise ImproperlyConfigured(f"DATABASE_URL must start with postgres:// or sqlite://, not {url!r}")

@@ -7,6 +7,7 @@ import sys
 import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
+os.environ["STATEKEEPER_PROCESS"] = "shared-driver"  # named in pg_stat_activity (settings: application_name)
 django.setup()
 
 from workers.driver import hard_exit  # noqa: E402  # needs the apps loaded above
