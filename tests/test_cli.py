@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from statekeeper_cli.main import FAILED, main
 from statekeeper_sdk import Rejected
 
 from dashboard.api.tokens import token_create
-from dashboard.models import Action, ActionKind
+from dashboard.models import Action, ActionKind, Secret
 from dashboard.services.actions import action_execute
 from tests.conftest import grant
 from workers.spark.sources.redis_streams import dead_letter
@@ -112,3 +113,40 @@ def test_dead_letters_are_listed_with_their_reason_and_re_driven_by_id(
     assert redis.xlen(stream_name) == 1 and redis.xlen(job.dead_letter_stream) == 2
     assert main([*console, "redrive", "orders", "not-an-id"]) == FAILED
     assert "a list of 1 to 10000 entry ids" in capsys.readouterr().err
+
+
+def test_bad_spec_files_and_names_get_one_sentence_and_no_traceback(
+    capsys, live_server, tmp_path, django_user_model, monkeypatch
+):
+    """Careless input: each gets one line on stderr naming the file (or the console's answer) and exit 1, never a
+    traceback; a secret's name is quoted, so that 'tmpx?y=1' is that name, not 'tmpx' with a query."""
+    admin = django_user_model.objects.create_user("admin-bot", password="x")
+    grant(admin, "admin")
+    token = token_create(user=admin, name="ci")[1]
+    files = {
+        "latin1.yaml": "name: caf\xe9\n".encode("latin-1"),
+        "date.yaml": b"name: a\nstarted: 2026-12-07\n",
+        "when.toml": b'name = "a"\nstarted = 2026-12-07T10:00:00Z\n',
+        "binary.yaml": b"name: a\nblob: !!binary aGVsbG8=\n",
+        "deep.yaml": b"a: " + b"[" * 2000 + b"]" * 2000 + b"\n",
+        "list.yaml": b"- a\n- b\n",
+        "broken.toml": b"name = \n",
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        code = main(["--url", live_server.url, "--token", token, "plan", str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert code == FAILED and err.startswith(f"statekeeper: {tmp_path / name}: "), (name, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (name, err)
+    code = main(["--url", live_server.url, "--token", token, "plan", str(tmp_path / "missing.yaml")])
+    assert code == FAILED and "No such file or directory" in capsys.readouterr().err
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret\n"))
+    code = main(["--url", live_server.url, "--token", token, "secret", "set", "tmpx?y=1"])
+    err = capsys.readouterr().err
+    assert code == FAILED and "Traceback" not in err and "tmpx?y=1" in err, err
+    assert not Secret.objects.filter(name="tmpx").exists(), "not cut at the '?'"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret\n"))
+    code = main(["--url", live_server.url, "--token", token, "secret", "set", "a b"])
+    err = capsys.readouterr().err
+    assert code == FAILED and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

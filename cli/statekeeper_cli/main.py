@@ -88,19 +88,47 @@ class Console:
             time.sleep(1)
 
 
+def seg(value: Any) -> str:
+    """One path segment of the API's URL, quoted: a job or secret name never reaches the query or another path."""
+    return urllib.parse.quote(str(value), safe="")
+
+
+class BadInput(Exception):
+    """Input the CLI cannot use (a spec file, a name): one sentence, no request made."""
+
+
 def read_specs(path: Path) -> list[dict[str, Any]]:
     """Every spec under ``path`` (a file, or the *.yaml, *.yml and *.toml files of a directory), each naming its job
-    (the file's stem when it does not)."""
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".toml"))
+    (the file's stem when it does not). BadInput says what is wrong with a file, with its name."""
+    try:
+        files = (
+            [path] if path.is_file()
+            else sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".toml"))
+        )  # fmt: skip
+    except OSError as exc:
+        raise BadInput(f"{path}: {exc.strerror or exc}") from None
     specs = []
     for file in files:
-        text = file.read_text(encoding="utf-8")
+        kind = "TOML" if file.suffix == ".toml" else "YAML"
         try:
+            text = file.read_text(encoding="utf-8")
             spec = tomllib.loads(text) if file.suffix == ".toml" else yaml.safe_load(text)
+        except OSError as exc:
+            raise BadInput(f"{file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise BadInput(f"{file}: not UTF-8 text (byte {exc.start})") from None
+        except RecursionError:
+            raise BadInput(f"{file}: nested too deeply to be a job's spec") from None
         except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-            raise SystemExit(f"{file}: not valid {file.suffix[1:].upper()}: {exc}") from None
+            raise BadInput(f"{file}: not valid {kind}: {exc}") from None
         if not isinstance(spec, dict):
-            raise SystemExit(f"{file}: a spec is a mapping of a job's settings")
+            raise BadInput(f"{file}: a spec is a mapping of a job's settings")
+        try:
+            json.dumps(spec, allow_nan=False)
+        except (TypeError, ValueError) as exc:  # a date, a time, binary or an infinity: JSON carries none
+            raise BadInput(f"{file}: holds a value a job's spec cannot carry ({exc}); write it as a string") from None
+        except RecursionError:
+            raise BadInput(f"{file}: nested too deeply to be a job's spec") from None
         spec.setdefault("name", file.stem)
         specs.append(spec)
     return specs
@@ -113,7 +141,7 @@ def preview_verdict(console: Console, job: str, step: dict[str, Any], say: Any, 
     if migrate:
         body["migrate"] = 1  # the preview runs the migration and the new version's first batch on a scratch copy
     try:
-        requested = console.call("POST", f"jobs/{job}/upgrade-preview", body)["action"]
+        requested = console.call("POST", f"jobs/{seg(job)}/upgrade-preview", body)["action"]
     except ApiFailure as exc:
         return {"verdict": "refused", "summary": str(exc.body.get("error") if exc.body else exc)}
     done = console.wait(requested, timeout, say)
@@ -162,14 +190,14 @@ def apply_step(console: Console, job: str, step: dict[str, Any], say: Any, timeo
         console.call("POST", "jobs", {**params["spec"], "state": "suspended"})
         return "created"
     if action == "update":
-        tag = console.call("GET", f"jobs/{job}")["etag"]
-        console.call("PATCH", f"jobs/{job}", params["spec"], {"If-Match": tag})
+        tag = console.call("GET", f"jobs/{seg(job)}")["etag"]
+        console.call("PATCH", f"jobs/{seg(job)}", params["spec"], {"If-Match": tag})
         return "settings changed"
     if action == "archive":
-        result = console.call("DELETE", f"jobs/{job}")
+        result = console.call("DELETE", f"jobs/{seg(job)}")
         return "archived" + (f" (stopping with action #{result['action']['id']})" if "action" in result else "")
     if action == "start":
-        run = console.call("POST", f"jobs/{job}/start")["run"]
+        run = console.call("POST", f"jobs/{seg(job)}/start")["run"]
         return wait_running(console, job, run["id"], timeout)
     body = dict(params)
     if action in ("upgrade", "rescale", "blue-green"):
@@ -180,7 +208,7 @@ def apply_step(console: Console, job: str, step: dict[str, Any], say: Any, timeo
             body["empty_state"] = 1
         if mode == "migrate":
             body["migrate"] = 1
-    requested = console.call("POST", f"jobs/{job}/{action}", body)["action"]
+    requested = console.call("POST", f"jobs/{seg(job)}/{action}", body)["action"]
     done = console.wait(requested, timeout, say)
     if done["status"] != "succeeded":
         raise ApiFailure(0, f"{action} #{done['id']} failed: {done['outcome']}")
@@ -190,7 +218,7 @@ def apply_step(console: Console, job: str, step: dict[str, Any], say: Any, timeo
 def wait_running(console: Console, job: str, run_id: int, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runs = console.call("GET", f"jobs/{job}/runs?limit=5")["runs"]
+        runs = console.call("GET", f"jobs/{seg(job)}/runs?limit=5")["runs"]
         run = next((r for r in runs if r["id"] == run_id), None)
         if run and run["status"] == "running":
             return f"run #{run_id} running"
@@ -261,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     try:
         return run(console, args, say)
+    except BadInput as exc:
+        print(f"statekeeper: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(exc), "status": 0}))
+        return FAILED
     except ApiFailure as exc:
         print(f"statekeeper: {exc}", file=sys.stderr)
         if args.json:
@@ -300,7 +333,7 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
             out({"applied": report})
         return NOTHING
     if args.command == "status":
-        jobs = [console.call("GET", f"jobs/{args.job}")] if args.job else console.call("GET", "jobs")["jobs"]
+        jobs = [console.call("GET", f"jobs/{seg(args.job)}")] if args.job else console.call("GET", "jobs")["jobs"]
         if out:
             out({"jobs": jobs})
         for job in jobs:
@@ -323,7 +356,7 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
         }
         body = bodies.get(args.command, {})
         path = "redrive-dead-letters" if args.command == "redrive" else args.command
-        done = console.wait(console.call("POST", f"jobs/{args.job}/{path}", body)["action"], args.timeout, say)
+        done = console.wait(console.call("POST", f"jobs/{seg(args.job)}/{path}", body)["action"], args.timeout, say)
         if out:
             out(done)
         say(f"{args.command} #{done['id']} {done['status']}: {done['outcome']}")
@@ -332,8 +365,8 @@ def run(console: Console, args: argparse.Namespace, say: Any) -> int:
         return secrets(console, args, say, out)
     if args.command in ("results", "dead-letters"):
         return pages(console, args, say, out)
-    runs = console.call("GET", f"jobs/{args.job}/runs?limit=10")["runs"]
-    actions = console.call("GET", f"jobs/{args.job}/actions?limit=10")["actions"]
+    runs = console.call("GET", f"jobs/{seg(args.job)}/runs?limit=10")["runs"]
+    actions = console.call("GET", f"jobs/{seg(args.job)}/actions?limit=10")["actions"]
     if out:
         out({"runs": runs, "actions": actions})
     for r in runs:
@@ -353,7 +386,7 @@ def pages(console: Console, args: argparse.Namespace, say: Any, out: Any) -> int
         query |= {"before": args.before}
         path = "dead-letters"
     found = console.call(
-        "GET", f"jobs/{args.job}/{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v})}"
+        "GET", f"jobs/{seg(args.job)}/{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v})}"
     )
     if out:
         out(found)
@@ -391,7 +424,7 @@ def secrets(console: Console, args: argparse.Namespace, say: Any, out: Any) -> i
             say(f"{s['name']}: version {s['version']}, named by {', '.join(s['jobs']) or 'no job'}{pending}")
         return NOTHING
     if args.verb == "delete":
-        result = console.call("DELETE", f"secrets/{args.name}")
+        result = console.call("DELETE", f"secrets/{seg(args.name)}")
         if out:
             out(result)
         say(f"deleted {args.name}")
@@ -401,7 +434,7 @@ def secrets(console: Console, args: argparse.Namespace, say: Any, out: Any) -> i
     if not value:
         print("statekeeper: no value on standard input", file=sys.stderr)
         return FAILED
-    result = console.call("PUT", f"secrets/{args.name}", {"value": value})
+    result = console.call("PUT", f"secrets/{seg(args.name)}", {"value": value})
     if out:
         out(result)
     s = result["secret"]
