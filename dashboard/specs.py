@@ -168,17 +168,9 @@ def checked(spec: dict[str, Any], job: Job | None = None) -> SpecForm:
     with every problem otherwise."""
     if not isinstance(spec, dict):
         raise SpecError({"spec": ["must be a mapping"]})
-    unknown = sorted(set(spec) - set(SETTINGS) - set(EXTRA))
-    if unknown:
-        raise SpecError({name: ["is not a setting of a job"] for name in unknown[:20]})
-    problems: dict[str, list[str]] = {}
-    if spec.get("state", "running") not in STATES:
-        problems["state"] = [f"is running or suspended, not {spec.get('state')!r}"]
-    if spec.get("upgrade_mode", "savepoint") not in UPGRADE_MODES:
-        problems["upgrade_mode"] = [f"is one of {', '.join(UPGRADE_MODES)}, not {spec.get('upgrade_mode')!r}"]
-    package = spec.get("package")
-    if package and (found := _package(str(spec.get("pipeline") or (job.pipeline if job else "")))) != package:
-        problems["package"] = [f"asks for {package!r}; the console has {found or 'no such pipeline'!r}"]
+    problems = shape_problems(spec, job)
+    if any(p == ["is not a setting of a job"] for p in problems.values()):
+        raise SpecError(problems)  # unknown keys: nothing else is read
     merged = (_settings(job) if job else {}) | {k: v for k, v in spec.items() if k not in EXTRA}
     form = SpecForm(_form_data(merged), instance=job or Job())
     if not form.is_valid():
@@ -187,6 +179,31 @@ def checked(spec: dict[str, Any], job: Job | None = None) -> SpecForm:
     if problems:
         raise SpecError(problems)
     return form
+
+
+def shape_problems(spec: dict[str, Any], job: Job | None = None) -> dict[str, list[str]]:
+    """What a spec says that the console does not know, whether it creates ``job`` or changes it: unknown keys, a
+    state or upgrade mode it does not have, a package the console does not run, a pipeline that is not registered,
+    parameters that are not a mapping, a scale that is not a whole number. The form checks the settings' values."""
+    if unknown := sorted(set(spec) - set(SETTINGS) - set(EXTRA)):
+        return {name: ["is not a setting of a job"] for name in unknown[:20]}
+    problems: dict[str, list[str]] = {}
+    if spec.get("state", "running") not in STATES:
+        problems["state"] = [f"is running or suspended, not {spec.get('state')!r}"]
+    if spec.get("upgrade_mode", "savepoint") not in UPGRADE_MODES:
+        problems["upgrade_mode"] = [f"is one of {', '.join(UPGRADE_MODES)}, not {spec.get('upgrade_mode')!r}"]
+    if "pipeline" in spec and not (isinstance(spec["pipeline"], str) and pipelines.find(spec["pipeline"])):
+        problems["pipeline"] = [f"names no registered pipeline: {spec['pipeline']!r}"]
+    if "parameters" in spec and not isinstance(spec["parameters"], dict):
+        problems["parameters"] = ["must be a mapping of name to value"]
+    for name in SCALE:
+        if name in spec and not _whole(spec[name]):
+            problems[name] = [f"a whole number, not {spec[name]!r}"]
+    if (package := spec.get("package")) is not None:
+        found = _package(str(spec.get("pipeline") or (job.pipeline if job else "")))
+        if found != package:
+            problems["package"] = [f"asks for {package!r}; the console has {found or 'no such pipeline'!r}"]
+    return problems
 
 
 def _package(pipeline: str) -> str:
@@ -333,6 +350,8 @@ def _plan_one(spec: dict[str, Any], name: str) -> JobPlan:
                 )
             )
         return JobPlan(name, "create", steps)
+    if problems := shape_problems(spec, job):  # as a new job's spec is: a typo is refused, never read as something
+        return JobPlan(name, "refused", refusal=str(SpecError(problems)))
     current = spec_of(job)
     running = current["state"] == "running"
     settings_change = {

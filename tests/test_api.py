@@ -127,7 +127,7 @@ def test_bad_bodies_get_a_clear_400(client, token, make_job):
         "/api/v1/jobs/orders/savepoint", "[" * 100_000 + "]" * 100_000, content_type="application/json",
         HTTP_AUTHORIZATION=operator,
     )  # fmt: skip
-    assert deep.status_code == 400 and deep.json() == {"error": "The body is nested too deeply."}
+    assert deep.status_code == 400 and deep.json() == {"error": "The body is nested deeper than 64 levels."}
     upgrade = call(client, "POST", "/api/v1/jobs/orders/upgrade", operator, {"pipeline": "no-such-pipeline"})
     assert (
         upgrade.status_code == 409 and "There is no registered pipeline 'no-such-pipeline'" in upgrade.json()["error"]

@@ -125,6 +125,25 @@ def test_a_plan_says_what_applying_would_do_and_changes_nothing(make_job, tmp_pa
     assert list(Job.objects.order_by("name").values()) == before
 
 
+def test_an_existing_jobs_spec_is_validated_as_a_new_ones_and_a_typo_is_never_guessed(make_job):
+    """The same typos a new job's spec is refused for are refused for an existing job's: nothing is planned from a
+    spec that says something the console does not know (``Running`` is not read as "not running")."""
+    make_job(name="live", pipeline="url-counts", applied_spec={"name": "live"})
+    typos = {
+        "state": {"state": "Running"},
+        "upgrade_mode": {"pipeline": "url-counts-v2", "upgrade_mode": "blue_green"},
+        "paralelism": {"paralelism": 2},
+        "package": {"package": 5},
+        "pipeline": {"pipeline": 5},
+        "parameters": {"parameters": "top=3"},
+    }
+    for field, typo in typos.items():
+        for name in ("live", "new-one"):
+            spec = ({"name": name} if name == "live" else {**SPEC, "name": name}) | typo
+            found = plan([spec])[0]
+            assert found.change == "refused" and field in found.refusal and not found.steps, (name, typo, found)
+
+
 def cli(console: str, token: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "STATEKEEPER_URL": console, "STATEKEEPER_TOKEN": token}
     command = [str(Path(sys.executable).parent / "statekeeper"), "--json", "--timeout", "300", *args]
