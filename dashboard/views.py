@@ -64,7 +64,7 @@ from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import old_checkpoints, rollback_preview, savepoint_preview
 from dashboard.services.rescale import BACKEND_SWITCH
 from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, shares_driver
-from dashboard.services.secrets import SecretError, secret_delete, secret_set
+from dashboard.services.secrets import SecretError, readable, secret_delete, secret_set
 from dashboard.services.storage import job_storage as storage_of
 from dashboard.services.storage import orphan_jobs
 from dashboard.services.upgrade_parts import UpgradeRequestError, upgrade_request, upgrade_role_refusal
@@ -901,4 +901,6 @@ def secret_list_view(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Rotated {name} (version {row.secret.version}).")
         return redirect("dashboard:secret_list")
-    return render(request, "dashboard/secret_list.html", {"rows": secret_list()})
+    rows = secret_list()
+    unreadable = {row.secret.name for row in rows if not readable(row.secret)}
+    return render(request, "dashboard/secret_list.html", {"rows": rows, "unreadable": unreadable})

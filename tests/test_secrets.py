@@ -6,7 +6,10 @@ the parameters it marks operational; where the output goes is the admin's to cha
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib
+import io
 import json
 import logging
 
@@ -297,3 +300,45 @@ def test_the_second_masking_migration_moves_quoted_passwords_keeping_their_quote
     with connection.schema_editor() as editor:
         migration.forward(django_apps, editor)  # a second run changes nothing
     assert Secret.objects.count() == 2
+
+
+def test_a_key_rotation_re_encrypts_every_secret_and_a_secret_no_key_reads_is_shown(client, token, settings, as_role):
+    from cryptography.fernet import Fernet
+    from django.core.management import CommandError, call_command
+
+    from dashboard.services.secrets import decrypt
+
+    settings.SECRETS_KEYS = []  # the development key, derived from the secret key
+    secret_set(name="team-db-password", value=PASSWORD, username="admin")
+    secret_set(name="lake-key", value="k3y", username="admin")
+    old_development = Secret.objects.get(name="lake-key").ciphertext
+
+    first = Fernet.generate_key().decode()
+    settings.SECRETS_KEYS = [first]  # a production key set without the development one: neither secret reads
+    viewer = token("viewer")
+    listed = {
+        s["name"]: s["readable"] for s in api(client, "GET", "/api/v1/secrets", viewer).json()["secrets"]
+    }
+    assert listed == {"team-db-password": False, "lake-key": False}
+    page = as_role("viewer", "page-viewer").get("/secrets/").content.decode()
+    assert page.count("data-unreadable") == 2 and "cannot be read" in page
+    with pytest.raises(CommandError, match="2 secret\\(s\\) cannot be read with any current key"):
+        call_command("reencrypt_secrets", stdout=io.StringIO())
+
+    # the rotation as docs say: the old key stays, after the new one; re-encrypt; the old key leaves
+    development = base64.urlsafe_b64encode(
+        hashlib.sha256(b"statekeeper-secrets:" + settings.SECRET_KEY.encode()).digest()
+    )
+    settings.SECRETS_KEYS = [first, development.decode()]
+    out = io.StringIO()
+    call_command("reencrypt_secrets", stdout=out)
+    assert "2 secret(s) re-encrypted" in out.getvalue() and PASSWORD not in out.getvalue()
+    assert Secret.objects.get(name="lake-key").ciphertext != old_development
+    settings.SECRETS_KEYS = [first]
+    assert decrypt(Secret.objects.get(name="team-db-password")) == PASSWORD and decrypt(
+        Secret.objects.get(name="lake-key")) == "k3y"  # fmt: skip
+    listed = {
+        s["name"]: s["readable"] for s in api(client, "GET", "/api/v1/secrets", viewer).json()["secrets"]
+    }
+    assert listed == {"team-db-password": True, "lake-key": True}
+    assert AuditEntry.objects.filter(verb="secrets-reencrypt", outcome="succeeded").count() == 1

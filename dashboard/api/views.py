@@ -50,7 +50,7 @@ from dashboard.services.blue_green import green_request, green_view, latest_blue
 from dashboard.services.errors import ActionRefused
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import checkpoint_unknown, job_request_start, job_request_stop, run_holds_process
-from dashboard.services.secrets import SecretError, masked, secret_delete, secret_set
+from dashboard.services.secrets import SecretError, masked, readable, secret_delete, secret_set
 from dashboard.services.upgrade_parts import (
     CHANGED_PERCENT_MOST,
     SHADOW_RECORDS_MOST,
@@ -528,6 +528,7 @@ BODIES: dict[str, dict[str, tuple[type, int, int, bool]]] = {
         "pipeline": (str, 1, 40, False),  # the job's own when not given: new parameter values or state partitions
         "parameters": (dict, 0, 100, False),
         "state_partitions": (int, 1, 1024, False),  # a rescale: green starts on a repartitioned fork
+        "migrate": (int, 0, 1, False),  # green starts on the state the target's migration builds
         "auto": (int, 0, 1, False),  # hand over by itself once green is caught up and passes the rules
         "no_removed": (int, 0, 1, False),  # a rule: no row of the job's missing from green's output
         "max_changed_percent": (int, 0, CHANGED_PERCENT_MOST, False),  # a rule: at most this share of rows changed
@@ -745,6 +746,8 @@ def secret_json(row: Any) -> dict[str, Any]:
         "rotated_by": s.rotated_by,
         "jobs": row.jobs,
         "pending_restart": row.stale,
+        # false: no current key of STATEKEEPER_SECRETS_KEY decrypts it; a driver naming it would fail to start
+        "readable": readable(s),
     }
 
 

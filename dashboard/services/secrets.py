@@ -66,6 +66,31 @@ def decrypt(secret: Secret) -> str:
         ) from None
 
 
+def readable(secret: Secret) -> bool:
+    """Whether the current keys (STATEKEEPER_SECRETS_KEY) decrypt the secret: one set under a key that is gone cannot
+    be read by a driver, and is set again by an admin."""
+    try:
+        _fernet().decrypt(secret.ciphertext.encode())
+    except InvalidToken:
+        return False
+    return True
+
+
+def secrets_reencrypt() -> tuple[int, list[str]]:
+    """Re-encrypt every secret with the first of the current keys (after a new key was put first in
+    STATEKEEPER_SECRETS_KEY, before the old one leaves it): how many were, and the names no current key reads."""
+    fernet, done, unreadable = _fernet(), 0, []
+    for secret in Secret.objects.order_by("name"):
+        try:
+            rotated = fernet.rotate(secret.ciphertext.encode()).decode()
+        except InvalidToken:
+            unreadable.append(secret.name)
+            continue
+        Secret.objects.filter(id=secret.id, ciphertext=secret.ciphertext).update(ciphertext=rotated)
+        done += 1
+    return done, unreadable
+
+
 def name_problem(name: str) -> str:
     if not VALID_NAME.match(name):
         return f"{name[:80]!r} is not a secret's name: {SECRET_NAME.message}"
