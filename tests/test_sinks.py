@@ -79,6 +79,32 @@ def test_a_team_table_holds_each_batch_once_refuses_a_stale_token_and_drops_what
         writer.close()
 
 
+def test_a_rewind_puts_back_what_the_rewound_batches_changed_in_a_keyed_table(team_database):
+    """A new line that writes other keys than the old (a state migration's days in place of hours) after a rewind:
+    each row the rewound batches changed is back as it was before them, not deleted; rows they created are gone."""
+    sink = TableSink(**{**COUNTS.__dict__, "dsn": team_database})
+    old = TableWriter(sink, "orders-job", token=1)
+    write(old, 0, "b0", [("a", "hour", 1), ("b", "hour", 2)])
+    write(old, 1, "b1", [("a", "hour", 3), ("c", "hour", 1)])
+    write(old, 2, "b2", [("a", "hour", 4), ("b", "hour", 5)])
+    new = TableWriter(sink, "orders-job", token=2)
+    redo = write(new, 1, "b1-migrated", [("a", "day", 9)])
+    assert redo.rewound == 3, "a and b (batch 2) and c (batch 1) deleted, then a and b put back"
+    assert table(team_database, 'SELECT k, "end", n, batch_id FROM counts ORDER BY k, "end"') == [
+        ("a", "day", 9, 1), ("a", "hour", 1, 0), ("b", "hour", 2, 0),
+    ]  # fmt: skip
+    write(new, 2, "b2-migrated", [("a", "day", 10)])
+    write(TableWriter(sink, "orders-job", token=3), 2, "b2-again", [("b", "day", 1)])  # a rewind of a rewind
+    assert table(team_database, 'SELECT k, "end", n FROM counts ORDER BY k, "end"') == [
+        ("a", "day", 9), ("a", "hour", 1), ("b", "day", 1), ("b", "hour", 2),
+    ]  # fmt: skip
+    assert trim_commits(new, 2) > 0 and table(
+        team_database, "SELECT count(*) FROM statekeeper_sink_undo WHERE batch_id < 2"
+    ) == [(0,)], "what no rewind can reach any more is trimmed"
+    for writer in (old, new):
+        writer.close()
+
+
 def test_a_probe_names_the_sink_a_new_target_may_not_write_and_writes_nothing(team_database, tmp_path):
     """Before a blue/green upgrade hands the job's output to a new target, its sinks are tried without writing: a
     role without the rights a write takes, or a directory that cannot be made, is named as the batch's failure would

@@ -33,6 +33,7 @@ from dashboard.checkpoint_dir.files import committed_batches, handed_over_after,
 from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)
     COMMITS,
     COMPACT_INTERVAL,
+    UNDO,
     Fenced,
     FileLog,
     KafkaWriter,
@@ -464,14 +465,17 @@ def results_trim(job_id: int, pipeline: Pipeline, kinds: Iterable[str]) -> int:
 
 
 def trim_commits(writer: TableWriter, floor: int) -> int:
-    """Delete a table sink's commit rows of the batches before ``floor`` (one a batch, for good otherwise)."""
+    """Delete a table sink's commit rows, and the rows kept for a rewind, of the batches before ``floor`` (no rewind
+    goes back that far)."""
     writer.connect()
+    deleted = 0
     with closing(writer.connection.cursor()) as cursor:
-        cursor.execute(
-            writer.sql(f"DELETE FROM {COMMITS} WHERE job = %s AND sink = %s AND batch_id < %s"),
-            (writer.job, writer.sink.name, floor),
-        )
-        deleted = max(0, cursor.rowcount)
+        for table in (COMMITS, UNDO) if writer.undoes else (COMMITS,):
+            cursor.execute(
+                writer.sql(f"DELETE FROM {table} WHERE job = %s AND sink = %s AND batch_id < %s"),
+                (writer.job, writer.sink.name, floor),
+            )
+            deleted += max(0, cursor.rowcount)
     writer.connection.commit()
     return deleted
 

@@ -9,7 +9,11 @@ batch, and the output of the batches after that point no longer matches the stat
 is written again.
 
 - ``TableWriter``: the rows and a row of the commit table ``statekeeper_sink_commits`` go in one transaction, after a
-  fence check in ``statekeeper_sink_fences`` that refuses a stale token. A rewind deletes by the batch column.
+  fence check in ``statekeeper_sink_fences`` that refuses a stale token. A rewind deletes by the batch column. A keyed
+  (upsert) table on PostgreSQL also keeps, in the same transaction, each row as it was before a batch changed it
+  (``statekeeper_sink_undo``), and a rewind puts those rows back: a key the rewound batches updated returns to its
+  value before them even when the new line never writes that key again (a state migration's new keys, an upgrade
+  that drops a kind of row), where deleting it alone would lose it.
 - ``FileLog`` and ``write_files``: the data files and a ``_spark_metadata`` log that Spark's readers trust, so a file
   a failed attempt left behind is never read. A rewind drops the log's entries after the fork point and moves those
   batches' files to ``_statekeeper/rewound/``.
@@ -30,7 +34,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,6 +48,7 @@ from dashboard.kafka import ensure_topic
 
 COMMITS = "statekeeper_sink_commits"
 FENCES = "statekeeper_sink_fences"
+UNDO = "statekeeper_sink_undo"
 
 
 class Fenced(RuntimeError):
@@ -120,6 +125,8 @@ class TableWriter:
         self.connection: Any = None
         self.created = False  # the commit tables (and the sink's DDL) made on this connection
         self.marker = "?" if getattr(self.db, "paramstyle", "format") == "qmark" else "%s"
+        # rows as they were before each batch, for a rewind: a keyed table on PostgreSQL (its JSON functions)
+        self.undoes = bool(sink.key) and sink.driver.startswith("psycopg")
 
     def sql(self, text: str) -> str:
         return text.replace("%s", self.marker)
@@ -131,7 +138,7 @@ class TableWriter:
             self.connection = self.db.connect(self.sink.dsn, **extra)
         if create and not self.created:
             with self._cursor() as cursor:
-                for statement in _commit_tables(self.sink.create):
+                for statement in _commit_tables(self.sink.create, self.undoes):
                     cursor.execute(statement)
             self.connection.commit()
             self.created = True
@@ -158,6 +165,11 @@ class TableWriter:
                     f"INSERT INTO {FENCES} SELECT * FROM {FENCES} WHERE 1 = 0",
                     f"DELETE FROM {COMMITS} WHERE 1 = 0",
                     f"INSERT INTO {COMMITS} SELECT * FROM {COMMITS} WHERE 1 = 0",
+                    *(
+                        [f"DELETE FROM {UNDO} WHERE 1 = 0", f"INSERT INTO {UNDO} SELECT * FROM {UNDO} WHERE 1 = 0"]
+                        if self.undoes
+                        else []
+                    ),
                     f"DELETE FROM {table} WHERE 1 = 0",
                     f"UPDATE {table} SET {column} = {column} WHERE 1 = 0",
                     f"INSERT INTO {table} SELECT * FROM {table} WHERE 1 = 0",
@@ -247,6 +259,16 @@ class TableWriter:
             table, column = quoted(self.sink.table), quoted(self.sink.batch_column)
             cursor.execute(self.sql(f"DELETE FROM {table} WHERE {column} >= %s"), (batch_id,))
             begun.rewound = max(0, cursor.rowcount)
+            if self.undoes:  # each key the rewound batches changed, as it was before the first of them
+                keys = ", ".join(f"(previous::json->>'{k}')" for k in self.sink.key)
+                cursor.execute(
+                    f"INSERT INTO {table} SELECT (json_populate_record(NULL::{table}, kept.previous::json)).* FROM "
+                    f"(SELECT DISTINCT ON ({keys}) previous FROM {UNDO} WHERE job = %s AND sink = %s AND "
+                    f"batch_id >= %s ORDER BY {keys}, batch_id) kept",
+                    (job, sink, batch_id),
+                )
+                cursor.execute(f"DELETE FROM {UNDO} WHERE job = %s AND sink = %s AND batch_id >= %s",
+                               (job, sink, batch_id))  # fmt: skip
             cursor.execute(
                 self.sql(f"DELETE FROM {COMMITS} WHERE job = %s AND sink = %s AND batch_id >= %s"),
                 (job, sink, batch_id),
@@ -258,7 +280,7 @@ class TableWriter:
     ) -> None:
         names = [*columns, self.sink.batch_column]
         statement = self.sql(self._insert(names))
-        copy = _copier(cursor, self.sink, names) if hasattr(cursor, "copy") else None
+        copy = _copier(cursor, self.sink, names, self._undo(cursor, batch_id)) if hasattr(cursor, "copy") else None
         for chunk in chunks:
             rows = [(*(plain(v) for v in row), batch_id) for row in chunk]
             if not rows:
@@ -274,14 +296,40 @@ class TableWriter:
                 if isinstance(exc, self.db.ProgrammingError) and "column" in str(exc).lower():
                     raise  # a table that does not match the sink's columns: the job's mistake, not a row's
                 cursor.execute("ROLLBACK TO SAVEPOINT statekeeper_chunk")
-                self._one_by_one(cursor, statement, rows, batch_id, written)
+                self._one_by_one(cursor, statement, columns, rows, batch_id, written)
             cursor.execute("RELEASE SAVEPOINT statekeeper_chunk")
 
-    def _one_by_one(self, cursor: Any, statement: str, rows: list[tuple], batch_id: int, written: Written) -> None:
+    def _undo(self, cursor: Any, batch_id: int) -> Callable[..., None] | None:
+        """What keeps the rows a batch is about to change as they were (``UNDO``), before the batch changes them:
+        called with the rows to write as a table (the chunk's scratch table), or one row's key as a SELECT of
+        ``params``. A row the batch already changed (a chunk's second row of a key) is not kept again."""
+        if not self.undoes:
+            return None
+        table, column = quoted(self.sink.table), quoted(self.sink.batch_column)
+        joined = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in self.sink.key)
+
+        def keep(source: str, params: tuple[Any, ...] = ()) -> None:
+            cursor.execute(
+                f"INSERT INTO {UNDO} (job, sink, batch_id, previous) SELECT %s, %s, %s, row_to_json(t)::text "
+                f"FROM {table} t JOIN {source} s ON {joined} WHERE t.{column} < %s",
+                (self.job, self.sink.name, batch_id, *params, batch_id),
+            )
+
+        return keep
+
+    def _one_by_one(
+        self, cursor: Any, statement: str, columns: list[str], rows: list[tuple], batch_id: int, written: Written
+    ) -> None:
         """The chunk row by row, each in a savepoint: a row the table refuses goes to ``rejected``."""
+        keep = self._undo(cursor, batch_id)
+        names = [*columns, self.sink.batch_column]
+        picked = "(SELECT " + ", ".join(f"%s AS {quoted(k)}" for k in self.sink.key) + ")"
         for row in rows:
             cursor.execute("SAVEPOINT statekeeper_row")
             try:
+                if keep is not None:
+                    values = dict(zip(names, row, strict=True))
+                    keep(picked, tuple(values[k] for k in self.sink.key))
                 cursor.execute(statement, row)
                 written.rows += 1
             except (self.db.DataError, self.db.IntegrityError) as exc:
@@ -333,8 +381,9 @@ def _upsert(sink: TableSink, names: list[str]) -> str:
     return f" ON CONFLICT ({_listed(sink.key)}) DO UPDATE SET {updates}"
 
 
-def _copier(cursor: Any, sink: TableSink, names: list[str]) -> Any:
-    """psycopg: COPY each chunk into a scratch table shaped like the target, then one INSERT … SELECT from it."""
+def _copier(cursor: Any, sink: TableSink, names: list[str], keep: Callable[..., None] | None) -> Any:
+    """psycopg: COPY each chunk into a scratch table shaped like the target, then one INSERT … SELECT from it (the
+    rows it replaces kept first by ``keep``, for a rewind)."""
     scratch = "statekeeper_scratch_" + hashlib.sha1(repr((sink.table, names)).encode()).hexdigest()[:8]
     listed, table = _listed(names), quoted(sink.table)
     cursor.execute(
@@ -346,18 +395,30 @@ def _copier(cursor: Any, sink: TableSink, names: list[str]) -> Any:
         with cursor.copy(f"COPY {scratch} ({listed}) FROM STDIN") as stream:
             for row in rows:
                 stream.write_row(row)
+        if keep is not None:
+            keep(scratch)
         cursor.execute(f"INSERT INTO {table} ({listed}) SELECT {listed} FROM {scratch}{_upsert(sink, names)}")
 
     return copy
 
 
-def _commit_tables(create: str) -> list[str]:
+def _commit_tables(create: str, undo: bool) -> list[str]:
     return [
         f"CREATE TABLE IF NOT EXISTS {COMMITS} (job varchar(200) NOT NULL, sink varchar(100) NOT NULL, "
         "batch_id bigint NOT NULL, digest varchar(64) NOT NULL, token bigint NOT NULL, rows bigint NOT NULL, "
         "committed_at varchar(40) NOT NULL, PRIMARY KEY (job, sink, batch_id))",
         f"CREATE TABLE IF NOT EXISTS {FENCES} (job varchar(200) NOT NULL, sink varchar(100) NOT NULL, "
         "token bigint NOT NULL, PRIMARY KEY (job, sink))",
+        # its primary key serves the lookups by batch (CREATE INDEX would need the table's owner: the job's role may
+        # not be, and a table made once with its key needs none)
+        *(
+            [
+                f"CREATE TABLE IF NOT EXISTS {UNDO} (job varchar(200) NOT NULL, sink varchar(100) NOT NULL, "
+                "batch_id bigint NOT NULL, id bigserial, previous text NOT NULL, PRIMARY KEY (job, sink, batch_id, id))"
+            ]
+            if undo
+            else []
+        ),
         *[s for s in (part.strip() for part in create.split(";")) if s],
     ]
 
