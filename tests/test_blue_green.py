@@ -309,3 +309,38 @@ def test_a_rescale_by_blue_green_hands_over_on_repartitioned_state_through_a_wor
     assert batch_offsets(fork, newest)["metadata"]["conf"]["spark.sql.shuffle.partitions"] == "3"
     assert not (why := one_line(job, action)), why
     assert lake_batches_once(spark, lake)
+
+
+def test_a_state_migration_by_blue_green_keeps_the_output_going_and_every_total_exact(
+    make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
+):
+    """customer-spend (hourly windows) to customer-spend-daily (days, in transformWithState), a change no upgrade
+    reads the state across, without stopping the job: green starts on the state the migration built from a savepoint
+    of batch K, in a new checkpoint whose batch 0 follows blue's K + 1, and takes over at a batch boundary. Every sink
+    then holds the hours blue wrote up to the handover and each day's total over every order sent. In the default
+    suite: the headline migration."""
+    from dashboard.checkpoint_dir.files import lineage, seed_dir
+    from tests.test_state_migration import daily_totals_go_on
+
+    lake = tmp_path / "lake"
+    job, orders, blue, flow = running_team_job(make_job, redis, stream_name, team_database, lake, "shared")
+    try:
+        action = beside(job, {"pipeline": "customer-spend-daily", "migrate": 1})
+        savepoint = job.savepoints.get(id=action.params["savepoint"])
+        assert action.params["shift"] == -(savepoint.batch_id + 1), "green's batch 0 is blue's batch after K"
+        assert (seed_dir(job.directory / action.params["fork"]) / "_SUCCESS").exists()
+        assert Run.objects.get(id=blue.id).status == RunStatus.RUNNING, "the job never stopped"
+        green_request(action, "promote")
+        action = ended(action, 240)
+        assert action.status == ActionStatus.SUCCEEDED, state(action)
+    finally:
+        flow.stop()
+    job.refresh_from_db()
+    assert job.pipeline == "customer-spend-daily" and job.checkpoint_dir == action.params["fork"]
+    assert lineage(job.checkpoint_location)["base"] == savepoint.batch_id + 1, "the sinks number on from K + 1"
+    assert job.start_offset == action.params["green_start"]
+    assert isinstance(action.params["gap_seconds"], float), action.params
+    after = action.params["handover_after"]
+    read = wait_for(lambda: Checkpoint.objects.filter(job=job, location="checkpoint", batch_id=after).first(), 60, 0.5,
+                    "blue's last batch in the history")  # fmt: skip
+    daily_totals_go_on(spark, job, orders, team_database, lake, int(read.end_offset["n"]))

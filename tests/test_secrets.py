@@ -316,9 +316,7 @@ def test_a_key_rotation_re_encrypts_every_secret_and_a_secret_no_key_reads_is_sh
     first = Fernet.generate_key().decode()
     settings.SECRETS_KEYS = [first]  # a production key set without the development one: neither secret reads
     viewer = token("viewer")
-    listed = {
-        s["name"]: s["readable"] for s in api(client, "GET", "/api/v1/secrets", viewer).json()["secrets"]
-    }
+    listed = {s["name"]: s["readable"] for s in api(client, "GET", "/api/v1/secrets", viewer).json()["secrets"]}
     assert listed == {"team-db-password": False, "lake-key": False}
     page = as_role("viewer", "page-viewer").get("/secrets/").content.decode()
     assert page.count("data-unreadable") == 2 and "cannot be read" in page
@@ -337,8 +335,6 @@ def test_a_key_rotation_re_encrypts_every_secret_and_a_secret_no_key_reads_is_sh
     settings.SECRETS_KEYS = [first]
     assert decrypt(Secret.objects.get(name="team-db-password")) == PASSWORD and decrypt(
         Secret.objects.get(name="lake-key")) == "k3y"  # fmt: skip
-    listed = {
-        s["name"]: s["readable"] for s in api(client, "GET", "/api/v1/secrets", viewer).json()["secrets"]
-    }
+    listed = {s["name"]: s["readable"] for s in api(client, "GET", "/api/v1/secrets", viewer).json()["secrets"]}
     assert listed == {"team-db-password": True, "lake-key": True}
     assert AuditEntry.objects.filter(verb="secrets-reencrypt", outcome="succeeded").count() == 1

@@ -65,8 +65,26 @@ def daily_totals_go_on(spark: Any, job: Job, orders: Orders, dsn: str, lake: Pat
     hourly = truth(orders, before_migration)
     touched = {f"{o['customer']['id']}|" for o in orders.sent[before_migration:]}
     daily = {k: v for k, v in truth(orders, window_minutes=1440).items() if any(k.startswith(t) for t in touched)}
-    wait_for(lambda: migrated_exactly(spark, job, dsn, lake, hourly, daily), 240, 0.5,
-             "the daily totals to go on from the migrated state in every sink")  # fmt: skip
+    try:
+        wait_for(lambda: migrated_exactly(spark, job, dsn, lake, hourly, daily), 240, 0.5,
+                 "the daily totals to go on from the migrated state in every sink")  # fmt: skip
+    except TimeoutError:
+        raise AssertionError(migration_diff(every_sink(spark, job, dsn, lake), hourly, daily)) from None
+
+
+def migration_diff(sinks: dict[str, dict[str, Any]], hourly: dict, daily: dict) -> str:
+    """Where each sink differs from the hours and days expected, for a failure's message."""
+    lines = []
+    for name, rows in sinks.items():
+        days = daily_keys(rows)
+        hours = {k: v for k, v in rows.items() if k not in days}
+        lines.append(
+            f"{name}: hours missing {sorted(set(hourly) - set(hours))[:5]}, extra {sorted(set(hours) - set(hourly))[:5]}, "
+            f"differing {[(k, hours[k], hourly[k]) for k in hours.keys() & hourly.keys() if hours[k] != hourly[k]][:3]}; "
+            f"days missing {sorted(set(daily) - days)[:5]}, extra {sorted(days - set(daily))[:5]}, "
+            f"differing {[(k, rows[k], daily[k]) for k in days & daily.keys() if rows[k] != daily[k]][:3]}"
+        )
+    return "\n".join(lines)
 
 
 @pytest.mark.chaos  # a team job through preview, migration under load and its rollback, three sinks: four minutes

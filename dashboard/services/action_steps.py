@@ -162,7 +162,8 @@ PARAMS: dict[str, Kind] = {
     "follow": str,  # blue/green
     "handed_over": bool,
     "pipeline": str,  # blue/green: the version green runs (the job's own for a rescale alone)
-    "shift": int,  # blue/green rescale: how far green's batch numbers run ahead of blue's
+    "shift": int,  # blue/green: how far green's batch numbers run ahead of blue's (a rescale 1, a migration -(K+1))
+    "green_start": dict,  # blue/green migration: where green's new checkpoint starts reading (the savepoint's end)
     "state_partitions": int,  # blue/green rescale: as requested
     "handover_after": (int, NoneType),
     "handover_at": str,

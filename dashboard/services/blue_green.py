@@ -37,6 +37,7 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from dashboard import pipelines
 from dashboard.checkpoint_dir.files import (
     CheckpointError,
     committed_batches,
@@ -63,7 +64,9 @@ from dashboard.models import (
     Run,
     RunStatus,
     Savepoint,
+    StateBackend,
 )
+from dashboard.services import state_migration
 from dashboard.services.action_steps import (
     Done,
     Next,
@@ -83,7 +86,13 @@ from dashboard.services.hosts import host_for_launch, shared_master_label
 from dashboard.services.rescale import MEMORY_REPARTITION, repartition_wait, state_loads_wait
 from dashboard.services.runs import own_driver_settings, run_holds_process, shares_driver, spawn_driver
 from dashboard.services.savepoints import savepoint_steps
-from dashboard.services.upgrade_parts import current_parameters, target_parameters, target_shown
+from dashboard.services.upgrade_parts import (
+    current_parameters,
+    migration_refusal,
+    savepoint_offset,
+    target_parameters,
+    target_shown,
+)
 from dashboard.services.upgrades import plan_steps, spec_applied
 from dashboard.units import bytes_h
 
@@ -243,8 +252,16 @@ def _green_gate(action: Action) -> Next:
     job = action.job
     plan = action.params["plan"]
     remember(action, from_pipeline=action.params.get("from_pipeline") or job.pipeline)
-    if plan["incompatible"]:
-        raise ActionFailed(f"Refused before anything started. {plan['summary']}.")
+    migrate = bool(action.params.get("migrate"))
+    if plan["incompatible"] and not migrate:
+        way = (
+            f" {plan['target']} declares how to build its state from {job.pipeline}'s: ask for the migration."
+            if pipelines.migration(plan["target"], job.pipeline) is not None
+            else ""
+        )
+        raise ActionFailed(f"Refused before anything started. {plan['summary']}.{way}")
+    if migrate and (refused := _migration_refusal(action)):
+        raise ActionFailed(f"Refused before anything started: {refused}")
     blue = active_run(job)
     if blue is None or blue.status != RunStatus.RUNNING:
         raise ActionFailed(
@@ -261,6 +278,21 @@ def _green_gate(action: Action) -> Next:
         raise ActionFailed(f"{job.name} has not committed a batch yet; nothing to start the new version from.")
     remember(action, was_running=True, bg_batch=batch, blue_run=blue.id)
     return Next("boot")
+
+
+def _migration_refusal(action: Action) -> str:
+    """Why a blue/green migration cannot be made as asked (empty when it can)."""
+    job, target = action.job, action.params["plan"]["target"]
+    if refused := migration_refusal(job, target):
+        return refused
+    if partitions_to(action) is not None:
+        return "a state migration and new state partitions at once; migrate first, then rescale."
+    if pipelines.get(target).needs_rocksdb and job.state_backend == StateBackend.MEMORY:
+        return (
+            f"{target} keeps transformWithState state, which needs RocksDB, and green runs on {job.name}'s backend "
+            f"({job.state_backend}). Migrate with the savepoint upgrade (the migrated line moves to RocksDB)."
+        )
+    return ""
 
 
 def memory_refusal(job: Job, blue: Run) -> str:
@@ -308,10 +340,18 @@ def _make_fork(action: Action, fork: str) -> None:
     (job.directory / fork / ".metadata.crc").unlink(missing_ok=True)
 
 
-def _fork(action: Action) -> Next:
+def _fork(action: Action) -> Outcome:
+    """Green's checkpoint: a fork of the savepoint; for a state migration, a new checkpoint seeded with the migrated
+    state, whose batch 0 follows blue's batch after the savepoint's (``shift``), its batches numbered on from there
+    for the sinks (its lineage base) and its source starting where the savepoint's batch ended."""
     job = action.job
     fork = fork_name(action, "green")
-    if not action.memo.get("forked"):
+    if action.params.get("migrate"):
+        savepoint = Savepoint.objects.get(id=action.params["savepoint"])
+        if waiting := state_migration.seed(action, job.directory / fork, savepoint):
+            return waiting
+        remember(action, shift=-(int(savepoint.batch_id or 0) + 1), green_start=savepoint_offset(action, savepoint))
+    elif not action.memo.get("forked"):
         _make_fork(action, fork)
         memo_save(action, forked=True)
     remember(action, fork=fork, follow=str(job.directory / job.checkpoint_dir))
@@ -391,7 +431,7 @@ def _green_order(action: Action, boot: bool = False) -> GreenOrder:
         action=action.id, fork=fork_name(action, "green"), follow=str(job.directory / job.checkpoint_dir),
         pipeline=action.params["plan"]["target"], parameters=action.params["parameters"],
         partitions=partitions_to(action) or job.state_partitions, shift=int(action.params.get("shift") or 0),
-        boot=boot,
+        start_offset=action.params.get("green_start"), boot=boot,
     )  # fmt: skip
 
 
@@ -611,6 +651,8 @@ def _handover(action: Action) -> Outcome:
             checkpoint_dir=action.params["fork"], latest_checkpoint=None, pipeline=action.params["plan"]["target"],
             parameters=action.params["parameters"], updated_at=now,
             state_partitions=partitions_to(action) or locked.state_partitions,
+            # a migrated line started reading where the savepoint's batch ended, as the savepoint upgrade's does
+            **({"start_offset": action.params["green_start"]} if action.params.get("green_start") else {}),
         )  # fmt: skip
         remember(action, handed_over=True, handover_after=after, blue_run=blue.id if blue else None,
                  handover_at=now.isoformat(), run=run.id)  # fmt: skip

@@ -163,7 +163,15 @@ def migrate(action: Action) -> Outcome:
     savepoint = Savepoint.objects.filter(id=action.params.get("savepoint")).first()
     if savepoint is None:  # no state to migrate: a job with no committed batch starts the new version as it is
         return Next("switch")
-    new = action.job.directory / fork_name(action, "upgrade")
+    return seed(action, action.job.directory / fork_name(action, "upgrade"), savepoint) or Next("switch")
+
+
+def seed(action: Action, new: Path, savepoint: Savepoint) -> Wait | None:
+    """Run the migration on the savepoint's state into ``new``, a checkpoint with no batch whose seed the new
+    version's first batch takes as its initial state (the savepoint upgrade's new line, or blue/green's fork). None
+    once done (the result kept in the action's ``migration``); Wait while Spark's state reader runs it."""
+    if action.memo.get("migrated"):
+        return None
     if not action.memo.get("migration_begun"):
         remove_tree(new)
         remove_tree(seed_dir(new))
@@ -180,4 +188,4 @@ def migrate(action: Action) -> Outcome:
         return Wait(f"migrating the state of savepoint #{savepoint.id} (batch {savepoint.batch_id})", 1.0)
     remember(action, migration=_kept(result))
     memo_save(action, migrated=True)
-    return Next("switch")
+    return None

@@ -291,10 +291,10 @@ class BatchFollower:
     """Reads the job's checkpoint (``blue``) for a blue/green upgrade's new version (green), whose checkpoint is a fork
     of blue's, so that their batches keep the same numbers: green's next batch reads the offsets of blue's batch of
     that number, once blue has committed it. After a rescale the numbers stand ``shift`` apart (Spark's offline
-    repartition wrote one batch of no input into green's fork): green's batch n reads blue's batch n - shift. A batch
-    blue ran without new data (a watermark's) ends where it starts: green runs it as a batch that reads nothing, under
-    the same watermark (see ``next_end``). ``next_end`` waits a little for blue's
-    batch rather than answer "no new data" while blue runs it: Spark would run a no-data batch of its own there,
+    repartition wrote one batch of no input into green's fork): green's batch n reads blue's batch n - shift; after a
+    state migration green's fork is a new checkpoint whose batch 0 reads blue's batch K + 1 (``shift`` is -(K + 1)).
+    A batch blue ran without new data (a watermark's) ends where it starts: green runs it as a batch that reads
+    nothing, under the same watermark (see ``next_end``). ``next_end`` waits a little for blue's batch rather than answer "no new data" while blue runs it: Spark would run a no-data batch of its own there,
     one that blue did not, and the numbers would part. Offsets files never change once written: each is read once."""
 
     RUNNING_WAIT_SECONDS = 60.0  # longest one call waits for a batch blue is running (a stop waits no longer)
@@ -326,12 +326,13 @@ class BatchFollower:
                 return None
         return self.ends[batch]
 
-    def _next_number(self) -> int | None:
+    def _next_number(self) -> int:
+        """Green's next batch number: after its newest planned one, 0 in a checkpoint with none (a migrated fork)."""
         try:
             planned = [int(name) for name in os.listdir(os.path.join(self.own, "offsets")) if name.isdigit()]
         except OSError:
-            return None
-        return max(planned) + 1 if planned else None
+            planned = []
+        return max(planned) + 1 if planned else 0
 
     def next_end(
         self, start: dict[str, Any], planned: bool = False, until: Any = lambda: False
@@ -341,8 +342,6 @@ class BatchFollower:
         blue ran without new data, ``start`` marked with blue's batch number. None when blue has no such batch (after waiting up to
         WAIT_SECONDS, or until ``until()`` is true)."""
         mine = self._next_number()
-        if mine is None:
-            return None
         wanted = mine - self.shift  # blue's number for it
         began = time.monotonic()
         while True:
