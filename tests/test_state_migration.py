@@ -87,7 +87,7 @@ def migration_diff(sinks: dict[str, dict[str, Any]], hourly: dict, daily: dict) 
     return "\n".join(lines)
 
 
-@pytest.mark.chaos  # a team job through preview, migration under load and its rollback, three sinks: four minutes
+# in the default suite: the headline migration with its preview and rollback, three sinks (about 90 s)
 @pytest.mark.django_db(transaction=True)
 def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_rolls_back_exact(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
