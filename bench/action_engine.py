@@ -43,9 +43,9 @@ import redis  # noqa: E402
 
 from bench.busy import BESIDE, RATE, feed, make_job, produce, start_worker  # noqa: E402
 from dashboard.models import ENDED_ACTIONS, Action, ActionKind, Checkpoint, Job, RunStatus  # noqa: E402
-from dashboard.services.action_steps import state_reader_stop  # noqa: E402
 from dashboard.services.actions import action_request  # noqa: E402
 from dashboard.services.runs import job_request_start, job_request_stop, kill_group  # noqa: E402
+from dashboard.services.state_reader_client import state_reader_stop  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
 
 # (job, its pipeline, its backend, the pipeline a preview moves it to)

@@ -37,7 +37,7 @@ from django.conf import settings  # noqa: E402
 
 from dashboard.checkpoint_dir.files import copy_checkpoint, latest_committed  # noqa: E402
 from dashboard.models import Job  # noqa: E402
-from dashboard.services.action_steps import _ask, state_reader_warm, state_reader_warmed  # noqa: E402
+from dashboard.services.state_reader_client import _ask, state_reader_warm, state_reader_warmed  # noqa: E402
 from statekeeper.polling import wait_for  # noqa: E402
 
 

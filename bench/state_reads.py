@@ -25,13 +25,13 @@ from django.test import override_settings
 from bench.pipeline_throughput import ROOT, fill, run  # first: it sets up Django on the benchmark databases
 from dashboard.models import Action, ActionKind, ActionStatus, Job
 from dashboard.pipelines import get as get_pipeline
-from dashboard.services.action_steps import (
+from dashboard.services.actions import action_execute, action_request
+from dashboard.services.state_reader_client import (  # noqa: E402
     state_reader_pid,
     state_reader_stop,
     state_reader_warm,
     state_reader_warmed,
 )
-from dashboard.services.actions import action_execute, action_request
 from statekeeper.polling import wait_for
 from workers.driver import job_spec
 from workers.spark.session import build_session

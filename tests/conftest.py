@@ -248,7 +248,7 @@ def _clean_tmp_checkpoints() -> Iterator[None]:
 def _end_the_state_reader() -> Iterator[None]:
     """One warm state reader serves the whole session (its socket is keyed by the checkout and the test Redis
     database); it ends with the session."""
-    from dashboard.services.action_steps import state_reader_stop
+    from dashboard.services.state_reader_client import state_reader_stop
 
     yield
     state_reader_stop()

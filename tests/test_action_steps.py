@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from dashboard.models import Action, ActionKind
-from dashboard.services.action_steps import Next, branch_targets, check_steps, memo_save, remember, stop_step
+from dashboard.services.action_keys import memo_save, remember
+from dashboard.services.action_steps import Next, branch_targets, check_steps
 from dashboard.services.actions import STEPS
+from dashboard.services.run_waits import stop_step
 
 
 def _gate(action):

@@ -13,7 +13,9 @@ from django.utils import timezone
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint
 from dashboard.models import Action, ActionKind, ActionStatus
-from dashboard.services.action_steps import (
+from dashboard.services.errors import ActionFailed
+from dashboard.services.runs import pid_alive
+from dashboard.services.state_reader_client import (
     _ask,
     _state_tool_process,
     run_state_tool,
@@ -23,8 +25,6 @@ from dashboard.services.action_steps import (
     state_reader_warm,
     state_reader_warmed,
 )
-from dashboard.services.errors import ActionFailed
-from dashboard.services.runs import pid_alive
 from tests.conftest import run_through, send_events, wait_for
 from tests.support import visits_sent
 
@@ -342,7 +342,7 @@ def test_a_new_fork_server_removes_the_directory_a_killed_one_left(tmp_path, mon
 
 def test_the_console_names_the_pipelines_beside_its_jobs_pipelines_first(make_job):
     from dashboard import pipelines
-    from dashboard.services.action_steps import warm_pipelines_order
+    from dashboard.services.state_reader_client import warm_pipelines_order
 
     make_job(pipeline="user-sessions-timed")
     order = warm_pipelines_order()

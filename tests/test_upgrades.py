@@ -14,7 +14,7 @@ from statekeeper_sdk.compatibility import COMPATIBLE, EVOLVES, INCOMPATIBLE, com
 
 from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus
-from dashboard.services import action_steps, upgrades
+from dashboard.services import state_reader_client, upgrades
 from dashboard.services.action_steps import Next, Wait
 from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop
@@ -383,10 +383,10 @@ def test_a_preview_shows_sparks_verdict_as_it_plans_then_the_batchs_proof(make_j
         memo={"plan_batch": 7, "plan": {"spool": True, "restarts": 0}},
         phases=[{"step": "plan", "label": "re-run a batch with the new version", "started": timezone.now().isoformat()}],
     )  # fmt: skip
-    monkeypatch.setattr(action_steps, "state_reader_pid", lambda: 4242)  # a reader has the request in hand
+    monkeypatch.setattr(state_reader_client, "state_reader_pid", lambda: 4242)  # a reader has the request in hand
     wider = schema(events="long", amount="double", largest="double")
     schemas = {"before": [operator(schema(user="string"), V1)], "after": [operator(schema(user="string"), wider)]}
-    spool = action_steps._spool_file("plan", action, "verdict")
+    spool = state_reader_client._spool_file("plan", action, "verdict")
     spool.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     spool.write_text(json.dumps(schemas | {"seconds": {"before": 0.3, "planned": 1.1, "read": 0.2}}))
 

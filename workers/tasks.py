@@ -10,7 +10,6 @@ from django.db import OperationalError
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
 from dashboard.selectors.capacity import summary_text, week_review
-from dashboard.services.action_steps import state_reader_warm
 from dashboard.services.actions import action_advance, actions_due, actions_resume
 from dashboard.services.alerts import DeliveryFailed, alert_deliver, alerts_evaluate
 from dashboard.services.autoscale import autoscale_run
@@ -24,6 +23,7 @@ from dashboard.services.rollups import rollups_run
 from dashboard.services.runs import run_kill_here, run_launch, runs_supervise
 from dashboard.services.source_lag import source_lag_sample
 from dashboard.services.standby import standbys_supervise
+from dashboard.services.state_reader_client import state_reader_warm
 from dashboard.services.upgrade_watch import upgrades_watch
 
 

@@ -17,9 +17,9 @@ from dashboard.checkpoint_dir.files import committed_batches
 from dashboard.checkpoint_dir.journal import journal_parts
 from dashboard.models import Job, Run, RunStatus
 from dashboard.records import parse_time
-from dashboard.services.action_steps import alive_run
 from dashboard.services.checkpoints import checkpoint_record_ingest
 from dashboard.services.errors import ActionRefused
+from dashboard.services.run_waits import alive_run
 from dashboard.services.runs import checkpoint_unknown
 
 

@@ -67,23 +67,13 @@ from dashboard.models import (
     StateBackend,
 )
 from dashboard.services import state_migration
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Step,
-    Steps,
-    Wait,
-    action_progress,
-    active_run,
-    memo_save,
-    remember,
-    step_seconds,
-)
+from dashboard.services.action_keys import action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, Outcome, Step, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionAborted, ActionFailed, ActionRefused
 from dashboard.services.forks import fork_name, savepoint_fork
 from dashboard.services.hosts import host_for_launch, shared_master_label
 from dashboard.services.rescale import MEMORY_REPARTITION, repartition_wait, state_loads_wait
+from dashboard.services.run_waits import active_run
 from dashboard.services.runs import own_driver_settings, run_holds_process, shares_driver, spawn_driver
 from dashboard.services.savepoints import savepoint_steps
 from dashboard.services.upgrade_parts import (

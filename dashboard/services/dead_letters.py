@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from dashboard.connections import redis_client
 from dashboard.models import Action, Job
-from dashboard.services.action_steps import action_progress
+from dashboard.services.action_keys import action_progress
 from dashboard.services.errors import ActionFailed
 
 # XADD the payload to the source and XDEL the dead letter, only if it is still there: a retry finds it gone.

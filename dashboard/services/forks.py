@@ -26,23 +26,12 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Steps,
-    Wait,
-    action_progress,
-    active_run,
-    memo_save,
-    refuse_while_alive,
-    remember,
-    settled,
-    start_once,
-    state_read,
-)
+from dashboard.services.action_keys import action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait
 from dashboard.services.errors import ActionFailed
+from dashboard.services.run_waits import active_run, refuse_while_alive, settled, start_once
 from dashboard.services.savepoints import MANIFEST
+from dashboard.services.state_reader_client import state_read
 
 
 @dataclass

@@ -19,18 +19,10 @@ from django.conf import settings
 from dashboard.checkpoint_dir.disk import state_version
 from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, state_lineage
 from dashboard.models import Action, Job, SavepointStatus
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Steps,
-    Wait,
-    action_progress,
-    memo_save,
-    reader_ready,
-    state_read,
-)
+from dashboard.services.action_keys import action_progress, memo_save
+from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait
 from dashboard.services.errors import ActionFailed
+from dashboard.services.state_reader_client import reader_ready, state_read
 
 MODES = ("variables", "keys", "lookup", "diff", "timers", "raw")
 

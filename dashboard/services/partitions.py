@@ -5,17 +5,10 @@ from __future__ import annotations
 
 from dashboard.checkpoint_dir.files import CheckpointError, latest_committed
 from dashboard.models import Action, Job
-from dashboard.services.action_steps import (
-    Done,
-    Outcome,
-    Steps,
-    Wait,
-    action_progress,
-    memo_save,
-    reader_step,
-    state_read,
-)
+from dashboard.services.action_keys import action_progress, memo_save
+from dashboard.services.action_steps import Done, Outcome, Steps, Wait
 from dashboard.services.errors import ActionFailed
+from dashboard.services.state_reader_client import reader_step, state_read
 
 
 def count_rows(action: Action) -> Outcome:

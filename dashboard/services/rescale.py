@@ -30,23 +30,11 @@ from dashboard.checkpoint_dir.files import (
     remove_tree,
 )
 from dashboard.models import Action, Job, Run, Savepoint
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Steps,
-    Wait,
-    action_progress,
-    memo_save,
-    remember,
-    start_once,
-    state_read,
-    step_seconds,
-    stopped,
-    tool_process,
-)
+from dashboard.services.action_keys import action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, switch_to_fork
+from dashboard.services.run_waits import start_once, stopped
 from dashboard.services.savepoints import (
     records_after,
     records_after_savepoint,
@@ -55,6 +43,7 @@ from dashboard.services.savepoints import (
     savepoint_read_after,
     sinks_last_batches,
 )
+from dashboard.services.state_reader_client import state_read, tool_process
 from dashboard.services.upgrades import first_batch
 
 MEMORY_REPARTITION = (

@@ -27,22 +27,12 @@ from dashboard.models import Action, Job, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
 from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.selectors.sinks import job_sinks
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Step,
-    Steps,
-    Wait,
-    action_progress,
-    remember,
-    run_state_tool,
-    state_read,
-    step_seconds,
-    stop_step,
-)
+from dashboard.services.action_keys import action_progress, remember
+from dashboard.services.action_steps import Done, Next, Outcome, Step, Steps, Wait, step_seconds
 from dashboard.services.deploys import deploy_of_batch
 from dashboard.services.errors import ActionFailed
+from dashboard.services.run_waits import stop_step
+from dashboard.services.state_reader_client import run_state_tool, state_read
 
 MANIFEST = "_manifest.json"
 

@@ -21,20 +21,12 @@ from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, remov
 from dashboard.connections import redis_client
 from dashboard.models import Action, Job, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Steps,
-    Wait,
-    action_progress,
-    remember,
-    step_seconds,
-    tool_process,
-)
+from dashboard.services.action_keys import action_progress, remember
+from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import restorable_batches
 from dashboard.services.savepoints import savepoint_steps
+from dashboard.services.state_reader_client import tool_process
 from dashboard.services.upgrade_parts import (
     SHADOW_RECORDS,
     SHADOW_RECORDS_MOST,

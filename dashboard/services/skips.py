@@ -10,8 +10,9 @@ import json
 from dashboard.checkpoint_dir.files import planned_batch
 from dashboard.connections import redis_client
 from dashboard.models import Action
-from dashboard.services.action_steps import action_progress, refuse_while_alive
+from dashboard.services.action_keys import action_progress
 from dashboard.services.errors import ActionFailed
+from dashboard.services.run_waits import refuse_while_alive
 from dashboard.services.runs import job_request_start
 
 

@@ -24,19 +24,12 @@ from typing import Any
 from dashboard import kafka, pipelines
 from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, copy_checkpoint, remove_tree, seed_dir
 from dashboard.models import Action, Job, Savepoint, StateBackend
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Wait,
-    action_progress,
-    memo_save,
-    remember,
-    state_read,
-)
+from dashboard.services.action_keys import action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, Outcome, Wait
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name
 from dashboard.services.shadow import range_end
+from dashboard.services.state_reader_client import state_read
 from dashboard.services.upgrade_parts import (
     next_line_base,
     scratch_cleanup,

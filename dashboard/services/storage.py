@@ -16,8 +16,8 @@ from django.conf import settings
 from dashboard.checkpoint_dir.disk import file_batch, scan
 from dashboard.checkpoint_dir.files import CheckpointError, directory_bytes, latest_committed, remove_tree
 from dashboard.models import Action, Job, SavepointStatus
-from dashboard.services.action_steps import refuse_while_alive
 from dashboard.services.errors import ActionFailed
+from dashboard.services.run_waits import refuse_while_alive
 
 
 @dataclass

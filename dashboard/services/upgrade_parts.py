@@ -20,7 +20,7 @@ from dashboard.checkpoint_dir.files import lineage_base, remove_tree
 from dashboard.connections import redis_client
 from dashboard.models import Action, ActionKind, Job, Savepoint, StateBackend
 from dashboard.records import kafka_offsets
-from dashboard.services.action_steps import remember
+from dashboard.services.action_keys import remember
 from dashboard.services.errors import ActionFailed
 from dashboard.services.secrets import value_problems
 

@@ -60,28 +60,11 @@ from dashboard.models import (
 )
 from dashboard.records import offset_text
 from dashboard.services import state_migration
-from dashboard.services.action_steps import (
-    Done,
-    Next,
-    Outcome,
-    Steps,
-    Wait,
-    action_progress,
-    alive_run,
-    exit_step,
-    memo_save,
-    reader_step,
-    remember,
-    run_up,
-    start_once,
-    state_read,
-    state_read_early,
-    step_seconds,
-    stop_step,
-    stopped,
-)
+from dashboard.services.action_keys import action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
+from dashboard.services.run_waits import alive_run, exit_step, run_up, start_once, stop_step, stopped
 from dashboard.services.savepoints import (
     records_after_savepoint,
     savepoint_check,
@@ -89,6 +72,7 @@ from dashboard.services.savepoints import (
     savepoint_files_checked,
     savepoint_read_after,
 )
+from dashboard.services.state_reader_client import reader_step, state_read, state_read_early
 from dashboard.services.upgrade_parts import (
     checked_target,
     migration_refusal,

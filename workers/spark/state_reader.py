@@ -196,7 +196,7 @@ def serve(path: Path, idle_seconds: float) -> int:
 def spool_of(socket_path: Path) -> Path:
     """Where a console step leaves a request it does not wait for, and finds the answer on a later visit: one spool
     per reader (a checkout and its Redis database, as the socket's name), never shared with another deployment's on
-    the same machine, whose actions are numbered from 1 as well (dashboard/services/action_steps.py ``_spool_file``)."""
+    the same machine, whose actions are numbered from 1 as well (dashboard/services/state_reader_client.py ``_spool_file``)."""
     return socket_path.with_suffix(".spool")
 
 

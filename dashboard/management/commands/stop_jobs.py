@@ -11,11 +11,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from dashboard.models import ACTIVE_RUN_STATUSES, Run
-from dashboard.services.action_steps import state_reader_stop
 from dashboard.services.errors import ActionRefused
 from dashboard.services.hosts import hosts_stop
 from dashboard.services.runs import job_request_stop, kill_group, run_holds_process
 from dashboard.services.standby import standbys_stop
+from dashboard.services.state_reader_client import state_reader_stop
 
 
 class Command(BaseCommand):
