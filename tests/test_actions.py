@@ -328,7 +328,7 @@ def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back
     load while the job is stopped). Here the repartitioned copy is damaged before the restart: the new run fails
     before its first batch, the reader cannot load the copy either, and the job goes back to its original checkpoint
     and scale, where every record counts once."""
-    from dashboard.services import action_steps, rescale
+    from dashboard.services import rescale, run_waits
     from dashboard.services.runs import run_finish
 
     job = make_job(max_records_per_batch=300, state_partitions=2, state_backend="rocksdb")
@@ -356,7 +356,7 @@ def test_a_rescale_whose_repartitioned_state_spark_cannot_load_puts_the_job_back
             run_finish(run_id=run_id, status=RunStatus.FAILED, message="Spark could not load state version 3")
 
     monkeypatch.setattr(rescale, "repartition_wait", damaged)
-    monkeypatch.setattr(action_steps, "run_launch", launch)
+    monkeypatch.setattr(run_waits, "run_launch", launch)
     # asked by `statekeeper apply`: the spec applied keeps the scale asked, and the outcome says the job differs from it
     action = action_request(job=job, kind=ActionKind.RESCALE, params={"state_partitions": 3, "from_spec": 1})
     done = action_execute(action_id=action.id)
@@ -426,10 +426,12 @@ def test_a_rescale_whose_savepoint_fails_its_reading_after_the_restart_says_so_f
     savepoint = Savepoint.objects.create(job=job, origin="before-rescale", path=str(tmp_path / "gone"), batch_id=3)
     action = Action.objects.create(
         job=job, kind=ActionKind.RESCALE, status=ActionStatus.RUNNING, params={"savepoint": savepoint.id},
-        memo={"rescaled": "Rescaled: state partitions 2 → 3, parallelism 1; job left stopped"},
+        memo={"rescaled": {"scale": "state partitions 2 → 3, parallelism 1", "notes": [], "offline": 4.2, "then": []}},
     )  # fmt: skip
     done = rescale.RESCALE_STEPS["first-batch"][1](action)
     assert done.outcome.startswith(f"Savepoint #{savepoint.id}, the way back, failed its verification"), done
-    assert done.outcome.endswith("Rescaled: state partitions 2 → 3, parallelism 1; job left stopped.")
+    assert done.outcome.endswith(
+        "Rescaled: state partitions 2 → 3, parallelism 1; job left stopped; offline for 4.2 s before the restart request."
+    )
     savepoint.refresh_from_db()
     assert savepoint.status == "failed"

@@ -237,14 +237,14 @@ def test_the_reader_plans_each_pipeline_the_console_names_as_it_warms_up_and_say
     paid it: the reader plans each pipeline once as it warms up, through the console's own spawn. The timed pipeline
     runs batches without data (a processing-time clock): planned in the checkpoint its query ran in, it meets a batch
     left half-way; a preview's copy at the newest commit does not."""
-    from dashboard.services import action_steps
+    from dashboard.services import state_reader_client
 
     named = ["workers.spark.pipelines.url_counts:PIPELINE", TIMED, "no_such_package.pipelines:PIPELINE"]
     # a reader started beside the one a test before stopped may still be waiting for its lock (LOCK_WAIT): it takes
     # it over, and is stopped in turn
     wait_for(lambda: state_reader_stop() is None and state_reader_pid() is None, 90, 1, "no state reader")
     settings.STATE_READER_WARM_PIPELINES_SECONDS = 300
-    monkeypatch.setattr(action_steps, "warm_pipelines_order", lambda: named)
+    monkeypatch.setattr(state_reader_client, "warm_pipelines_order", lambda: named)
     # another reader's on this host (the demo stack's, one killed mid warm-up) are not this one's to remove
     scratch = settings.STATE_READER_SOCKET.parent
     before = set(scratch.glob("warm-pipeline-*"))

@@ -31,7 +31,9 @@ MEMO: dict[str, Kind] = {
     "plan_full": bool,  # upgrade preview: the re-run on the trimmed copy failed; it runs again on a full one
     "previous": str,  # the checkpoint directory a fork replaced
     "put_back": str,  # upgrade rollback: what was put back
-    "rescaled": str,  # rescale: its outcome as it started the new run, which "first-batch" completes
+    # rescale: its outcome's parts as it started the new run ("scale", "notes", "offline" s, "then" the first batch
+    # and the like): the outcome is said from them at the end, never parsed back
+    "rescaled": dict,
     "savepoint_failure": str,  # rescale: why its savepoint, taken once the new run is up, could not be
     "sinks_at_stop": dict,  # rescale: each sink's last batch as the job stopped, for its savepoint's manifest
     "source": dict,  # state inspector: the copy read ({"path", "batch", "origin"})

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from django.utils import timezone
 
@@ -301,35 +302,39 @@ def _apply(action: Action) -> Outcome:
         memo_save(action, input_waiting=_records_waiting(action))
     stopped_at = datetime.fromisoformat(action.params["stopped_at"])
     downtime = (timezone.now() - stopped_at).total_seconds()
-    memo_save(
-        action,
-        rescaled=f"Rescaled: {scale_change(action.params['before'], after)}; {', '.join(notes) or 'job left stopped'}; "
-        f"offline for {downtime:.1f} s before the restart request",
-    )
+    memo_save(action, rescaled={"scale": scale_change(action.params["before"], after), "notes": notes,
+                                "offline": round(downtime, 1), "then": []})  # fmt: skip
     return Next("first-batch")
+
+
+def _said(parts: dict[str, Any]) -> str:
+    """The rescale's outcome in an operator's words, from its parts (``rescaled`` in the memo)."""
+    return (
+        f"Rescaled: {parts['scale']}; {', '.join(parts['notes']) or 'job left stopped'}; offline for "
+        f"{parts['offline']:.1f} s before the restart request" + "".join(f"; {then}" for then in parts["then"])
+    )
 
 
 def _first_batch(action: Action) -> Outcome:
     """The new run's first batch (when records wait for it), then the savepoint (``_savepoint_first``) and Spark's
     reading of it."""
-    done = action.memo["rescaled"]
+    parts = dict(action.memo["rescaled"])
     proof = action.memo.get("load_proof") == FIRST_BATCH
     if run_id := action.params.get("run"):
         run = Run.objects.get(id=run_id)
         if (batch := first_batch(run, None)) is not None:
-            done += f"; its first batch ({batch}) committed" + (
-                ": Spark loaded the repartitioned state" if proof else ""
-            )
+            parts["then"] = [*parts["then"], f"its first batch ({batch}) committed"
+                             + (": Spark loaded the repartitioned state" if proof else "")]  # fmt: skip
         elif proof and (not run.is_active or step_seconds(action) >= FIRST_BATCH_WAIT):
             return _savepoint_first(action, "check-after") or Next("check-after")
         elif not run.is_active:
-            done += f"; {_ended_first(run)}"
+            parts["then"] = [*parts["then"], _ended_first(run)]
         elif (proof or action.memo.get("input_waiting")) and step_seconds(action) < FIRST_BATCH_WAIT:
             return Wait(f"run #{run.id} starting: waiting for its first batch", 0.5)
     if then := _savepoint_first(action, "settle"):
-        memo_save(action, rescaled=done)
+        memo_save(action, rescaled=parts)
         return then
-    return _rescaled(action, done)
+    return _rescaled(action, _said(parts))
 
 
 def _settle(action: Action) -> Outcome:
@@ -338,15 +343,15 @@ def _settle(action: Action) -> Outcome:
 
 def _words(action: Action) -> str:
     """The rescale's outcome so far, with its savepoint once taken (after the new run's start: ``_savepoint``)."""
-    words = action.memo["rescaled"]
+    parts = dict(action.memo["rescaled"])
     savepoint = action.params.get("savepoint")
     if failure := action.memo.get("savepoint_failure"):
-        return (f"{words}; its savepoint could not be taken ({failure}): the checkpoint directory it left, "
+        return (f"{_said(parts)}; its savepoint could not be taken ({failure}): the checkpoint directory it left, "
                 f"{action.memo['previous']}, is kept as the way back; take a savepoint now")  # fmt: skip
-    if savepoint is None or f"savepoint #{savepoint} " in words:
-        return words
-    scale, rest = words.split("; ", 1)  # "Rescaled: <scale>; <notes>; offline for ...": the savepoint first
-    return f"{scale}; savepoint #{savepoint} kept for rollback, {rest}"
+    kept = f"savepoint #{savepoint} kept for rollback"
+    if savepoint is not None and kept not in parts["notes"]:  # taken after the new run's start: named first
+        parts["notes"] = [kept, *parts["notes"]]
+    return _said(parts)
 
 
 def _ended_first(run: Run) -> str:
