@@ -212,10 +212,21 @@ def _green(summary: str) -> dict[str, Any]:
             "parameters": [NAME],
             "responses": {
                 "200": _json(
-                    {"type": "object", "properties": {"action": {"type": "integer"}, "requested": {"type": "string"}}},
-                    "asked",
+                    {
+                        "type": "object",
+                        "properties": {
+                            "action": {"type": "integer"},
+                            "requested": {"type": "string"},
+                            "green_up": {
+                                "type": "boolean",
+                                "description": "false: asked before the new version is up; "
+                                "kept, and done once it follows the job",
+                            },
+                        },
+                    },
+                    "asked (before green is up too: kept until it follows)",
                 ),  # fmt: skip
-                "409": _json(ERROR, "no blue/green upgrade in flight, or it has handed over already"),
+                "409": _json(ERROR, "the blue/green upgrade has ended, or it has handed over already"),
                 **ERRORS,
             },
         }
@@ -304,6 +315,8 @@ SECRET = {
         "jobs": {"type": "array", "items": {"type": "string"}},
         "pending_restart": {"type": "array", "items": {"type": "string"}, "description": "running jobs on an older "
                             "version: the rotation reaches them at their next start or upgrade"},
+        "readable": {"type": "boolean", "description": "false: no key of STATEKEEPER_SECRETS_KEY decrypts it (the key "
+                     "it was set with is gone); a job naming it cannot start"},
     },
 }  # fmt: skip
 
