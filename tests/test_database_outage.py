@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from dashboard.models import ActionKind, ActionStatus, RunStatus
@@ -21,15 +22,17 @@ OUTAGE_SECONDS = 20
 
 def refuse_connections(refuse: bool) -> None:
     """The test database takes no new connection but a superuser's (as when every slot is taken: "too many
-    connections"), and every other session of it is ended (as in a restart); or it takes them again. The processes
-    the tests start connect as the app role; this test's own session, a superuser's, stays."""
+    connections"), and the sessions of this test's Celery worker and driver are ended (as in a restart); or it takes
+    them again. Those processes connect as the app role; the test process's own sessions (a superuser's, which later
+    tests go on using) and the session's state reader are left alone."""
     name = connection.settings_dict["NAME"]
     with connection.cursor() as cursor:
         cursor.execute(f'ALTER DATABASE "{name}" CONNECTION LIMIT {0 if refuse else -1}')
         if refuse:
             cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                [name],
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND usename = %s "
+                "AND application_name IN ('statekeeper-worker', 'statekeeper-driver', 'statekeeper-job-lock')",
+                [name, settings.DB_APP_ROLE],
             )
 
 
