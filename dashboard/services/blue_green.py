@@ -182,11 +182,11 @@ def green_request(action: Action, what: str) -> bool:
     return green_run(action) is not None
 
 
-def asked(action: Action, run: Run, what: str) -> bool:
-    """Whether the operator asked for ``what`` (promote, abort): in the action (read afresh: the console writes it
+def asked(action: Action, run: Run) -> set[str]:
+    """What the operator asked for (promote, abort), read once a visit: in the action (afresh: the console writes it
     while the step runs), or in green's run, where upgrades requested before ``Action.asked`` kept it."""
     fresh = Action.objects.filter(id=action.id).values_list("asked", flat=True).first() or {}
-    return bool(fresh.get(what) or reported(run.green, what))
+    return {what for what in ("promote", "abort") if fresh.get(what) or reported(run.green, what)}
 
 
 def partitions_to(action: Action) -> int | None:
@@ -519,14 +519,15 @@ def _follow(action: Action) -> Outcome:
     job = action.job
     run = green_run(action)
     assert run is not None
+    words = asked(action, run)
     if why := _green_gone(run):
-        if asked(action, run, "abort"):
+        if "abort" in words:
             return Next("abort")
         memo_save(action, green_ended=why)
         Run.objects.filter(id=run.id, status=RunStatus.GREEN).update(status=RunStatus.FAILED, message=why[:2000],
                                                                     ended_at=timezone.now())  # fmt: skip
         return Next("green")
-    if asked(action, run, "abort"):
+    if "abort" in words:
         return Next("abort")
     if active_run(job) is None:  # blue failed, or was stopped: its restart strategy may bring it back
         since = action.memo.get("blue_missing_since") or timezone.now().isoformat()
@@ -552,7 +553,7 @@ def _follow(action: Action) -> Outcome:
             f"{where}; diff so far: {t['added']} added, {t['removed']} removed, {t['changed']} changed, {t['same']} "
             "the same" + (f"; rules not met: {'; '.join(problems)}" if problems else "")
         )
-        if asked(action, run, "promote") or (view["auto"] and caught_up and not problems):
+        if "promote" in words or (view["auto"] and caught_up and not problems):
             return Next("handover")
     if view["auto"] and step_seconds(action) > float(action.params.get("catch_up_seconds") or CATCH_UP_SECONDS):
         memo_save(action, abort_reason="green did not catch up and pass its rules in time"
