@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from statekeeper_sdk.compatibility import python_error
+from statekeeper_sdk._runtime.compatibility import python_error
 
 from dashboard.checkpoint_dir.files import PlannedBatch
 from dashboard.records import offset_text

@@ -9,8 +9,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models, transaction
 from django.utils import timezone
-from statekeeper_sdk.compatibility import parameter_changes
-from statekeeper_sdk.events import MAX_FUTURE_SECONDS
+from statekeeper_sdk._runtime.compatibility import parameter_changes
+from statekeeper_sdk._runtime.events import MAX_FUTURE_SECONDS
 
 JOB_NAME = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lower-case letters, digits and hyphens (it names the checkpoint directory)."

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from statekeeper_sdk.compatibility import EVOLVES, compare
+from statekeeper_sdk._runtime.compatibility import EVOLVES, compare
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import (

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from statekeeper_sdk import Field, Limits, PayloadFormat
-from statekeeper_sdk.events import MAX_FUTURE_SECONDS, parse_entries
+from statekeeper_sdk._runtime.events import MAX_FUTURE_SECONDS, parse_entries
 
 from dashboard.models import ResultRow
 from tests.conftest import run_through

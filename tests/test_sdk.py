@@ -174,8 +174,10 @@ def test_the_sdk_declares_and_the_consoles_engine_writes():
         assert statekeeper_sdk.sample_events is engine_samples.sample_events
     with pytest.warns(DeprecationWarning, match="statekeeper_sdk.samples.sample_events is deprecated since"):
         assert statekeeper_sdk.samples.sample_events is engine_samples.sample_events
-    with pytest.warns(DeprecationWarning, match=r"the console's engine \(statekeeper_sdk.events\)"):
-        assert statekeeper_sdk.parse_entries is statekeeper_sdk.events.parse_entries
+    from statekeeper_sdk._runtime import events as runtime_events
+
+    with pytest.warns(DeprecationWarning, match=r"the console's engine \(statekeeper_sdk._runtime.events\)"):
+        assert statekeeper_sdk.parse_entries is runtime_events.parse_entries
     assert not {"parse_entries", "sample_events"} & set(statekeeper_sdk.__all__), "a star import warns of nothing"
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         _ = statekeeper_sdk.nothing
@@ -185,6 +187,50 @@ def test_the_sdk_declares_and_the_consoles_engine_writes():
         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
     )  # fmt: skip
     assert imported.stdout.strip() == "[]", imported.stdout
+
+
+def test_the_sdk_runtime_is_private_and_the_old_paths_still_resolve():
+    """1.7: the code only the console and the test kit run lives in ``statekeeper_sdk._runtime``. The public modules
+    keep what a pipeline declares (``Rejected``, ``Limits``, ``Migration``, ``OldState``, ``parse_ddl``) without a
+    warning; every name that moved still resolves at its old path until 2.0, with a DeprecationWarning naming where
+    it went; and no console module imports a public SDK module but the package itself."""
+    import warnings
+
+    import statekeeper_sdk.compatibility
+    import statekeeper_sdk.events
+    import statekeeper_sdk.migration
+    import statekeeper_sdk.nested
+    from statekeeper_sdk._runtime import compatibility, migration, nested
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from statekeeper_sdk.events import Limits, Rejected, parse_id  # noqa: F401
+        from statekeeper_sdk.migration import Migration, OldState  # noqa: F401
+        from statekeeper_sdk.nested import SchemaError, parse_ddl  # noqa: F401
+
+        assert statekeeper_sdk.nested.parse_ddl is statekeeper_sdk.parse_ddl
+    for module, runtime, name in [
+        (statekeeper_sdk.compatibility, compatibility, "compare"),
+        (statekeeper_sdk.compatibility, compatibility, "summary"),
+        (statekeeper_sdk.migration, migration, "read_state"),
+        (statekeeper_sdk.nested, nested, "check_object"),
+    ]:
+        with pytest.warns(
+            DeprecationWarning, match=rf"{module.__name__}.{name} is deprecated since statekeeper-sdk 1.7"
+        ):
+            assert getattr(module, name) is getattr(runtime, name)
+    with pytest.raises(AttributeError, match="has no attribute 'compare_all'"):
+        _ = statekeeper_sdk.compatibility.compare_all
+    root = Path(__file__).resolve().parent.parent
+    deep = [
+        f"{path.relative_to(root)}: {line.strip()}"
+        for top in ("dashboard", "workers", "statekeeper", "bench")
+        for path in (root / top).rglob("*.py")
+        for line in path.read_text().splitlines()
+        if line.lstrip().startswith(("from statekeeper_sdk.", "import statekeeper_sdk."))
+        and not line.lstrip().startswith(("from statekeeper_sdk._runtime", "from statekeeper_sdk._passwords"))
+    ]
+    assert deep == [], "the console imports the SDK's package or its private runtime, not its public modules"
 
 
 @pytest.mark.parametrize(
@@ -257,11 +303,9 @@ def test_the_sdks_docstring_examples_run_as_written():
     import statekeeper_sdk
 
     attempted = 0
-    for module in pkgutil.iter_modules(statekeeper_sdk.__path__):
-        result = doctest.testmod(
-            importlib.import_module(f"statekeeper_sdk.{module.name}"), optionflags=doctest.ELLIPSIS
-        )
-        assert result.failed == 0, f"statekeeper_sdk.{module.name}: {result.failed} example(s) failed"
+    for module in pkgutil.walk_packages(statekeeper_sdk.__path__, "statekeeper_sdk."):  # _runtime's too
+        result = doctest.testmod(importlib.import_module(module.name), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, f"{module.name}: {result.failed} example(s) failed"
         attempted += result.attempted
     assert attempted >= 10, "the SDK's examples were found"
 
@@ -271,7 +315,7 @@ def test_a_replay_that_fails_in_its_batch_function_names_the_python_error_not_th
     """A preview whose re-run fails inside ``foreachBatch`` (a pipeline's bug, a state file Spark cannot load) tells
     the operator why: Spark reports such an error as py4j's "An exception was raised by the Python Proxy", and its
     first line is all an operator used to see."""
-    from statekeeper_sdk.compatibility import replayed
+    from statekeeper_sdk._runtime.compatibility import replayed
 
     def fails(batch, batch_id):
         raise KeyError("region: version 2 reads a field version 1 never wrote")

@@ -7,7 +7,7 @@ import copy
 import time
 
 import pytest
-from statekeeper_sdk.compatibility import COMPATIBLE, INCOMPATIBLE, compare, operator_schemas
+from statekeeper_sdk._runtime.compatibility import COMPATIBLE, INCOMPATIBLE, compare, operator_schemas
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 from playwright.sync_api import Error as PlaywrightError
-from statekeeper_sdk.compatibility import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
+from statekeeper_sdk._runtime.compatibility import COMPATIBLE, EVOLVES, INCOMPATIBLE, compare
 
 from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, RunStatus

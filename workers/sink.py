@@ -26,8 +26,7 @@ from django.db import connection, transaction
 from django.db.models import Subquery
 from django.utils import timezone
 from pyspark.sql import DataFrame, Row
-from statekeeper_sdk import FileSink, KafkaSink, Pipeline, Rejected, Result, ResultsTable, TableSink
-from statekeeper_sdk.pipeline import ResultRecord
+from statekeeper_sdk import FileSink, KafkaSink, Pipeline, Rejected, Result, ResultRecord, ResultsTable, TableSink
 
 from dashboard.checkpoint_dir.files import committed_batches, handed_over_after, lineage_base
 from dashboard.engine.sinks import (  # Fenced: this driver no longer holds the lease (the console's or a sink's)

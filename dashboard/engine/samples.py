@@ -25,7 +25,7 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
-from statekeeper_sdk.nested import INTEGER_RANGE
+from statekeeper_sdk._runtime.nested import INTEGER_RANGE
 
 
 def sample_events(pipeline: Any, rng: random.Random) -> Callable[[int], str]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, Max, Min
-from statekeeper_sdk.compatibility import parameter_changes
+from statekeeper_sdk._runtime.compatibility import parameter_changes
 
 from dashboard import pipelines
 from dashboard.models import Action, ActionKind, ActionStatus, Deploy, Job

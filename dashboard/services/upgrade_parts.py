@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.exceptions import RedisError
-from statekeeper_sdk.compatibility import described
+from statekeeper_sdk._runtime.compatibility import described
 
 from dashboard import pipelines
 from dashboard.access import ADMIN, OPERATOR, refusal

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
-from statekeeper_sdk.compatibility import INCOMPATIBLE, compare, described, summary
+from statekeeper_sdk._runtime.compatibility import INCOMPATIBLE, compare, described, summary
 
 from dashboard import pipelines
 from dashboard.checkpoint_dir.files import (

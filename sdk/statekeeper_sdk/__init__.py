@@ -15,7 +15,7 @@ from statekeeper_sdk.payload import Field, PayloadFormat
 from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultRecord, ResultView, apply, resolve
 from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, TableSink
 
-__version__ = "1.6.0"
+__version__ = "1.7.0"
 MAJOR = 1
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
 ]  # fmt: skip
 
 _DEPRECATED = {  # name -> where it lives now (1.5): the console's and the test kit's, not what a pipeline declares
-    "parse_entries": "statekeeper_sdk.events",
+    "parse_entries": "statekeeper_sdk._runtime.events",
     "sample_events": "dashboard.engine.samples",
 }
 

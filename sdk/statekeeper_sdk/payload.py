@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.types import LongType, StructType, TimestampNTZType, TimestampType
 
-from statekeeper_sdk.nested import SchemaError, parse_ddl, to_ddl
+from statekeeper_sdk._runtime.nested import SchemaError, parse_ddl, to_ddl
 
 FIELD_TYPES = {"string": "string", "long": "bigint", "double": "double"}
 FIELD_ALIASES = {"str": "string", "int": "long", "float": "double"}  # a parameter's words for the same types

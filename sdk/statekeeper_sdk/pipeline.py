@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 
 from pyspark.sql import DataFrame, Row
 
-from statekeeper_sdk.migration import Migration, takes_initial_state
+from statekeeper_sdk._runtime.migration import takes_initial_state
+from statekeeper_sdk.migration import Migration
 from statekeeper_sdk.payload import PayloadFormat
 from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, Sink, TableSink, bound, targets_named
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Row, SparkSession
 
-from statekeeper_sdk.compatibility import (
+from statekeeper_sdk._runtime.compatibility import (
     INCOMPATIBLE,
     Verdict,
     compare,
@@ -42,8 +42,9 @@ from statekeeper_sdk.compatibility import (
     replayed,
     summary,
 )
-from statekeeper_sdk.events import Limits, Rejected, parse_entries
-from statekeeper_sdk.migration import built_state, last_committed, migration_figures, read_state
+from statekeeper_sdk._runtime.events import parse_entries
+from statekeeper_sdk._runtime.migration import built_state, last_committed, migration_figures, read_state
+from statekeeper_sdk.events import Limits, Rejected
 from statekeeper_sdk.pipeline import Pipeline, ResultRecord, apply, resolve
 from statekeeper_sdk.sinks import ResultsTable
 

@@ -14,7 +14,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import Pipeline, apply
-from statekeeper_sdk.events import MAX_FUTURE_SECONDS
+from statekeeper_sdk._runtime.events import MAX_FUTURE_SECONDS
 
 from dashboard.checkpoint_dir.files import closing_file, committed_batches, lineage, seed_dir
 from workers.spark.manifest import ManifestKeeper

@@ -42,7 +42,7 @@ from typing import Any
 
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from statekeeper_sdk.compatibility import describe
+from statekeeper_sdk._runtime.compatibility import describe
 
 from dashboard.checkpoint_dir.files import committed_batches, copy_checkpoint, latest_committed
 from dashboard.services.processes import remove_left_by_the_gone

@@ -31,8 +31,8 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from statekeeper_sdk import resolve
-from statekeeper_sdk.compatibility import describe, forget_batch, operator_schemas, replayed
-from statekeeper_sdk.migration import (
+from statekeeper_sdk._runtime.compatibility import describe, forget_batch, operator_schemas, replayed
+from statekeeper_sdk._runtime.migration import (
     MIGRATION_SAMPLES,
     check_columns,
     check_keys,

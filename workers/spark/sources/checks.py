@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from statekeeper_sdk import Limits, PayloadFormat, Rejected
-from statekeeper_sdk.events import parse_entries
+from statekeeper_sdk._runtime.events import parse_entries
 
 from workers.spark.sources.redis_streams import dead_letter
 

@@ -4,7 +4,7 @@ Offsets are ``{"id": <stream entry id>, "n": <entries added up to that id>}``. T
 exactly what was not committed; ``n`` (Redis' ``entries-added`` counter) turns the gap between two offsets into a
 record count, so every progress event carries the backlog in records.
 
-The reader checks payloads with the SDK's ``parse_entries`` (``statekeeper_sdk.events``). No input can
+The reader checks payloads with the SDK's ``parse_entries`` (``statekeeper_sdk._runtime.events``). No input can
 stop the job: an entry that fails anywhere on its way (decoding, parsing, a bound) goes to a dead-letter stream with
 its entry id, the stage and the reason, once, however often its batch is replayed, and the batch goes on without it.
 Every check is a function of the entry alone (a timestamp is judged against the entry's own arrival time, the id),
@@ -22,17 +22,14 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from statekeeper_sdk.events import (
+from statekeeper_sdk import Limits, PayloadFormat, Rejected, parse_id
+from statekeeper_sdk._runtime.events import (
     MAX_FUTURE_SECONDS,
     MAX_PAYLOAD_BYTES,
     MAX_STRING_CHARS,
-    Limits,
-    Rejected,
     parse_entries,
-    parse_id,
     text_of,
 )
-from statekeeper_sdk.payload import PayloadFormat
 
 FORMAT_NAME = "redis-streams"
 MAX_SEQ = 18446744073709551615  # the largest sequence part of a stream id: "<ms>-MAX_SEQ" ends a millisecond
