@@ -41,6 +41,7 @@ from dashboard.services import (
     storage,
     upgrades,
 )
+from dashboard.services.action_keys import Keys, declare_keys
 from dashboard.services.action_steps import Done, Next, Steps, Wait, check_steps, one_step
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import RESEND, RUN_ACTION, actions_send, enqueue
@@ -67,8 +68,32 @@ STEPS: dict[str, Steps] = {
     ActionKind.UPGRADE_ROLLBACK: upgrades.UPGRADE_ROLLBACK_STEPS,
     ActionKind.BLUE_GREEN: blue_green.BLUE_GREEN_STEPS,
 }
+# What each kind's steps keep, beside its table: a key its kind does not declare fails the step that writes it.
+NOTHING_KEPT = Keys()
+KEYS: dict[str, Keys] = {
+    ActionKind.SAVEPOINT: savepoints.SAVEPOINT_KEYS,
+    ActionKind.STOP_WITH_SAVEPOINT: savepoints.SAVEPOINT_KEYS,
+    ActionKind.DISPOSE_SAVEPOINT: NOTHING_KEPT,
+    ActionKind.RESTORE: forks.RESTORE_KEYS,
+    ActionKind.DISCARD_CHECKPOINT: NOTHING_KEPT,
+    ActionKind.ROLLBACK: forks.ROLLBACK_KEYS,
+    ActionKind.RESCALE: rescale.RESCALE_KEYS,
+    ActionKind.COUNT_PARTITION_ROWS: partitions.COUNT_ROWS_KEYS,
+    ActionKind.CLEAN_ORPHANS: NOTHING_KEPT,
+    ActionKind.INSPECT_STATE: inspector.INSPECT_KEYS,
+    ActionKind.SKIP_ENTRIES: NOTHING_KEPT,
+    ActionKind.REDRIVE_DEAD_LETTERS: NOTHING_KEPT,
+    ActionKind.UPGRADE_PREVIEW: upgrades.PREVIEW_KEYS,
+    ActionKind.UPGRADE_SHADOW: shadow.SHADOW_KEYS,
+    ActionKind.UPGRADE: upgrades.UPGRADE_KEYS,
+    ActionKind.UPGRADE_ROLLBACK: upgrades.UPGRADE_ROLLBACK_KEYS,
+    ActionKind.BLUE_GREEN: blue_green.BLUE_GREEN_KEYS,
+}
+if KEYS.keys() != STEPS.keys():
+    raise TypeError(f"kinds with steps but no keys declared, or the reverse: {sorted(KEYS.keys() ^ STEPS.keys())}")
 for _kind, _steps in STEPS.items():  # a step that may go on to a step its table lacks fails here, at start
     check_steps(_kind, _steps)
+    declare_keys(_kind, KEYS[_kind])
 
 CLAIM = timedelta(minutes=20)  # the longest a worker advances one action in one go (a copy of a large state)
 SLICE_SECONDS = 120  # a worker that has advanced one action this long lets go and queues it again

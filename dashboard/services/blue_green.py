@@ -67,8 +67,8 @@ from dashboard.models import (
     StateBackend,
 )
 from dashboard.services import state_migration
-from dashboard.services.action_keys import action_progress, memo_save, remember
-from dashboard.services.action_steps import Done, Next, Outcome, Step, Steps, Wait, step_seconds
+from dashboard.services.action_keys import SAVEPOINT_TAKEN, STARTED, Keys, action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, NoneType, Outcome, Step, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionAborted, ActionFailed, ActionRefused
 from dashboard.services.forks import fork_name, savepoint_fork
 from dashboard.services.hosts import host_for_launch, shared_master_label
@@ -83,7 +83,7 @@ from dashboard.services.upgrade_parts import (
     target_parameters,
     target_shown,
 )
-from dashboard.services.upgrades import plan_steps, spec_applied
+from dashboard.services.upgrades import PLAN_KEYS, plan_steps, spec_applied
 from dashboard.units import bytes_h
 
 GREEN_STARTS = 3  # a green that dies before the handover is started again this often, then the upgrade fails
@@ -743,6 +743,29 @@ def _abort(action: Action) -> Outcome:
     )
 
 
+BLUE_GREEN_KEYS = (
+    PLAN_KEYS + state_migration.MIGRATION_KEYS + STARTED + SAVEPOINT_TAKEN + Keys(
+        memo={
+            "abort_reason": str,  # why it goes on to "abort"
+            "blue_missing_since": (str, NoneType),  # since when blue has had no run (ISO time)
+            "forked": bool,  # green's fork is made
+            "green_ended": str,  # why green's run ended
+            "green_starts": int,  # green's runs started, bounded
+        },
+        params={
+            "pipeline": str,  # the version green runs (the job's own for a rescale alone)
+            "before": dict, "state_partitions": int,  # a rescale: the scale before, the partitions asked for
+            "from_pipeline": str, "was_running": bool, "bg_batch": (int, NoneType), "blue_run": (int, NoneType),
+            "fork": str, "follow": str, "green_run": int,
+            "shift": int,  # how far green's batch numbers run ahead of blue's (a rescale 1, a migration -(K+1))
+            "green_start": dict,  # a migration: where green's new checkpoint starts reading (the savepoint's end)
+            "handed_over": bool, "handover_after": (int, NoneType), "handover_at": str,
+            "gap_seconds": (float, int, NoneType), "first_batch": int,
+            "replaced": list,  # the old version's batches past the handover that green wrote again
+            "kept": str, "proof": dict,
+        },
+    )
+)  # fmt: skip
 BLUE_GREEN_STEPS: Steps = {
     "what": ("what changes", _what),
     **plan_steps(),

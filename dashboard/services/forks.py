@@ -26,8 +26,8 @@ from dashboard.checkpoint_dir.files import (
 )
 from dashboard.models import Action, Checkpoint, Job, Run, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
-from dashboard.services.action_keys import action_progress, memo_save, remember
-from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait
+from dashboard.services.action_keys import SPARK_READS, STARTED, Keys, action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, NoneType, Outcome, Steps, Wait
 from dashboard.services.errors import ActionFailed
 from dashboard.services.run_waits import active_run, refuse_while_alive, settled, start_once
 from dashboard.services.savepoints import MANIFEST
@@ -213,6 +213,10 @@ def _replay(action: Action) -> str:
     return f"{count if count is not None else '?'} records"
 
 
+# A restore's and a rollback's: the checkpoint directory the fork replaced, the records the replay reads, the run
+FORK_KEYS = STARTED + Keys(memo={"previous": str}, params={"replay_records": (int, NoneType)})
+RESTORE_KEYS = FORK_KEYS
+ROLLBACK_KEYS = FORK_KEYS + SPARK_READS  # it verifies the savepoint it rolls back to
 RESTORE_STEPS: Steps = {
     "fork": ("copy the savepoint into a new checkpoint directory", _restore_fork),
     "start": ("switch and start", _restore_start),

@@ -19,7 +19,7 @@ from django.conf import settings
 from dashboard.checkpoint_dir.disk import state_version
 from dashboard.checkpoint_dir.files import CheckpointError, committed_batches, copy_checkpoint, state_lineage
 from dashboard.models import Action, Job, SavepointStatus
-from dashboard.services.action_keys import action_progress, memo_save
+from dashboard.services.action_keys import SPARK_READS, Keys, action_progress, memo_save, remember
 from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait
 from dashboard.services.errors import ActionFailed
 from dashboard.services.state_reader_client import reader_ready, state_read
@@ -90,10 +90,9 @@ def inspect_state(action: Action) -> Outcome:
 
 def _inspected(action: Action, mode: str, result: dict[str, Any], batch: int, origin: str) -> Done:
     # the batch read is kept with the request, so the next page reads the same batch, not whatever is newest then
-    pinned = {} if action.params.get("savepoint") else {"batch": batch}
-    Action.objects.filter(id=action.id).update(
-        params={**action.params, **pinned, "result": result, "origin_read": origin}
-    )
+    if not action.params.get("savepoint"):
+        remember(action, batch=batch)
+    remember(action, result=result, origin_read=origin)
     shown = result.get("total", len(result.get("rows", result.get("partitions", result.get("operators", [])))))
     return Done(f"Inspected {origin}: {mode}, {shown} result(s).")
 
@@ -105,6 +104,8 @@ def _reader(action: Action) -> Outcome:
     return reader_ready(action) or Next("run")
 
 
+# the copy read ({"path", "batch", "origin"}); the result shown, the batch pinned (unless a savepoint's) and what was read
+INSPECT_KEYS = SPARK_READS + Keys(memo={"source": dict}, params={"batch": int, "result": dict, "origin_read": str})
 INSPECT_STEPS: Steps = {"reader": ("Spark's state reader", _reader), "run": ("read the state", inspect_state)}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dashboard.checkpoint_dir.files import CheckpointError, latest_committed
 from dashboard.models import Action, Job
-from dashboard.services.action_keys import action_progress, memo_save
+from dashboard.services.action_keys import SPARK_READS, Keys, action_progress, memo_save, remember
 from dashboard.services.action_steps import Done, Outcome, Steps, Wait
 from dashboard.services.errors import ActionFailed
 from dashboard.services.state_reader_client import reader_step, state_read
@@ -27,11 +27,11 @@ def count_rows(action: Action) -> Outcome:
     if result is None:
         return Wait(f"reading the state of batch {batch} with Spark's state reader", 0.5)
     rows = {f"{op['id']}:{part}": n for op in result["operators"] for part, n in op["rows"].items()}
-    Action.objects.filter(id=action.id).update(
-        params={**action.params, "batch": batch, "location": job.checkpoint_dir, "rows": rows}
-    )
+    remember(action, batch=batch, location=job.checkpoint_dir, rows=rows)
     total = sum(rows.values())
     return Done(f"Counted {total} state rows in {len(rows)} partitions at batch {batch}.")
 
 
+# the batch read (for the next visit, and shown), the checkpoint directory, the rows per "operator:partition"
+COUNT_ROWS_KEYS = SPARK_READS + Keys(memo={"batch": int}, params={"batch": int, "location": str, "rows": dict})
 COUNT_ROWS_STEPS: Steps = {**reader_step(then="run"), "run": ("count rows", count_rows)}

@@ -31,8 +31,16 @@ from dashboard.checkpoint_dir.files import (
     remove_tree,
 )
 from dashboard.models import Action, Job, Run, Savepoint
-from dashboard.services.action_keys import action_progress, memo_save, remember
-from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait, step_seconds
+from dashboard.services.action_keys import (
+    SAVEPOINT_TAKEN,
+    SPARK_READS,
+    STARTED,
+    Keys,
+    action_progress,
+    memo_save,
+    remember,
+)
+from dashboard.services.action_steps import Done, Next, NoneType, Outcome, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, switch_to_fork
 from dashboard.services.run_waits import start_once, stopped
@@ -380,6 +388,29 @@ def scale_change(before: dict[str, int], after: dict[str, int]) -> str:
     return ", ".join(changed + kept)
 
 
+RESCALE_KEYS = (
+    SPARK_READS + STARTED + SAVEPOINT_TAKEN + Keys(
+        memo={
+            "after_savepoint": str,  # the step its savepoint (taken once the new run is up) goes on to
+            "input_waiting": bool,  # records wait for the new run's first batch
+            "load_failure": str,  # why Spark could not load the repartitioned state, for "back"
+            "load_proof": str,  # "first-batch": the new run's first batch shows the repartitioned state loads
+            "previous": str,  # the checkpoint directory the repartitioned copy replaced
+            # its outcome's parts as it started the new run ("scale", "notes", "offline" s, "then" the first batch
+            # and the like): the outcome is said from them at the end, never parsed back
+            "rescaled": dict,
+            "savepoint_failure": str,  # why its savepoint, taken once the new run is up, could not be
+            "sinks_at_stop": dict,  # each sink's last batch as the job stopped, for its savepoint's manifest
+            "stopped_batch": int,  # the newest committed batch of the checkpoint it stopped on (its savepoint's)
+            "stopped_offset": (dict, NoneType),  # where that batch ended in the source
+        },
+        params={
+            "after": dict, "before": dict,  # the scale after and before
+            "back_run": int,  # the run started on the original checkpoint, the repartitioned state not loading
+            "had_state": bool, "stopped_at": str, "was_running": bool,
+        },
+    )
+)  # fmt: skip
 RESCALE_STEPS: Steps = {
     "check": ("check the new scale", _check),
     "stop": ("stop the job", _rescale_stop),

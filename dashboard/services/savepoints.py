@@ -27,7 +27,7 @@ from dashboard.models import Action, Job, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
 from dashboard.selectors.savepoints import savepoint_newest_verified
 from dashboard.selectors.sinks import job_sinks
-from dashboard.services.action_keys import action_progress, remember
+from dashboard.services.action_keys import SAVEPOINT_TAKEN, SPARK_READS, action_progress, remember
 from dashboard.services.action_steps import Done, Next, Outcome, Step, Steps, Wait, step_seconds
 from dashboard.services.deploys import deploy_of_batch
 from dashboard.services.errors import ActionFailed
@@ -243,6 +243,7 @@ def _stopped_and_verified(action: Action) -> Done:
     return Done(f"Stopped; savepoint #{savepoint.id} at batch {savepoint.batch_id} verified.")
 
 
+SAVEPOINT_KEYS = SPARK_READS + SAVEPOINT_TAKEN  # a savepoint's and a stop with one's: its verification, its id
 SAVEPOINT_STEPS: Steps = {**savepoint_steps(None, then="done"), "done": ("listed", _verified)}
 STOP_WITH_SAVEPOINT_STEPS: Steps = {
     "stop": stop_step(then="savepoint"),

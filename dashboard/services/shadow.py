@@ -21,7 +21,7 @@ from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, remov
 from dashboard.connections import redis_client
 from dashboard.models import Action, Job, Savepoint, SavepointStatus
 from dashboard.selectors.lag import stream_head
-from dashboard.services.action_keys import action_progress, remember
+from dashboard.services.action_keys import SAVEPOINT_TAKEN, SPARK_READS, Keys, action_progress, remember
 from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import restorable_batches
@@ -30,6 +30,7 @@ from dashboard.services.state_reader_client import tool_process
 from dashboard.services.upgrade_parts import (
     SHADOW_RECORDS,
     SHADOW_RECORDS_MOST,
+    TARGET_KEYS,
     checked_target,
     scratch_cleanup,
     scratch_dead_letters,
@@ -157,6 +158,12 @@ def _run(action: Action) -> Outcome:
     )
 
 
+# the range both versions read (its start, end and records, from a savepoint or not) and the comparison shown
+SHADOW_KEYS = (
+    SPARK_READS + TARGET_KEYS + SAVEPOINT_TAKEN + Keys(
+        params={"start": dict, "ending": dict, "records": int, "shadow": dict}
+    )
+)  # fmt: skip
 SHADOW_STEPS: Steps = {
     "range": ("fix the input", _range),
     **savepoint_steps("shadow", then="run", batch=lambda action: action.params["start"]["batch"]),

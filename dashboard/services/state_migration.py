@@ -24,8 +24,8 @@ from typing import Any
 from dashboard import kafka, pipelines
 from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, copy_checkpoint, remove_tree, seed_dir
 from dashboard.models import Action, Job, Savepoint, StateBackend
-from dashboard.services.action_keys import action_progress, memo_save, remember
-from dashboard.services.action_steps import Done, Next, Outcome, Wait
+from dashboard.services.action_keys import Keys, action_progress, memo_save, remember
+from dashboard.services.action_steps import Done, Next, NoneType, Outcome, Wait
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name
 from dashboard.services.shadow import range_end
@@ -41,6 +41,15 @@ from dashboard.services.upgrade_parts import (
 )
 
 PREVIEW_RECORDS = 1000  # entries after the batch the preview's first batch reads, at most
+
+
+# A preview's: the input range of the migrated first batch ({"id", "n"}; Kafka's {topic: {partition: offset}}; its
+# end None when no input follows the batch), and the figures shown. An upgrade's or a blue/green's: that it began
+# writing the new line's seed, and that the seed is written.
+MIGRATION_PREVIEW_KEYS = Keys(
+    memo={"migration_start": dict, "migration_end": (dict, NoneType)}, params={"migration": dict}
+)
+MIGRATION_KEYS = Keys(memo={"migrated": bool, "migration_begun": bool}, params={"migration": dict})
 
 
 def migration_spec(action: Action, checkpoint: Path, use: str) -> dict[str, Any]:

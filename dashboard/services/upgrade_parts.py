@@ -20,7 +20,7 @@ from dashboard.checkpoint_dir.files import lineage_base, remove_tree
 from dashboard.connections import redis_client
 from dashboard.models import Action, ActionKind, Job, Savepoint, StateBackend
 from dashboard.records import kafka_offsets
-from dashboard.services.action_keys import remember
+from dashboard.services.action_keys import Keys, remember
 from dashboard.services.errors import ActionFailed
 from dashboard.services.secrets import value_problems
 
@@ -36,6 +36,11 @@ class UpgradeRequestError(ValueError):
     def __init__(self, message: str, *, malformed: bool) -> None:
         super().__init__(message)
         self.malformed = malformed
+
+
+TARGET_KEYS = Keys(
+    params={"from_parameters": dict, "parameters": dict}
+)  # ``checked_target``: the values before and after
 
 
 def upgrade_request(job: Job, kind: str, params: dict[str, Any]) -> dict[str, Any]:

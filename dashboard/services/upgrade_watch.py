@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from dashboard.models import Action, ActionKind, ActionStatus, Run, RunStatus
+from dashboard.services.action_keys import remember
 from dashboard.services.actions import action_request
 from dashboard.services.errors import ActionRefused
 from dashboard.services.upgrades import after_batch, first_batch
@@ -43,5 +44,5 @@ def upgrades_watch() -> list[str]:
             notes.append(f"upgrade {upgrade.id} failed before its first batch: rollback #{back.id}")
         else:
             proof.update(state="stopped", at=timezone.now().isoformat())
-        Action.objects.filter(id=upgrade.id).update(params={**upgrade.params, "proof": proof})
+        remember(upgrade, proof=proof)
     return notes

@@ -60,8 +60,16 @@ from dashboard.models import (
 )
 from dashboard.records import offset_text
 from dashboard.services import state_migration
-from dashboard.services.action_keys import action_progress, memo_save, remember
-from dashboard.services.action_steps import Done, Next, Outcome, Steps, Wait, step_seconds
+from dashboard.services.action_keys import (
+    SAVEPOINT_TAKEN,
+    SPARK_READS,
+    STARTED,
+    Keys,
+    action_progress,
+    memo_save,
+    remember,
+)
+from dashboard.services.action_steps import Done, Next, NoneType, Outcome, Steps, Wait, step_seconds
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name, savepoint_fork, switch_to_fork
 from dashboard.services.run_waits import alive_run, exit_step, run_up, start_once, stop_step, stopped
@@ -74,6 +82,7 @@ from dashboard.services.savepoints import (
 )
 from dashboard.services.state_reader_client import reader_step, state_read, state_read_early
 from dashboard.services.upgrade_parts import (
+    TARGET_KEYS,
     checked_target,
     migration_refusal,
     next_line_base,
@@ -244,6 +253,15 @@ def _verdict_plan(action: Action, result: dict[str, Any], proven: bool) -> dict[
     }  # fmt: skip
 
 
+# ``plan_steps``': the batch the scratch copy re-runs, whether it runs again on a full copy (the trimmed one failed),
+# the plan shown, and the preview whose plan an upgrade took
+PLAN_KEYS = (
+    SPARK_READS
+    + TARGET_KEYS
+    + Keys(memo={"plan_batch": int, "plan_full": bool}, params={"plan": dict, "plan_from": int})
+)
+
+
 def plan_steps() -> Steps:
     """The preview's steps, "copy", "reader" (until it listens) and "plan", which leave the plan in the action's
     params and go on to "gate"."""
@@ -317,6 +335,7 @@ def _verdict(action: Action) -> Outcome:
     return Done(str(action.params["plan"]["summary"]))
 
 
+PREVIEW_KEYS = PLAN_KEYS + state_migration.MIGRATION_PREVIEW_KEYS
 PREVIEW_STEPS: Steps = {
     **plan_steps(),
     "gate": ("verdict", _verdict),
@@ -538,6 +557,21 @@ def _roll_back_start(action: Action) -> Done:
     )
 
 
+UPGRADE_KEYS = (
+    PLAN_KEYS + state_migration.MIGRATION_KEYS + STARTED + SAVEPOINT_TAKEN + Keys(
+        memo={
+            "failure": str,  # why the new version failed, for "roll-back"
+            "input_waiting": bool,  # records wait for the new run's first batch
+            "put_back": str,  # what its rollback put back
+        },
+        params={
+            "from_backend": str, "from_deploy": (int, NoneType), "from_pipeline": str, "was_running": bool,
+            "kept": str,  # the checkpoint directory the old version's line is kept in
+            "proof": dict,  # the new version's first batch (or its failure), as the upgrade's watch saw it
+            "rollback_run": int,  # the run a failed first batch's rollback started
+        },
+    )
+)  # fmt: skip
 UPGRADE_STEPS: Steps = {
     **plan_steps(),
     "gate": ("refuse an incompatible change", _gate),
@@ -606,6 +640,14 @@ def _rolled_back(action: Action) -> Done:
     return Done(f"Rolled back upgrade #{upgrade}: {where}{started}.")
 
 
+UPGRADE_ROLLBACK_KEYS = (
+    STARTED
+    + SAVEPOINT_TAKEN
+    + Keys(
+        memo={"put_back": str},
+        params={"from_backend": str, "from_parameters": dict, "from_pipeline": str, "was_running": bool},
+    )
+)
 UPGRADE_ROLLBACK_STEPS: Steps = {
     "check": ("check the upgrade", _rollback_check),
     "stop": stop_step(then="exit"),
