@@ -95,6 +95,8 @@ EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
 BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
 GREEN_RESTART_SECONDS = 120  # green dead after the handover, no run of the job this long: the upgrade failed
 BOOT_WAIT_SECONDS = 300  # green's driver of its own gets this long to start before the savepoint it forks from
+GAIN_WINDOW_SECONDS = 60  # green's gain on blue is measured over windows this long, and said after the first
+NO_GAIN_WINDOWS = 3  # an automatic handover gives up after this many windows in a row in which green did not gain
 
 
 # -- what the page and the API show --------------------------------------------------------------------------------
@@ -133,6 +135,7 @@ def green_view(action: Action) -> dict[str, Any]:
         "behind": (blue - green_at) if isinstance(blue, int) and isinstance(green_at, int) else None,
         "totals": totals, "rules": action_rules(action.params), "auto": bool(action.params.get("auto")),
         "handed_over": bool(action.params.get("handed_over")), "gap_seconds": action.params.get("gap_seconds"),
+        "catch_up": action.params.get("catch_up"), "pace": catch_up_shown(action.params.get("catch_up")),
         "batches": [{"batch": b.batch_id, "input_rows": b.input_rows, "output_rows": b.output_rows,
                      "added": b.added, "removed": b.removed, "changed": b.changed, "same": b.same,
                      "duration_ms": b.duration_ms, "samples": b.samples} for b in batches],
@@ -513,6 +516,61 @@ def _green_gone(run: Run) -> str:
     return "its shared driver let go of it" if run.driver_host_id is not None else "its driver process is gone"
 
 
+def catch_up(window: dict[str, Any], behind: int, now: datetime, streak: int = 0) -> dict[str, Any]:
+    """Whether green gains on blue, over the window that began at ``window["at"]`` with green ``window["behind"]``
+    batches behind, now ``behind``: the batches gained (negative: lost), the seconds, the windows in a row without a
+    gain (``streak`` before this one), and at this pace the seconds until green is within a batch (None when it does
+    not gain).
+
+    >>> from datetime import UTC
+    >>> at = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    >>> catch_up({"at": at.isoformat(), "behind": 50}, 20, at + timedelta(seconds=60))["to_go_seconds"]
+    38
+    >>> slow = catch_up({"at": at.isoformat(), "behind": 50}, 52, at + timedelta(seconds=60), streak=1)
+    >>> slow["gaining"], slow["gained"], slow["without_gain"], slow["to_go_seconds"]
+    (False, -2, 2, None)
+    """
+    seconds = max((now - datetime.fromisoformat(window["at"])).total_seconds(), 0.001)
+    gained = int(window["behind"]) - behind
+    gaining = gained > 0 or behind <= 1
+    return {
+        "was": int(window["behind"]), "behind": behind, "gained": gained, "seconds": round(seconds),
+        "gaining": gaining, "without_gain": 0 if gaining else streak + 1, "at": now.isoformat(),
+        "to_go_seconds": round(max(behind - 1, 0) * seconds / gained) if gained > 0 else None,
+    }  # fmt: skip
+
+
+def catch_up_shown(seen: dict[str, Any] | None) -> str:
+    """What the page and the progress line say of green's gain on blue (empty before its first window ends)."""
+    if not seen:
+        return ""
+    if not seen["gaining"]:
+        return (
+            f"green cannot gain on blue: {seen['was']} → {seen['behind']} batches behind over the last "
+            f"{seen['seconds']} s (the host's cores are taken?): abort it, or give the host room"
+        )
+    if seen["behind"] <= 1:
+        return ""
+    return (
+        f"green gains on blue: {seen['gained']} batches in {seen['seconds']} s, about {seen['to_go_seconds']} s to go"
+    )
+
+
+def _gain(action: Action, behind: int) -> dict[str, Any] | None:
+    """Measure green's gain on blue a window at a time (``catch_up``): kept in params, for the page and the API."""
+    now = timezone.now()
+    window = action.memo.get("gain_from")
+    if window is None:
+        memo_save(action, gain_from={"at": now.isoformat(), "behind": behind})
+        return action.params.get("catch_up")
+    if (now - datetime.fromisoformat(window["at"])).total_seconds() < GAIN_WINDOW_SECONDS:
+        return action.params.get("catch_up")
+    seen = catch_up(window, behind, now, int((action.params.get("catch_up") or {}).get("without_gain") or 0))
+    remember(action, catch_up=seen)
+    memo_save(action, gain_from={"at": now.isoformat(), "behind": behind})
+    return seen
+
+
 def _follow(action: Action) -> Outcome:
     """Green runs blue's batches behind it; on to the handover once promoted (by the operator, or by itself when
     caught up and its diff passes the rules), or to the abort."""
@@ -545,6 +603,9 @@ def _follow(action: Action) -> Outcome:
     t = view["totals"]
     caught_up = behind is not None and behind <= 1 and t["compared"] > 0
     where = f"green at batch {green_at}, {behind if behind is not None else '?'} behind blue"
+    seen = _gain(action, behind) if behind is not None else None
+    if pace := catch_up_shown(seen):
+        where = f"{where}; {pace}"
     if blocked := reported(run.green, "sink_problems"):  # the new version cannot write the job's sinks: no handover
         line = f"{where}; no handover while {'; '.join(blocked)}"
         problems = [*problems, *(f"the new version cannot write {p}" for p in blocked)]
@@ -555,6 +616,11 @@ def _follow(action: Action) -> Outcome:
         )
         if "promote" in words or (view["auto"] and caught_up and not problems):
             return Next("handover")
+    if view["auto"] and seen and seen["without_gain"] >= NO_GAIN_WINDOWS:
+        memo_save(action, abort_reason=f"green did not gain on blue for {seen['without_gain'] * GAIN_WINDOW_SECONDS} s "
+                  f"({seen['was']} → {seen['behind']} batches behind over the last {seen['seconds']} s): it cannot "
+                  "catch up on this host; nothing was handed over")  # fmt: skip
+        return Next("abort")
     if view["auto"] and step_seconds(action) > float(action.params.get("catch_up_seconds") or CATCH_UP_SECONDS):
         memo_save(action, abort_reason="green did not catch up and pass its rules in time"
                   + (f" ({'; '.join(problems)})" if problems else ""))  # fmt: skip
@@ -751,6 +817,7 @@ BLUE_GREEN_KEYS = (
             "forked": bool,  # green's fork is made
             "green_ended": str,  # why green's run ended
             "green_starts": int,  # green's runs started, bounded
+            "gain_from": dict,  # the window green's gain on blue is measured over: its start ("at") and "behind"
         },
         params={
             "pipeline": str,  # the version green runs (the job's own for a rescale alone)
@@ -763,6 +830,7 @@ BLUE_GREEN_KEYS = (
             "gap_seconds": (float, int, NoneType), "first_batch": int,
             "replaced": list,  # the old version's batches past the handover that green wrote again
             "kept": str, "proof": dict,
+            "catch_up": dict,  # whether green gains on blue, over the last window (``catch_up``)
         },
     )
 )  # fmt: skip
