@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 
@@ -25,3 +26,15 @@ def moved(module: str, engine: str, names: frozenset[str], name: str, since: str
         raise AttributeError(
             f"{module}.{name} moved to the Statekeeper console ({engine}), which is not installed here"
         ) from None
+
+
+def to_runtime(module: str, names: set[str]) -> Callable[[str], Any]:
+    """A public module's ``__getattr__`` for its ``names`` that moved to ``statekeeper_sdk._runtime`` in 1.7: each
+    still resolves there, with a DeprecationWarning, until 2.0."""
+    runtime = f"statekeeper_sdk._runtime.{module.rsplit('.', 1)[-1]}"
+    moved_names = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        return moved(module, runtime, moved_names, name, since="1.7")
+
+    return __getattr__

@@ -2,7 +2,11 @@
 test kit's (``statekeeper_sdk.testing.check_upgrade`` gives the verdict offline). The names below still resolve here,
 with a DeprecationWarning, until 2.0."""
 
-_RUNTIME = frozenset(
+from statekeeper_sdk._moved import to_runtime
+
+# moved to statekeeper_sdk._runtime.compatibility in 1.7
+__getattr__ = to_runtime(
+    __name__,
     {
         "COMPATIBLE",
         "EVOLVES",
@@ -19,11 +23,5 @@ _RUNTIME = frozenset(
         "describe",
         "PYTHON_ERROR",
         "python_error",
-    }
-)  # moved to statekeeper_sdk._runtime.compatibility in 1.7
-
-
-def __getattr__(name: str) -> object:
-    from statekeeper_sdk._moved import moved
-
-    return moved(__name__, "statekeeper_sdk._runtime.compatibility", _RUNTIME, name, since="1.7")
+    },
+)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from statekeeper_sdk._moved import to_runtime
+
 MAX_PAYLOAD_BYTES = 1 << 20  # a larger payload is dead-lettered (its first MAX_PAYLOAD_BYTES kept), never parsed
 MAX_STRING_CHARS = 400  # a longer text field is dead-lettered: result keys are stored in 500 characters
 MAX_FUTURE_SECONDS = 300  # an event time further than this after the entry's arrival would move the watermark
@@ -44,10 +46,5 @@ def parse_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-_RUNTIME = frozenset({"parse_entries", "text_of"})  # moved to statekeeper_sdk._runtime.events in 1.7
-
-
-def __getattr__(name: str) -> object:
-    from statekeeper_sdk._moved import moved
-
-    return moved(__name__, "statekeeper_sdk._runtime.events", _RUNTIME, name, since="1.7")
+# moved to statekeeper_sdk._runtime.events in 1.7
+__getattr__ = to_runtime(__name__, {"parse_entries", "text_of"})

@@ -25,6 +25,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
+from statekeeper_sdk._moved import to_runtime
+
 
 class OldState(dict[str, DataFrame]):
     """The old version's state at the savepoint's batch, one DataFrame per state variable as Spark's state reader
@@ -68,7 +70,9 @@ class Migration:
             raise ValueError(f"migration from {self.from_pipeline!r}: build is a function (old state, params)")
 
 
-_RUNTIME = frozenset(
+# moved to statekeeper_sdk._runtime.migration in 1.7
+__getattr__ = to_runtime(
+    __name__,
     {
         "takes_initial_state",
         "declared_variables",
@@ -81,11 +85,5 @@ _RUNTIME = frozenset(
         "built_state",
         "MIGRATION_SAMPLES",
         "migration_figures",
-    }
-)  # moved to statekeeper_sdk._runtime.migration in 1.7
-
-
-def __getattr__(name: str) -> object:
-    from statekeeper_sdk._moved import moved
-
-    return moved(__name__, "statekeeper_sdk._runtime.migration", _RUNTIME, name, since="1.7")
+    },
+)
