@@ -302,3 +302,9 @@ stop_kafka() {  # the broker this run started, and only that one
   kill -9 "$pid" 2>/dev/null || true
   rm -f "$KAFKA_DIR/pid"
 }
+
+# The digest of the code the headline chaos runs guard (tests/headline-code lists it): ./bin/test compares it with
+# tests/headline-passed, what those runs last passed on.
+headline_digest() {
+  (cd "$ROOT" && grep -v '^#' tests/headline-code | xargs sha256sum | sha256sum | cut -d' ' -f1)
+}

@@ -176,6 +176,7 @@ def test_a_parameter_change_hands_over_in_the_shared_driver_with_every_sink_exac
     assert lake_batches_once(spark, lake)
 
 
+@pytest.mark.headline
 @pytest.mark.chaos
 def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_and_after_the_handover(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
@@ -214,6 +215,7 @@ def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_an
     assert lake_batches_once(spark, lake)
 
 
+@pytest.mark.headline
 @pytest.mark.chaos
 def test_an_abort_leaves_the_jobs_output_as_if_green_never_ran(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
@@ -240,6 +242,7 @@ def test_an_abort_leaves_the_jobs_output_as_if_green_never_ran(
     assert {r.batch_id for r in job.checkpoints.all()} and all(c.run_id == blue.id for c in job.checkpoints.all())
 
 
+@pytest.mark.headline
 @pytest.mark.chaos
 def test_blue_killed_as_the_handover_is_asked_for_leaves_every_sink_exact(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
@@ -264,6 +267,7 @@ def test_blue_killed_as_the_handover_is_asked_for_leaves_every_sink_exact(
     assert job.runs.filter(status__in=("pending", "starting", "running", "stopping")).count() == 1
 
 
+@pytest.mark.headline
 @pytest.mark.chaos
 def test_a_rescale_by_blue_green_hands_over_on_repartitioned_state_through_a_worker_and_a_driver_kill(
     make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path

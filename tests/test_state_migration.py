@@ -208,6 +208,7 @@ def totals_exact(job: Job, sessions: Sessions) -> bool:
     return set(got) == set(want) and all(got[u][0] == want[u][0] and abs(got[u][1] - want[u][1]) < 1e-6 for u in want)
 
 
+@pytest.mark.headline
 @pytest.mark.chaos  # kills during the migration and of the migrated driver: a few minutes
 @pytest.mark.django_db(transaction=True)
 def test_a_migration_through_a_worker_kill_and_a_driver_kill_ends_migrated_or_back_and_exact(

@@ -447,8 +447,31 @@ def schema() -> dict[str, Any]:
             "action",
         ),
         "/api/v1/jobs/{name}/blue-green/state": _read(
-            "The job's latest blue/green upgrade: green's batch beside the job's, and its per-batch diff",
-            {"type": "object"},
+            "The job's latest blue/green upgrade: green's batch beside the job's, its gain on the job, and its "
+            "per-batch diff",
+            {
+                "type": "object",
+                "properties": {
+                    "blue_batch": {"type": ["integer", "null"]},
+                    "green_batch": {"type": ["integer", "null"]},
+                    "behind": {"type": ["integer", "null"], "description": "the job's batches green has not run"},
+                    "catch_up": {
+                        "type": ["object", "null"],
+                        "description": "green's gain on the job over the last minute (null before the first)",
+                        "properties": {
+                            "was": {"type": "integer"},
+                            "behind": {"type": "integer"},
+                            "gained": {"type": "integer", "description": "negative: green fell further behind"},
+                            "seconds": {"type": "integer"},
+                            "gaining": {"type": "boolean"},
+                            "without_gain": {"type": "integer", "description": "minutes in a row without a gain"},
+                            "to_go_seconds": {"type": ["integer", "null"], "description": "at this pace"},
+                        },
+                    },
+                    "pace": {"type": "string", "description": "the same in words, as the page says it"},
+                    "gap_seconds": {"type": ["number", "null"]},
+                },
+            },
             [NAME],
         ),
         "/api/v1/jobs/{name}/blue-green/promote": _green(
