@@ -373,6 +373,43 @@ def test_the_api_and_the_page_drive_a_blue_green_upgrade(client, token, make_job
 
 
 @pytest.mark.django_db
+def test_the_page_and_the_api_say_when_green_cannot_gain_on_the_job(client, token, make_job, as_role):  # noqa: F811
+    """Green's gain on blue is measured a minute at a time: a minute in which it fell further behind is said on the
+    page beside Abort, with the numbers, and in the API; a minute in which it gained says how long it has to go."""
+    job = make_job(name="orders", pipeline="url-counts")
+    action = Action.objects.create(job=job, kind=ActionKind.BLUE_GREEN, status=ActionStatus.RUNNING,
+                                   params={"pipeline": "url-counts", "plan": {"target": "url-counts"}})  # fmt: skip
+    Run.objects.create(job=job, status=RunStatus.RUNNING)
+    green = Run.objects.create(job=job, status=RunStatus.GREEN, green={"action": action.id})
+    blue_green.remember(action, green_run=green.id, bg_batch=3)
+    operator = as_role("operator")
+    assert blue_green._gain(action, 12) is None, "the first visit opens the window: nothing to say yet"
+    assert "cannot gain" not in operator.get("/jobs/orders/deploys").content.decode()
+    a_minute_ago = (timezone.now() - timedelta(seconds=61)).isoformat()
+    blue_green.memo_save(action, gain_from={"at": a_minute_ago, "behind": 12})
+    seen = blue_green._gain(action, 42)
+    assert seen is not None and (seen["gaining"], seen["gained"], seen["without_gain"]) == (False, -30, 1)
+    page = operator.get("/jobs/orders/deploys").content.decode()
+    assert (
+        'data-green-gaining="no"' in page
+        and "Green cannot gain on blue: 12 → 42 batches behind over the last 61 s" in page
+    )
+    assert "Abort</button>" in page
+    state = call(client, "GET", "/api/v1/jobs/orders/blue-green/state", token("viewer", "watcher")).json()
+    assert state["catch_up"]["behind"] == 42 and state["catch_up"]["gaining"] is False
+    blue_green.memo_save(action, gain_from={"at": a_minute_ago, "behind": 42})
+    seen = blue_green._gain(action, 12)
+    assert seen is not None and seen["gaining"] and seen["without_gain"] == 0 and seen["to_go_seconds"] == 22
+    page = operator.get("/jobs/orders/deploys").content.decode()
+    assert 'data-green-gaining="yes"' in page and "Green gains on blue: 30 batches in 61 s, about 22 s to go" in page
+    Action.objects.filter(id=action.id).update(status=ActionStatus.ABORTED)
+    page = operator.get("/jobs/orders/deploys").content.decode()
+    assert "data-green-gaining" not in page and " behind" not in page.split("data-green-behind")[1][:400], (
+        "an aborted upgrade says nothing of a gain or of how far behind green was"
+    )
+
+
+@pytest.mark.django_db
 def test_a_blue_green_rescale_from_the_rescale_page_the_api_and_a_spec(client, token, make_job, as_role):  # noqa: F811
     from dashboard.services.blue_green import BLUE_GREEN_STEPS
     from dashboard.services.errors import ActionFailed

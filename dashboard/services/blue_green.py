@@ -136,6 +136,7 @@ def green_view(action: Action) -> dict[str, Any]:
         "totals": totals, "rules": action_rules(action.params), "auto": bool(action.params.get("auto")),
         "handed_over": bool(action.params.get("handed_over")), "gap_seconds": action.params.get("gap_seconds"),
         "catch_up": action.params.get("catch_up"), "pace": catch_up_shown(action.params.get("catch_up")),
+        "following": action.in_flight and not action.params.get("handed_over"),
         "batches": [{"batch": b.batch_id, "input_rows": b.input_rows, "output_rows": b.output_rows,
                      "added": b.added, "removed": b.removed, "changed": b.changed, "same": b.same,
                      "duration_ms": b.duration_ms, "samples": b.samples} for b in batches],
