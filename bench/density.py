@@ -143,7 +143,9 @@ def source_lag(client: Any, job: Job) -> int:
     latest = Checkpoint.objects.filter(job=job).order_by("-batch_id").first()
     read = (source_position(latest.end_offset) or 0) if latest else 0
     if job.reads_kafka:
-        return sum(end for _, end in kafka.end_offsets(job.source_path, job.source_stream).values()) - read
+        return (
+            sum(end for _, end in kafka.end_offsets(kafka.Cluster(job.source_path), job.source_stream).values()) - read
+        )
     return client.xlen(job.source_stream) - read
 
 

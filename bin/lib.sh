@@ -247,14 +247,20 @@ ensure_kafka() {
   kafka_up "$STATEKEEPER_KAFKA_BOOTSTRAP" && return 0
   ensure_jars kafka-broker || return 1
   mkdir -p "$KAFKA_DIR/data"
+  # A second listener on 9094 asks for SASL (PLAIN, the user statekeeper, its password made once and kept in
+  # var/kafka/sasl-password): the tests read a topic through it as a cluster that needs a login is read.
+  [ -s "$KAFKA_DIR/sasl-password" ] || (umask 077; "$PY" -c 'import secrets; print(secrets.token_urlsafe(18))' > "$KAFKA_DIR/sasl-password")
   cat > "$KAFKA_DIR/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:9093
-listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093
-advertised.listeners=PLAINTEXT://127.0.0.1:9092
+listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093,SASL_PLAINTEXT://127.0.0.1:9094
+advertised.listeners=PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9094
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_statekeeper="$(cat "$KAFKA_DIR/sasl-password")";
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=false
@@ -266,6 +272,7 @@ transaction.state.log.num.partitions=4
 group.initial.rebalance.delay.ms=0
 log.retention.hours=24
 PROPS
+  chmod 600 "$KAFKA_DIR/server.properties"
   cat > "$KAFKA_DIR/log4j2.properties" <<PROPS
 appender.file.type = File
 appender.file.name = file

@@ -12,6 +12,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.db import connection
 
 from dashboard import pipelines
+from dashboard.kafka import security_problems
 from dashboard.models import Job, RunStatus, SourceKind, StateBackend
 from dashboard.services.audit import audit_record, client_address, login_lockout
 from dashboard.services.rescale import MEMORY_REPARTITION
@@ -42,6 +43,14 @@ class JobForm(forms.ModelForm):
         "defaults fill the rest). On a job with state, change them by an upgrade (Deploys tab).",
     )
 
+    source_security = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "security_protocol = SASL_SSL"}),
+        help_text="a Kafka source's TLS and SASL settings, one name = value per line: security_protocol, "
+        "sasl_mechanism, sasl_username, sasl_password (a secret's reference, ${secret:NAME}), ssl_ca_file, "
+        "ssl_check_hostname. None: PLAINTEXT.",
+    )
+
     class Meta:
         model = Job
         fields = [
@@ -51,6 +60,7 @@ class JobForm(forms.ModelForm):
             "source_stream",
             "source_path",
             "source_format",
+            "source_security",
             "parameters",
             "state_backend",
             "trigger_interval_seconds",
@@ -77,6 +87,7 @@ class JobForm(forms.ModelForm):
             "source_stream": "Redis stream, or Kafka topic",
             "source_path": "Directory (files), or bootstrap servers (Kafka)",
             "source_format": "File format",
+            "source_security": "Kafka security (TLS, SASL)",
         }
 
     # settings with a default that a form (or a script posting one) may leave out: the job's value, or the default
@@ -89,6 +100,14 @@ class JobForm(forms.ModelForm):
             self.fields[name].required = False
         self.fields["source_stream"].required = False
         self.initial["parameters"] = pipelines.format_parameters(self.instance.parameters or {}, self.instance.pipeline)
+        self.initial["source_security"] = pipelines.format_parameters(self.instance.source_security or {})
+
+    def clean_source_security(self) -> dict[str, str]:
+        try:
+            given = pipelines.parse_parameters(str(self.cleaned_data.get("source_security") or ""))
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc).replace("Parameters", "Kafka security settings")) from None
+        return {name: str(value).lower() if isinstance(value, bool) else str(value) for name, value in given.items()}
 
     def clean_parameters(self) -> dict[str, Any]:
         try:
@@ -126,6 +145,8 @@ class JobForm(forms.ModelForm):
         if data.get("source_kind") == SourceKind.KAFKA:
             self._clean_kafka(data, pipeline)
             return
+        if data.get("source_security") and "source_security" not in self.errors:
+            self.add_error("source_security", "Only a Kafka source takes TLS and SASL settings.")
         if data.get("source_kind") != SourceKind.FILES:
             if not data.get("source_stream") and "source_stream" not in self.errors:
                 self.add_error("source_stream", "Name the Redis stream the job reads.")
@@ -171,6 +192,9 @@ class JobForm(forms.ModelForm):
         servers = str(data.get("source_path") or "").strip()
         if not KAFKA_SERVERS.match(servers):
             self.add_error("source_path", "Give the bootstrap servers as host:port[,host:port...].")
+        if "source_security" not in self.errors:
+            for problem in security_problems(data.get("source_security") or {}):
+                self.add_error("source_security", problem)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

@@ -2,14 +2,29 @@
 time of the oldest unread record, per partition, so that a Kafka job's lag stays true while it is down (Spark's
 connector reads and writes the topics themselves); and, for the demo and the tests, a topic made and written to.
 
-No Django here: the servers arrive as arguments. Every call is bounded by ``timeout`` seconds, and a broker that does
-not answer raises ``KafkaUnavailable`` rather than hanging the beat that samples lag."""
+No Django here: the servers arrive as arguments (a ``Cluster``: the bootstrap servers and the client's security, TLS
+and SASL, or the servers alone). Every call is bounded by ``timeout`` seconds, and a broker that does not answer raises
+``KafkaUnavailable`` rather than hanging the beat that samples lag.
+
+A job's Kafka security (``Job.source_security``) is one set of settings that both clients take, each in its own
+words: this module's (librdkafka's names) and Spark's connector (the Java client's, ``spark_options``)::
+
+    security_protocol = SASL_SSL          # PLAINTEXT (the default), SSL, SASL_PLAINTEXT or SASL_SSL
+    sasl_mechanism = SCRAM-SHA-512        # PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+    sasl_username = orders-reader
+    sasl_password = ${secret:kafka-orders}  # a secret's reference, never the password
+    ssl_ca_file = /etc/kafka/ca.pem        # the CA's certificates (PEM) when the brokers' are not in the system's
+    ssl_check_hostname = true              # false: accept a certificate whose name is not the broker's
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -22,14 +37,123 @@ class KafkaUnavailable(Exception):
     """The broker did not answer, or the topic does not exist."""
 
 
-def _config(servers: str, timeout: float) -> dict[str, Any]:
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = {  # a SASL mechanism -> the Java client's login module for it
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+SECURITY = {  # a setting -> what it is, for the form's help and the errors
+    "security_protocol": f"one of {', '.join(PROTOCOLS)}",
+    "sasl_mechanism": f"one of {', '.join(MECHANISMS)}",
+    "sasl_username": "the SASL user",
+    "sasl_password": "the SASL password, as a secret's reference ${secret:NAME}",
+    "ssl_ca_file": "the absolute path of the CA's certificates (PEM) the brokers' certificates are checked against",
+    "ssl_check_hostname": "true (the default) or false: whether a broker's certificate must name the broker",
+}
+SECRET_REFERENCE = re.compile(r"^\$\{secret:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\}$")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a job's topic lives: its bootstrap servers, and its client's security settings (``SECURITY``'s names,
+    the password revealed)."""
+
+    servers: str
+    security: Mapping[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.servers
+
+
+def security_problems(settings: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a job's Kafka security settings, one sentence each (none: they are whole)."""
+    problems = [f"{name}: not a setting (the settings are {', '.join(SECURITY)})" for name in settings
+                if name not in SECURITY]  # fmt: skip
+    values = {k: str(v) for k, v in settings.items() if k in SECURITY}
+    protocol = values.get("security_protocol", "PLAINTEXT").upper()
+    if protocol not in PROTOCOLS:
+        problems.append(f"security_protocol: {SECURITY['security_protocol']}, not {values['security_protocol']!r}")
+    sasl = protocol.startswith("SASL_")
+    if sasl:
+        if values.get("sasl_mechanism", "").upper() not in MECHANISMS:
+            problems.append(f"sasl_mechanism: {protocol} needs {SECURITY['sasl_mechanism']}")
+        problems += [f"{name}: {protocol} needs {SECURITY[name]}" for name in ("sasl_username", "sasl_password")
+                     if not values.get(name)]  # fmt: skip
+    else:
+        problems += [f"{name}: only with a SASL security_protocol" for name in values if name.startswith("sasl_")]
+    if (password := values.get("sasl_password")) and not SECRET_REFERENCE.match(password):
+        problems.append("sasl_password: give a secret's reference ${secret:NAME} (Secrets page), never the password")
+    if '"' in values.get("sasl_username", "") or "\\" in values.get("sasl_username", ""):
+        problems.append("sasl_username: no quotes or backslashes")
+    if (ca := values.get("ssl_ca_file")) is not None and not os.path.isabs(ca):
+        problems.append(f"ssl_ca_file: {SECURITY['ssl_ca_file']}")
+    if "SSL" not in protocol:
+        problems += [f"{name}: only with SSL or SASL_SSL" for name in values if name.startswith("ssl_")]
+    if values.get("ssl_check_hostname", "true").lower() not in ("true", "false"):
+        problems.append(f"ssl_check_hostname: {SECURITY['ssl_check_hostname']}")
+    return problems
+
+
+def client_config(security: Mapping[str, str]) -> dict[str, str]:
+    """The settings in librdkafka's names (this module's client)."""
+    config = {"security.protocol": security.get("security_protocol", "PLAINTEXT").upper()}
+    if "sasl_mechanism" in security:
+        config |= {"sasl.mechanisms": security["sasl_mechanism"].upper(), "sasl.username": security["sasl_username"],
+                   "sasl.password": security["sasl_password"]}  # fmt: skip
+    if "ssl_ca_file" in security:
+        config["ssl.ca.location"] = security["ssl_ca_file"]
+    if "SSL" in config["security.protocol"]:
+        checked = security.get("ssl_check_hostname", "true").lower() == "true"
+        config["ssl.endpoint.identification.algorithm"] = "https" if checked else "none"
+    return config
+
+
+def spark_options(security: Mapping[str, str]) -> dict[str, str]:
+    """The settings in the Java client's names, as options of Spark's Kafka source (``kafka.``-prefixed). A password
+    goes into the JAAS line, quoted; the Java client logs that line as ``[hidden]``."""
+    protocol = security.get("security_protocol", "PLAINTEXT").upper()
+    options = {"kafka.security.protocol": protocol}
+    if (mechanism := security.get("sasl_mechanism", "").upper()) in MECHANISMS and protocol.startswith("SASL_"):
+        password = security["sasl_password"].replace("\\", "\\\\").replace('"', '\\"')
+        options |= {
+            "kafka.sasl.mechanism": mechanism,
+            "kafka.sasl.jaas.config": f'{MECHANISMS[mechanism]} required username="{security["sasl_username"]}" '
+            f'password="{password}";',
+        }
+    if "ssl_ca_file" in security:
+        options |= {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": security["ssl_ca_file"]}
+    if "SSL" in protocol:
+        checked = security.get("ssl_check_hostname", "true").lower() == "true"
+        options["kafka.ssl.endpoint.identification.algorithm"] = "https" if checked else ""
+    return options
+
+
+def _config(servers: Cluster | str, timeout: float) -> dict[str, Any]:
     ms = int(timeout * 1000)
-    return {"bootstrap.servers": servers, "socket.timeout.ms": ms, "socket.connection.setup.timeout.ms": ms}
+    security = servers.security if isinstance(servers, Cluster) else {}
+    return {"bootstrap.servers": str(servers), "socket.timeout.ms": ms, "socket.connection.setup.timeout.ms": ms,
+            **client_config(security)}  # fmt: skip
 
 
-def _consumer(servers: str, timeout: float) -> Consumer:
+class _Looking(Consumer):
+    """The console's consumer, which keeps the client's own errors: a broker that refuses the login or the TLS
+    handshake answers a metadata request only with "transport failure", and its reason comes as such an error."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.errors: list[KafkaError] = []
+        super().__init__({**config, "error_cb": self.errors.append})
+
+    def failed(self, servers: Cluster | str, exc: KafkaException) -> KafkaUnavailable:
+        self.poll(0)  # the client hands its errors over as it is polled
+        refused = [e for e in self.errors if e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)]
+        why = refused[-1].str() if refused else exc.args[0]
+        return KafkaUnavailable(f"Kafka at {servers} did not answer: {why}")
+
+
+def _consumer(servers: Cluster | str, timeout: float) -> _Looking:
     # no group: the console only looks (assign, never subscribe) and commits nothing
-    return Consumer(
+    return _Looking(
         {**_config(servers, timeout), "group.id": "statekeeper-console", "enable.auto.commit": False,
          "enable.partition.eof": True, "log_level": 0, "logger": _quiet}
     )  # fmt: skip
@@ -43,20 +167,20 @@ class _Quiet:
 _quiet = _Quiet()
 
 
-def _listed(consumer: Consumer, servers: str, topic: str, timeout: float) -> list[int]:
+def _listed(consumer: _Looking, servers: Cluster | str, topic: str, timeout: float) -> list[int]:
     """The topic's partitions as the broker lists them now; KafkaUnavailable when it does not answer or the topic
     cannot be read."""
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
-        raise KafkaUnavailable(f"Kafka at {servers} did not answer: {exc.args[0]}") from exc
+        raise consumer.failed(servers, exc) from exc
     if meta is None or meta.error is not None or not meta.partitions:
         why = meta.error.str() if meta is not None and meta.error is not None else "no partitions"
         raise KafkaUnavailable(f"topic {topic!r} cannot be read at {servers}: {why}")
     return sorted(meta.partitions)
 
 
-def partitions(servers: str, topic: str, timeout: float = 5.0) -> list[int]:
+def partitions(servers: Cluster | str, topic: str, timeout: float = 5.0) -> list[int]:
     """The topic's partitions, as the broker lists them now."""
     consumer = _consumer(servers, timeout)
     try:
@@ -65,7 +189,7 @@ def partitions(servers: str, topic: str, timeout: float = 5.0) -> list[int]:
         consumer.close()
 
 
-def end_offsets(servers: str, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
+def end_offsets(servers: Cluster | str, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
     """Each partition's (earliest, end) offsets: the first record the broker still holds and the next one to come."""
     consumer = _consumer(servers, timeout)
     try:
@@ -74,12 +198,12 @@ def end_offsets(servers: str, topic: str, timeout: float = 5.0) -> dict[int, tup
             for p in _listed(consumer, servers, topic, timeout)
         }
     except KafkaException as exc:
-        raise KafkaUnavailable(f"Kafka at {servers} did not answer: {exc.args[0]}") from exc
+        raise consumer.failed(servers, exc) from exc
     finally:
         consumer.close()
 
 
-def record_times(servers: str, topic: str, at: dict[int, int], timeout: float = 5.0) -> dict[int, float]:
+def record_times(servers: Cluster | str, topic: str, at: dict[int, int], timeout: float = 5.0) -> dict[int, float]:
     """The timestamp (seconds) of the record at each partition's offset in ``at``, where the broker still holds one."""
     if not at:
         return {}
@@ -105,13 +229,13 @@ def record_times(servers: str, topic: str, at: dict[int, int], timeout: float = 
             done.add(partition)  # a record, or the end of the partition: one look each is enough
             consumer.pause([TopicPartition(topic, partition)])
     except KafkaException as exc:
-        raise KafkaUnavailable(f"Kafka at {servers} did not answer: {exc.args[0]}") from exc
+        raise consumer.failed(servers, exc) from exc
     finally:
         consumer.close()
     return found
 
 
-def ensure_topic(servers: str, topic: str, partitions: int, timeout: float = 10.0) -> bool:
+def ensure_topic(servers: Cluster | str, topic: str, partitions: int, timeout: float = 10.0) -> bool:
     """Make the topic with this many partitions unless it exists; True when it was made now."""
     admin = AdminClient(_config(servers, timeout))
     future = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout)[topic]
@@ -124,7 +248,7 @@ def ensure_topic(servers: str, topic: str, partitions: int, timeout: float = 10.
     return True
 
 
-def delete_topic(servers: str, topic: str, timeout: float = 10.0) -> None:
+def delete_topic(servers: Cluster | str, topic: str, timeout: float = 10.0) -> None:
     """Delete the topic and wait for the broker to say so (a topic already gone is fine)."""
     admin = AdminClient(_config(servers, timeout))
     try:
@@ -134,7 +258,7 @@ def delete_topic(servers: str, topic: str, timeout: float = 10.0) -> None:
             raise KafkaUnavailable(f"topic {topic!r} could not be deleted at {servers}: {exc.args[0]}") from exc
 
 
-def producer(servers: str, timeout: float = 10.0) -> Producer:
+def producer(servers: Cluster | str, timeout: float = 10.0) -> Producer:
     """A producer that waits for the broker's acknowledgement and retries on its own (idempotent: no duplicate
     from a retry), so a broker that is away for a while loses nothing that was handed to it."""
     return Producer(

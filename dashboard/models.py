@@ -68,6 +68,11 @@ class Job(models.Model):
         help_text="a file source's directory, or a Kafka source's bootstrap servers (host:port,...)",
     )
     source_format = models.CharField(max_length=10, choices=FileFormat.choices, default=FileFormat.JSON)
+    source_security = models.JSONField(
+        default=dict, blank=True,
+        help_text="a Kafka source's TLS and SASL settings (security_protocol, sasl_mechanism, sasl_username, "
+        "sasl_password as ${secret:NAME}, ssl_ca_file, ssl_check_hostname); none: PLAINTEXT",
+    )  # fmt: skip
     parameters = models.JSONField(
         default=dict, blank=True, help_text="values of the pipeline's parameters (its defaults fill the rest)"
     )
@@ -210,6 +215,7 @@ class Job(models.Model):
             "dead_letter": self.dead_letter_stream, "skip_list": self.skip_list,
             "max_future_seconds": self.max_future_seconds, "source_kind": self.source_kind,
             "source_path": self.source_path, "source_format": self.source_format,
+            "source_security": json.dumps(self.source_security or {}),
             "starting_offset": json.dumps(self.start_offset) if self.start_offset else "",
             "parameters": json.dumps(self.parameters),
         }  # fmt: skip

@@ -36,6 +36,7 @@ POLICY_FIELDS = (
 SETTINGS = (*JobForm.Meta.fields, *POLICY_FIELDS)
 SCALE = ("parallelism", "state_partitions")
 CODE = ("pipeline", "parameters")
+MAPPINGS = ("parameters", "source_security")  # the settings a spec gives as a mapping of name to value
 STATES = ("running", "suspended")
 UPGRADE_MODES = ("savepoint", "last-state", "stateless", "migrate", "blue-green")
 EXTRA = ("state", "upgrade_mode", "package")
@@ -81,6 +82,8 @@ def _kind(name: str, field: Any, model: Any) -> str:
         return "a registered pipeline's name"
     if name == "parameters":
         return "a mapping: the pipeline's parameter names to values (`${secret:NAME}` for a secret)"
+    if name == "source_security":
+        return "a mapping: `security_protocol`, `sasl_mechanism`, `sasl_username`, `sasl_password` (`${secret:NAME}`), `ssl_ca_file`, `ssl_check_hostname`"
     if choices := getattr(field, "choices", None):
         return "one of " + ", ".join(f"`{value}`" for value, _ in choices if value != "")
     if isinstance(field, forms.BooleanField):
@@ -130,7 +133,9 @@ def spec_reference() -> str:
 
 
 def _settings(job: Job) -> dict[str, Any]:
-    return {name: getattr(job, name) for name in SETTINGS} | {"parameters": dict(job.parameters or {})}
+    return {name: getattr(job, name) for name in SETTINGS} | {
+        "parameters": dict(job.parameters or {}), "source_security": dict(job.source_security or {}),
+    }  # fmt: skip
 
 
 def spec_of(job: Job) -> dict[str, Any]:
@@ -147,10 +152,10 @@ def etag(job: Job) -> str:
 def _form_data(spec: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for name, value in spec.items():
-        if name == "parameters":
+        if name in MAPPINGS:
             if not isinstance(value, dict):
-                raise SpecError({"parameters": ["must be a mapping of name to value"]})
-            data[name] = pipelines.format_parameters(value)
+                raise SpecError({name: ["must be a mapping of name to value"]})
+            data[name] = pipelines.format_parameters(value) if name == "parameters" else json.dumps(value)
         elif name == "standby":
             if not isinstance(value, bool):
                 raise SpecError({"standby": ["must be true or false"]})
@@ -194,8 +199,9 @@ def shape_problems(spec: dict[str, Any], job: Job | None = None) -> dict[str, li
         problems["upgrade_mode"] = [f"is one of {', '.join(UPGRADE_MODES)}, not {spec.get('upgrade_mode')!r}"]
     if "pipeline" in spec and not (isinstance(spec["pipeline"], str) and pipelines.find(spec["pipeline"])):
         problems["pipeline"] = [f"names no registered pipeline: {spec['pipeline']!r}"]
-    if "parameters" in spec and not isinstance(spec["parameters"], dict):
-        problems["parameters"] = ["must be a mapping of name to value"]
+    for name in MAPPINGS:
+        if name in spec and not isinstance(spec[name], dict):
+            problems[name] = ["must be a mapping of name to value"]
     for name in SCALE:
         if name in spec and not _whole(spec[name]):
             problems[name] = [f"a whole number, not {spec[name]!r}"]

@@ -430,3 +430,62 @@ def test_a_topic_deleted_under_a_running_job_fails_its_run_with_the_reason_and_t
     source_lag_sample()
     page = as_role("viewer").get(f"/jobs/{job.name}/").content.decode()
     assert 'id="source-down"' in page and f"topic &#x27;{topic}&#x27; cannot be read" in page
+
+
+def sasl_listener() -> tuple[str, str]:
+    """The set-up's broker's second listener, which asks for a SASL login (PLAIN, the user statekeeper), and its
+    password (bin/lib.sh, ensure_kafka)."""
+    if settings.KAFKA_BOOTSTRAP != "127.0.0.1:9092":
+        pytest.skip("a site's own cluster (STATEKEEPER_KAFKA_BOOTSTRAP): the set-up's SASL listener is not there")
+    return "127.0.0.1:9094", (settings.BASE_DIR / "var" / "kafka" / "sasl-password").read_text().strip()
+
+
+def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret_never_shown(
+    spark, make_job, topic, as_role
+):
+    """A cluster that needs SASL: the job's source names a secret for the password; the driver (Spark's Java client)
+    and the console's own client (lag) both log in with it; no page, spec or API answer holds the password; a wrong
+    one is named as the broker's refusal of the login on the job's page, and no lag is made up."""
+    from dashboard.forms import JobForm
+    from dashboard.services.secrets import secret_set
+    from dashboard.specs import spec_of
+
+    servers, password = sasl_listener()
+    secret_set(name="kafka-login", value=password, username="admin")
+    security = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "statekeeper",
+                "sasl_password": "${secret:kafka-login}"}  # fmt: skip
+    form = JobForm(data={"name": "sasl-refused", "pipeline": "url-counts", "source_kind": "kafka",
+                         "source_stream": topic, "source_path": servers, "state_backend": "memory",
+                         "trigger_interval_seconds": 1, "state_partitions": 2, "parallelism": 1, "batches_retained": 10,
+                         "max_records_per_batch": 100, "autoscale_mode": "off", "autoscale_max_per_day": 4,
+                         "autoscale_window_minutes": 15,
+                         "source_security": "security_protocol = SASL_PLAINTEXT\nsasl_mechanism = PLAIN\n"
+                                            f"sasl_username = statekeeper\nsasl_password = {password}"})  # fmt: skip
+    assert not form.is_valid() and "never the password" in str(form.errors["source_security"])
+
+    job = make_job(source_kind="kafka", source_stream=topic, source_path=servers, source_security=security,
+                   max_records_per_batch=200)
+    sent = Sent(topic)  # the test writes through the plain listener; the job reads through the one with a login
+    sent.send(600, seed=3)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == sent.good == 600
+    source_lag_sample()
+    assert SourceLag.objects.get(job=job).lag_records == 0, "the console's client logged in too"
+
+    viewer = as_role("viewer")
+    page = viewer.get(f"/jobs/{job.name}/").content.decode()
+    assert 'id="kafka-security"' in page and "PLAIN as <code>statekeeper</code>" in page
+    spec = json.dumps(spec_of(job))  # what the API and the CLI answer for the job
+    assert spec_of(job)["source_security"]["sasl_password"] == "${secret:kafka-login}"
+    edit = as_role("admin", "an-admin").get(f"/jobs/{job.name}/edit").content.decode()
+    for shown in (page, spec, edit):
+        assert password not in shown
+    assert "${secret:kafka-login}" in edit
+
+    secret_set(name="kafka-login", value="not-the-password", username="admin")
+    sent.send(50, seed=4)
+    SourceLag.objects.filter(job=job).delete()
+    source_lag_sample()
+    assert not SourceLag.objects.filter(job=job).exists(), "no sample rather than a false zero"
+    page = viewer.get(f"/jobs/{job.name}/").content.decode()
+    assert 'id="source-down"' in page and "Authentication failed" in page and password not in page

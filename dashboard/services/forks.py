@@ -31,6 +31,7 @@ from dashboard.services.action_steps import Done, Next, NoneType, Outcome, Steps
 from dashboard.services.errors import ActionFailed
 from dashboard.services.run_waits import active_run, refuse_while_alive, settled, start_once
 from dashboard.services.savepoints import MANIFEST
+from dashboard.services.secrets import kafka_cluster
 from dashboard.services.state_reader_client import state_read
 
 
@@ -92,7 +93,7 @@ def _kafka_replay(job: Job, offset: Any, result: Preview) -> None:
     refused when retention already deleted some of them (Spark would stop on the gap: failOnDataLoss)."""
     at = kafka.offsets_of(offset, job.source_stream)
     try:
-        ends = kafka.end_offsets(job.source_path, job.source_stream)
+        ends = kafka.end_offsets(kafka_cluster(job), job.source_stream)
     except kafka.KafkaUnavailable as exc:
         result.refusal = f"Kafka cannot be reached, so the replay cannot be checked now: {exc}"
         return

@@ -32,6 +32,7 @@ from dashboard.services.action_steps import Done, Next, Outcome, Step, Steps, Wa
 from dashboard.services.deploys import deploy_of_batch
 from dashboard.services.errors import ActionFailed
 from dashboard.services.run_waits import stop_step
+from dashboard.services.secrets import kafka_cluster
 from dashboard.services.state_reader_client import run_state_tool, state_read
 
 MANIFEST = "_manifest.json"
@@ -183,7 +184,7 @@ def records_after(job: Job, offset: dict[str, Any] | None) -> bool:
     """Whether the job's source holds records after ``offset`` (where a batch ended in it; None: from its start)."""
     if job.reads_kafka:
         try:
-            ends = kafka.end_offsets(job.source_path, job.source_stream)
+            ends = kafka.end_offsets(kafka_cluster(job), job.source_stream)
         except kafka.KafkaUnavailable:
             return False
         return sum(kafka.lag_by_partition(ends, kafka.offsets_of(offset, job.source_stream)).values()) > 0

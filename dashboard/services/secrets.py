@@ -31,6 +31,7 @@ from django.utils import timezone
 from statekeeper_sdk._passwords import LITERAL_PASSWORDS, MASK, replace_passwords
 
 from dashboard import pipelines
+from dashboard.kafka import Cluster, KafkaUnavailable
 from dashboard.models import SECRET_NAME, SECRET_NAME_PATTERN, Secret
 from dashboard.selectors.secrets import REFERENCE, referenced, used_by
 
@@ -225,6 +226,16 @@ def reveal(values: Mapping[str, Any]) -> dict[str, Any]:
         name: REFERENCE.sub(lambda m: plain[m.group(1)], value) if isinstance(value, str) else value
         for name, value in values.items()
     }
+
+
+def kafka_cluster(job: Any) -> Cluster:
+    """Where a Kafka job's topic lives, for the console's own client (lag, previews, restores): its servers and its
+    security settings, the password revealed in this process (and so masked by ``redact``). A secret that is missing
+    or unreadable is the broker's answer that nothing can be read (``KafkaUnavailable``), named."""
+    try:
+        return Cluster(job.source_path, {str(k): str(v) for k, v in reveal(job.source_security or {}).items()})
+    except SecretError as exc:
+        raise KafkaUnavailable(f"the Kafka password cannot be had: {exc}") from None
 
 
 def redact(text: str) -> str:

@@ -22,6 +22,7 @@ from dashboard.connections import redis_client
 from dashboard.engine.live import live_add, live_message
 from dashboard.models import Job, SourceLag
 from dashboard.selectors.lag import source_error_key
+from dashboard.services.secrets import kafka_cluster
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +119,10 @@ def _kafka_sample(job: Job, now: datetime) -> SourceLag | None:
     end = job.latest_checkpoint.end_offset if job.latest_checkpoint else None
     committed_at = kafka.offsets_of(end, job.source_stream) or kafka.offsets_of(_on_disk(job), job.source_stream)
     try:
-        ends = kafka.end_offsets(job.source_path, job.source_stream, timeout=3)
+        ends = kafka.end_offsets(cluster := kafka_cluster(job), job.source_stream, timeout=3)
         lag = kafka.lag_by_partition(ends, committed_at)
         waiting = {p: committed_at.get(p, ends[p][0]) for p, n in lag.items() if n}
-        times = kafka.record_times(job.source_path, job.source_stream, waiting, timeout=3)
+        times = kafka.record_times(cluster, job.source_stream, waiting, timeout=3)
     except kafka.KafkaUnavailable as exc:
         log.warning("Kafka lag of %s not sampled: %s", job.name, exc)
         _source_failed(job, str(exc))

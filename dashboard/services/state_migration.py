@@ -28,6 +28,7 @@ from dashboard.services.action_keys import Keys, action_progress, memo_save, rem
 from dashboard.services.action_steps import Done, Next, NoneType, Outcome, Wait
 from dashboard.services.errors import ActionFailed
 from dashboard.services.forks import fork_name
+from dashboard.services.secrets import kafka_cluster
 from dashboard.services.shadow import range_end
 from dashboard.services.state_reader_client import state_read
 from dashboard.services.upgrade_parts import (
@@ -111,7 +112,7 @@ def _first_input(job: Job, start: dict[str, Any]) -> dict[str, Any] | None:
     if not job.reads_kafka:
         return range_end(job, start, PREVIEW_RECORDS, "so the first batch's input cannot be fixed")
     try:
-        ends = kafka.end_offsets(job.source_path, job.source_stream)
+        ends = kafka.end_offsets(kafka_cluster(job), job.source_stream)
     except kafka.KafkaUnavailable as exc:
         raise ActionFailed(f"Kafka cannot be reached, so the first batch's input cannot be fixed: {exc}") from None
     at = kafka.offsets_of(start, job.source_stream)

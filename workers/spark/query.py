@@ -20,7 +20,7 @@ from dashboard.checkpoint_dir.files import closing_file, committed_batches, line
 from workers.spark.manifest import ManifestKeeper
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
-from workers.spark.sources.kafka import kafka_events
+from workers.spark.sources.kafka import kafka_events, revealed_security
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ class JobSpec:
     source_kind: str = "redis-stream"  # "files": Spark's file source on ``source_path``; "kafka": topic ``stream``
     source_path: str = ""
     source_format: str = "json"
+    # JSON: a Kafka source's TLS and SASL settings, a password as its secret's reference (revealed as the query starts)
+    source_security: str = "{}"
     # JSON, where a new checkpoint starts reading: a Redis stream's {"id", "n"}, a Kafka topic's {topic: {partition: n}}
     starting_offset: str = ""
     parameters: str = "{}"  # JSON: the job's values for the pipeline's parameters
@@ -104,6 +106,7 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
         return kafka_events(
             spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,
             spec.max_future_seconds, spec.max_records, spec.starting_offset,
+            security=revealed_security(spec.source_security),
         )  # fmt: skip
     if spec.source_kind == "files":
         return file_events(

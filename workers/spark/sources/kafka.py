@@ -6,6 +6,7 @@ per partition) and, while the job is down, from the broker's end offsets (``dash
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from statekeeper_sdk import Limits, PayloadFormat
 
+from dashboard.kafka import spark_options
 from workers.spark.sources.checks import Entries, check_batches
 
 FETCH_WAIT_MS = 10
@@ -44,7 +46,7 @@ class Places(Mapping[str, str]):
 
 def kafka_events(
     spark: SparkSession, servers: str, topic: str, payload: PayloadFormat, dead_letters: str, redis_url: str,
-    max_future_seconds: float, max_records: int, starting: str = "",
+    max_future_seconds: float, max_records: int, starting: str = "", security: Mapping[str, str] | None = None,
 ) -> DataFrame:  # fmt: skip
     """``starting``: where a new checkpoint starts reading, as a checkpoint's Kafka offsets in JSON
     (``{"topic": {"0": 812, ...}}``: an upgrade with empty or migrated state goes on where the old line stopped);
@@ -56,6 +58,7 @@ def kafka_events(
         # took 373 ms in addBatch against 185 ms with this (docs/benchmarks.md); the consumer fetches only in a task
         .option("kafka.fetch.max.wait.ms", str(FETCH_WAIT_MS))
     )  # fmt: skip
+    reader = reader.options(**spark_options(security or {}))  # TLS and SASL, in the Java client's words
     if max_records > 0:
         reader = reader.option("maxOffsetsPerTrigger", str(max_records))
     entries = reader.load().select(
@@ -74,3 +77,22 @@ def kafka_events(
         yield from check_batches(batches, option, limits, dead_letters, redis_url, entries_of)
 
     return entries.mapInArrow(check, payload.spark_schema())
+
+
+def revealed_security(settings: str) -> dict[str, str]:
+    """A job's Kafka security settings (JSON) with its password's secret revealed: in the process that starts the query
+    (a driver, the state reader), which sets Django up for it the first time a reference is there."""
+    security = {str(k): str(v) for k, v in json.loads(settings or "{}").items()}
+    if not any("${secret:" in value for value in security.values()):
+        return security
+    import os
+
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
+        django.setup()
+    from dashboard.services.secrets import reveal
+
+    return {k: str(v) for k, v in reveal(security).items()}
