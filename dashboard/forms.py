@@ -45,6 +45,7 @@ class JobForm(forms.ModelForm):
 
     source_security = forms.CharField(
         required=False,
+        label="Kafka security (TLS, SASL)",
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "security_protocol = SASL_SSL"}),
         help_text="a Kafka source's TLS and SASL settings, one name = value per line: security_protocol, "
         "sasl_mechanism, sasl_username, sasl_password (a secret's reference, ${secret:NAME}), ssl_ca_file, "
@@ -87,7 +88,6 @@ class JobForm(forms.ModelForm):
             "source_stream": "Redis stream, or Kafka topic",
             "source_path": "Directory (files), or bootstrap servers (Kafka)",
             "source_format": "File format",
-            "source_security": "Kafka security (TLS, SASL)",
         }
 
     # settings with a default that a form (or a script posting one) may leave out: the job's value, or the default

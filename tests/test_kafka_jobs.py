@@ -489,3 +489,9 @@ def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret
     assert not SourceLag.objects.filter(job=job).exists(), "no sample rather than a false zero"
     page = viewer.get(f"/jobs/{job.name}/").content.decode()
     assert 'id="source-down"' in page and "Authentication failed" in page and password not in page
+    failing = DriverThread(spark, job)  # and the driver, whose Java client the broker refuses too
+    failing.thread.join(180)
+    failing.run.refresh_from_db()
+    assert failing.status == RunStatus.FAILED and failing.run.status == RunStatus.FAILED
+    assert "Authentication failed" in failing.run.message and password not in failing.run.message
+    assert "not-the-password" not in failing.run.message
