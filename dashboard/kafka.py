@@ -298,3 +298,36 @@ def send_all(producing: Producer, topic: str, values: Iterable[tuple[bytes | Non
     if flush:
         producing.flush()
     return sent
+
+
+def headers_since(
+    servers: Cluster | str, topic: str, since: dict[int, int], header: str, timeout: float = 30.0
+) -> set[str]:
+    """The values of ``header`` on the records written to ``topic`` from the offsets ``since`` (partition -> offset; a
+    partition not there from its earliest) up to its end now: what a re-drive that was cut short had written."""
+    ends = end_offsets(servers, topic, timeout)
+    wanted = {p: since.get(p, first) for p, (first, end) in ends.items() if since.get(p, first) < end}
+    found: set[str] = set()
+    if not wanted:
+        return found
+    consumer = _consumer(servers, timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in wanted.items()])
+        left = dict(wanted)
+        while left and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None or message.error() is not None:
+                continue
+            partition, offset = message.partition(), message.offset()
+            headers: Any = message.headers() or []  # a consumer's: a list of (name, bytes or None)
+            found.update(value.decode() for name, value in headers if name == header and value is not None)
+            if partition in left and offset is not None and offset + 1 >= ends[partition][1]:
+                del left[partition]
+        if left:
+            raise KafkaUnavailable(f"topic {topic!r} at {servers} was not read to its end in {timeout:.0f} s")
+    except KafkaException as exc:
+        raise consumer.failed(servers, exc) from exc
+    finally:
+        consumer.close()
+    return found

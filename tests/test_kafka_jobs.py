@@ -463,8 +463,13 @@ def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret
                                             f"sasl_username = statekeeper\nsasl_password = {password}"})  # fmt: skip
     assert not form.is_valid() and "never the password" in str(form.errors["source_security"])
 
-    job = make_job(source_kind="kafka", source_stream=topic, source_path=servers, source_security=security,
-                   max_records_per_batch=200)
+    job = make_job(
+        source_kind="kafka",
+        source_stream=topic,
+        source_path=servers,
+        source_security=security,
+        max_records_per_batch=200,
+    )
     sent = Sent(topic)  # the test writes through the plain listener; the job reads through the one with a login
     sent.send(600, seed=3)
     run_to_end(spark, job, sent)
@@ -495,3 +500,63 @@ def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret
     assert failing.status == RunStatus.FAILED and failing.run.status == RunStatus.FAILED
     assert "Authentication failed" in failing.run.message and password not in failing.run.message
     assert "not-the-password" not in failing.run.message
+
+
+def test_dead_letters_are_re_driven_into_the_topic_once_also_when_a_re_drive_was_cut_short(make_job, topic, redis):
+    """A Kafka job's dead letters go back into its topic as new records, each with its dead letter's id in a header,
+    and leave the dead letters; a sink's refusal stays. A re-drive cut short after sending part of a chunk sends only
+    the rest when retried: the topic holds each re-driven record once."""
+    from confluent_kafka import Consumer
+    from statekeeper_sdk import Rejected
+
+    from dashboard.services.actions import action_execute
+    from dashboard.services.dead_letters import REDRIVE_HEADER
+    from workers.spark.sources.redis_streams import dead_letter
+
+    job = kafka_job(make_job, topic)
+    letters = [Rejected(f"{1000 + i}-{i}", "validate", f"reason {i}", b'{"n": %d}' % i) for i in range(40)]
+    dead_letter(redis, job.dead_letter_stream, [*letters, Rejected("batch-3:url:x", "sink", "too long", b"x")])
+    ids = [i.decode() for i, _ in redis.xrange(job.dead_letter_stream)]
+
+    def records() -> list[tuple[str, bytes]]:
+        consumer = Consumer({"bootstrap.servers": settings.KAFKA_BOOTSTRAP, "group.id": f"t-{uuid.uuid4().hex}",
+                             "auto.offset.reset": "earliest", "enable.partition.eof": True})  # fmt: skip
+        consumer.subscribe([topic])
+        found, ended, deadline = [], set(), time.monotonic() + 30
+        while len(ended) < PARTITIONS and time.monotonic() < deadline:
+            m = consumer.poll(1)
+            if m is None:
+                continue
+            if m.error():
+                ended.add(m.partition())
+                continue
+            found.append((dict(m.headers() or [])[REDRIVE_HEADER].decode(), m.value()))
+        consumer.close()
+        return found
+
+    # a first re-drive of ten, cut short: taken out of the dead letters, four of them sent, then the worker died
+    action = action_request(job=job, kind=ActionKind.REDRIVE_DEAD_LETTERS, params={"ids": ids[:10]})
+    pending = f"{job.dead_letter_stream}:redriving:{action.id}"
+    redis.set(f"{pending}:from", json.dumps(kafka.end_offsets(settings.KAFKA_BOOTSTRAP, topic)))
+    for entry in ids[:10]:
+        payload = dict(redis.xrange(job.dead_letter_stream, entry, entry)[0][1])[b"payload"]
+        redis.hset(pending, entry, payload)
+        redis.xdel(job.dead_letter_stream, entry)
+    producing = kafka.producer(settings.KAFKA_BOOTSTRAP)
+    for entry in ids[:4]:
+        producing.produce(topic, value=redis.hget(pending, entry), headers=[(REDRIVE_HEADER, entry.encode())])
+    producing.flush()
+
+    done = action_execute(action_id=action.id)  # the retry
+    assert done.status == ActionStatus.SUCCEEDED, done.outcome
+    sent = records()
+    assert sorted(e for e, _ in sent) == sorted(ids[:10]), "each of the ten once: the four sent before, six now"
+    assert not redis.exists(pending) and redis.xlen(job.dead_letter_stream) == 31
+
+    everything = action_request(job=job, kind=ActionKind.REDRIVE_DEAD_LETTERS, params={"all": True})
+    done = action_execute(action_id=everything.id)
+    assert done.outcome.startswith(f"30 dead letters re-driven into the Kafka topic {topic}"), done.outcome
+    assert "1 stayed" in done.outcome and redis.xlen(job.dead_letter_stream) == 1, "the sink's refusal stays"
+    sent = records()
+    assert sorted(e for e, _ in sent) == sorted(ids[:40]) and len(sent) == 40
+    assert {v for _, v in sent} == {b'{"n": %d}' % i for i in range(40)}, "each payload as it was sent"

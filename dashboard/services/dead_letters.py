@@ -1,18 +1,24 @@
 """Dead letters stay bounded (per job: how many and how old, trimmed with their once-only markers), and an operator
-can re-drive them into the source once the cause is fixed: each goes back as a new entry and leaves the dead letter
-in one step, so a retried action re-drives nothing twice."""
+can re-drive them into the source once the cause is fixed. Into a Redis stream, each goes back as a new entry and
+leaves the dead letter in one step, so a retried action re-drives nothing twice. Into a Kafka topic, a chunk leaves
+the dead letters for the action's own list in one step, after the topic's end offsets are noted; each record carries
+its dead letter's id in a header; the list goes once the broker has them all. A retry of an action cut short reads
+the topic from the noted offsets for those headers and sends only what is not there."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 
 import redis
 from django.utils import timezone
 
+from dashboard import kafka
 from dashboard.connections import redis_client
 from dashboard.models import Action, Job
 from dashboard.services.action_keys import action_progress
 from dashboard.services.errors import ActionFailed
+from dashboard.services.secrets import kafka_cluster
 
 # XADD the payload to the source and XDEL the dead letter, only if it is still there: a retry finds it gone.
 _REDRIVE = """
@@ -35,7 +41,30 @@ for i = 1, #ARGV do
 end
 return moved
 """
+# Take the chosen dead letters (still there, not a sink's refusal) into the action's list of those on their way to the
+# topic, in one step: KEYS[1] the dead letters, KEYS[2] the list (a hash: id -> payload).
+_CLAIM = """
+local claimed = 0
+for i = 1, #ARGV do
+  local found = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+  if #found == 1 then
+    local fields = found[1][2]
+    local payload, stage = nil, nil
+    for j = 1, #fields, 2 do
+      if fields[j] == 'payload' then payload = fields[j + 1] end
+      if fields[j] == 'stage' then stage = fields[j + 1] end
+    end
+    if payload and stage ~= 'sink' then
+      redis.call('HSET', KEYS[2], ARGV[i], payload)
+      redis.call('XDEL', KEYS[1], ARGV[i])
+      claimed = claimed + 1
+    end
+  end
+end
+return claimed
+"""
 CHUNK = 500
+REDRIVE_HEADER = "statekeeper-redrive"  # a re-driven record's header: the id of the dead letter it was
 
 
 def dead_letters_trim(now: datetime | None = None) -> dict[str, int]:
@@ -63,13 +92,13 @@ def redrive_action(action: Action) -> str:
             f"{job.name} reads files: its dead letters cannot be re-driven into {job.source_path}. Export them, fix "
             "the rows, and drop them into the directory as a new file; nothing was moved."
         )
-    if not job.reads_redis:
-        raise ActionFailed(f"{job.name} reads Kafka: export the dead letters and produce them to the topic again.")
     client = redis_client(timeout=30)
     if action.params.get("all"):
         ids = [i.decode() for i, _ in client.xrange(job.dead_letter_stream)]
     else:
         ids = [str(i) for i in action.params.get("ids", [])]
+    if job.reads_kafka:
+        return _redrive_kafka(action, client, ids)
     if not ids:
         raise ActionFailed("No dead letters were chosen; nothing was re-driven.")
     script = client.register_script(_REDRIVE)
@@ -80,3 +109,51 @@ def redrive_action(action: Action) -> str:
     left = len(ids) - moved
     note = f"; {left} stayed (a sink's refusal is not an event, or already re-driven)" if left else ""
     return f"{moved} dead letters re-driven into {job.source_stream} as new entries{note}."
+
+
+def _redrive_kafka(action: Action, client: redis.Redis, ids: list[str]) -> str:
+    job = action.job
+    cluster = kafka_cluster(job)
+    pending, since = (
+        f"{job.dead_letter_stream}:redriving:{action.id}",
+        f"{job.dead_letter_stream}:redriving:{action.id}:from",
+    )
+    moved = _redrive_pending(job, client, cluster, pending, since)  # what a run cut short had taken
+    if not ids and not moved:
+        raise ActionFailed("No dead letters were chosen; nothing was re-driven.")
+    claim = client.register_script(_CLAIM)
+    for start in range(0, len(ids), CHUNK):
+        try:  # noted before any of the chunk is sent: a retry reads the topic from here for what was
+            client.set(since, json.dumps(kafka.end_offsets(cluster, job.source_stream, timeout=10)))
+        except kafka.KafkaUnavailable as exc:
+            raise ActionFailed(f"{exc}; {moved} re-driven so far, the rest are still dead letters.") from None
+        if int(claim(keys=[job.dead_letter_stream, pending], args=ids[start : start + CHUNK])):
+            moved += _redrive_pending(job, client, cluster, pending, since)
+        action_progress(action, f"re-driven {moved} of {len(ids)}")
+    left = len(ids) - moved
+    note = f"; {left} stayed (a sink's refusal is not an event, or already re-driven)" if left > 0 else ""
+    return f"{moved} dead letters re-driven into the Kafka topic {job.source_stream} as new records{note}."
+
+
+def _redrive_pending(job: Job, client: redis.Redis, cluster: kafka.Cluster, pending: str, since: str) -> int:
+    """Send the action's list to the topic, each record once: those a run cut short had sent already (their header
+    found after the noted offsets) are not sent again. The list goes once the broker has them all."""
+    taken = {k.decode(): v for k, v in client.hgetall(pending).items()}
+    if not taken:
+        return 0
+    noted = {int(p): (first, end) for p, (first, end) in json.loads(client.get(since) or "{}").items()}
+    try:
+        sent = kafka.headers_since(
+            cluster, job.source_stream, {p: end for p, (_, end) in noted.items()}, REDRIVE_HEADER
+        )
+        producing = kafka.producer(cluster)
+        for entry, payload in taken.items():
+            if entry not in sent:
+                producing.produce(job.source_stream, value=payload, headers=[(REDRIVE_HEADER, entry.encode())])
+                producing.poll(0)
+        if producing.flush(60):
+            raise kafka.KafkaUnavailable(f"the broker at {cluster} did not take every record within 60 s")
+    except kafka.KafkaUnavailable as exc:
+        raise ActionFailed(f"{exc}; the {len(taken)} taken are kept and sent when the action is retried.") from None
+    client.delete(pending, since)
+    return len(taken)
