@@ -14,7 +14,7 @@ from dashboard.api.tokens import token_user
 from dashboard.models import Alert, Recovery, Run, RunStatus
 from dashboard.records import MEASURES
 from dashboard.selectors.jobs import dead_letter_counts, job_list
-from dashboard.selectors.lag import latest_source_lag
+from dashboard.selectors.lag import latest_source_lag, sources_unreachable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -56,6 +56,7 @@ def render_metrics() -> str:
         return [({"job": j.name}, get(j, j.latest_checkpoint)) for j in jobs]
 
     source = latest_source_lag(jobs)
+    unreachable = sources_unreachable(jobs)
     heaps: dict[int, tuple[int | None, int | None]] = {
         job_id: (held, most)
         for job_id, held, most in Run.objects.filter(status=RunStatus.RUNNING).values_list(
@@ -81,6 +82,8 @@ def render_metrics() -> str:
          per_job(lambda j, c: c.committed_at.timestamp() if c else None)),
         ("statekeeper_job_lag_oldest_seconds", "gauge", "age of the oldest source entry not yet read (from the source)",
          per_job(lambda j, c: source[j.id].lag_seconds if j.id in source else None)),
+        ("statekeeper_source_up", "gauge", "a Kafka job's source: 1 while its broker answers the console's lag sample, 0 while it does not (the lag shown is then the last sample's)",
+         per_job(lambda j, c: (0 if j.id in unreachable else 1) if j.reads_kafka else None)),
         ("statekeeper_job_restarts_total", "counter", "automatic restarts after a failure",
          per_job(lambda j, c: restarts.get(j.id, 0))),
         ("statekeeper_job_dead_letters", "gauge", "entries in the job's dead-letter stream",

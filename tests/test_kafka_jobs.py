@@ -381,14 +381,19 @@ def test_a_broker_that_does_not_answer_is_said_on_the_jobs_page_and_no_lag_is_ma
     Job.objects.filter(id=job.id).update(source_path="127.0.0.1:9")  # nothing listens there
     source_lag_sample()
     assert not SourceLag.objects.filter(job=job).exists(), "no sample rather than a false zero"
-    page = as_role("viewer").get(f"/jobs/{job.name}/").content.decode()
+    viewer = as_role("viewer")
+    page = viewer.get(f"/jobs/{job.name}/").content.decode()
     assert 'id="source-down"' in page and "did not answer" in page
+    assert f'statekeeper_source_up{{job="{job.name}"}} 0' in viewer.get("/metrics").content.decode()
 
     Job.objects.filter(id=job.id).update(source_path=settings.KAFKA_BOOTSTRAP)
     Sent(topic).send(30, seed=1)
     source_lag_sample()
     assert SourceLag.objects.get(job=job).lag_records == 30
-    assert 'id="source-down"' not in as_role("viewer", "another").get(f"/jobs/{job.name}/").content.decode()
+    assert 'id="source-down"' not in viewer.get(f"/jobs/{job.name}/").content.decode()
+    scraped = viewer.get("/metrics").content.decode()
+    assert f'statekeeper_source_up{{job="{job.name}"}} 1' in scraped
+    assert f'statekeeper_job_lag_records{{job="{job.name}"}} 30' in scraped
 
 
 def test_a_partition_added_while_the_job_runs_is_read_from_its_start_and_sampled(spark, make_job, topic):

@@ -149,3 +149,16 @@ def source_lag_growing(samples: list[SourceLag]) -> bool:
     """Lag rose across the samples (oldest first) and is still there: the source moves on, the job does not."""
     lags = [s.lag_records for s in samples]
     return len(lags) >= 3 and lags[-1] > lags[0] and all(b >= a for a, b in zip(lags, lags[1:], strict=False))
+
+
+def sources_unreachable(jobs: list[Job]) -> set[int]:
+    """The ids of those Kafka jobs whose source could not be sampled lately, in one look at Redis (empty when Redis,
+    which keeps the reasons, does not answer)."""
+    kafka = [job.id for job in jobs if job.reads_kafka]
+    if not kafka:
+        return set()
+    try:
+        found = redis_client(timeout=2).mget([source_error_key(job_id) for job_id in kafka])
+    except redis.RedisError:
+        return set()
+    return {job_id for job_id, raw in zip(kafka, found, strict=True) if raw}
