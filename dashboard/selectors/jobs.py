@@ -132,7 +132,10 @@ def job_lag_status(job: Job, now: datetime | None = None, recent: list[dict[str,
             down = lag.LagStatus("STOP", f"not running: {job.lag_count(sample.lag_records)} waiting{oldest}", None)
             return asdict(down) | {"run": run}
     points = charts.recent_points(job) if recent is None else recent
-    return lag.status_json(points, job.trigger_interval_seconds, now) | {"run": run}
+    judged = lag.status_json(points, job.trigger_interval_seconds, now)
+    if job.reads_kafka and judged["status"] == "OK" and lag.source_unreachable(job):
+        judged["reason"] = f"{judged['reason']} as of the last batch; the broker does not answer the console now"
+    return judged | {"run": run}
 
 
 def spare_driver() -> DriverHost | None:
