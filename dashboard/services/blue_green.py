@@ -95,6 +95,7 @@ EXACT_WAIT_SECONDS = 10  # and then for green to have committed what blue has
 BLUE_MISSING_SECONDS = 120  # blue not running this long (no restart came) while green follows: abort
 GREEN_RESTART_SECONDS = 120  # green dead after the handover, no run of the job this long: the upgrade failed
 BOOT_WAIT_SECONDS = 300  # green's driver of its own gets this long to start before the savepoint it forks from
+FRESH_WAIT_SECONDS = 60  # after the handover, how long the gap's measure waits for green's first batch of new input
 GAIN_WINDOW_SECONDS = 60  # green's gain on blue is measured over windows this long, and said after the first
 NO_GAIN_WINDOWS = 3  # an automatic handover gives up after this many windows in a row in which green did not gain
 
@@ -740,11 +741,23 @@ def _live(action: Action) -> Outcome:
             return Wait(f"green took over after batch {after}: waiting for its first batch", 0.1)
         return _upgraded(action, run, None)
     blue_batch = Checkpoint.objects.filter(job=job, run_id=action.params.get("blue_run")).order_by("-batch_id").first()
+    # The gap as a consumer of the sinks sees it: from the old version's last write (its newest batch) to the new
+    # version's first write of input no earlier write held, the batch after the old version's newest (green's first
+    # batch may be the old version's newest written again: values a consumer has seen already). With no new input
+    # within FRESH_WAIT_SECONDS there is no such write, and no gap to say.
+    newest = blue_batch.batch_id if blue_batch else after if after is not None else -1
+    fresh = (
+        Checkpoint.objects.filter(job=job, location=action.params["fork"], run_id__gte=run.id,
+                                  batch_id__gt=newest + int(action.params.get("shift") or 0))
+        .order_by("batch_id").first()
+    )  # fmt: skip
+    if fresh is None and step_seconds(action) < FRESH_WAIT_SECONDS:
+        return Wait(f"green took over after batch {after}: waiting for its first batch of new input", 0.1)
     # a record's committed_at is its trigger's time: each batch is committed its duration later
     gap = (
-        (first.committed_at + timedelta(milliseconds=first.duration_ms))
+        (fresh.committed_at + timedelta(milliseconds=fresh.duration_ms))
         - (blue_batch.committed_at + timedelta(milliseconds=blue_batch.duration_ms))
-    ).total_seconds() if blue_batch else None  # fmt: skip
+    ).total_seconds() if blue_batch and fresh else None  # fmt: skip
     # the old version's batches past the handover point (its newest, when the handover came before it, and one it had
     # in flight): green wrote them again, and the history holds both versions' records of them
     replaced = sorted(
@@ -752,7 +765,7 @@ def _live(action: Action) -> Outcome:
         .values_list("batch_id", flat=True)
     )  # fmt: skip
     remember(action, gap_seconds=round(gap, 3) if gap is not None else None, first_batch=first.batch_id,
-             replaced=replaced)  # fmt: skip
+             fresh_batch=fresh.batch_id if fresh else None, replaced=replaced)  # fmt: skip
     return _upgraded(action, run, first.batch_id)
 
 
@@ -775,7 +788,14 @@ def _upgraded(action: Action, run: Run, first: int | None) -> Done:
             if (replaced := action.params.get("replaced"))
             else ""
         )
-        + (f"; output gap {gap:.2f} s" if gap is not None else "")
+        + (
+            f"; output gap {gap:.2f} s (the old version's last write to the new version's first of new input, "
+            f"batch {action.params.get('fresh_batch')})"
+            if gap is not None
+            else "; no new input came within a minute, so no output gap to measure"
+            if first is not None
+            else ""
+        )
         + f". Beside blue it ran {t['compared']} batch(es): {t['added']} rows added, "
         f"{t['removed']} removed, {t['changed']} changed, {t['same']} the same. Savepoint #{action.params['savepoint']}"
         " is the way back."
@@ -829,6 +849,7 @@ BLUE_GREEN_KEYS = (
             "green_start": dict,  # a migration: where green's new checkpoint starts reading (the savepoint's end)
             "handed_over": bool, "handover_after": (int, NoneType), "handover_at": str,
             "gap_seconds": (float, int, NoneType), "first_batch": int,
+            "fresh_batch": (int, NoneType),  # green's first batch of input the old version never wrote (its numbers)
             "replaced": list,  # the old version's batches past the handover that green wrote again
             "kept": str, "proof": dict,
             "catch_up": dict,  # whether green gains on blue, over the last window (``catch_up``)
