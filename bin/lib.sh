@@ -9,6 +9,9 @@ PY="$VENV/bin/python"
 export STATEKEEPER_ENV=${STATEKEEPER_ENV:-development}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 PGPASS=${PGPASSFILE:-${XDG_CONFIG_HOME:-$HOME/.config}/statekeeper/pgpass}
+# the password of the set-up's Kafka broker's SASL listener, kept beside the database's (one broker serves every
+# checkout on this machine)
+export STATEKEEPER_KAFKA_SASL_PASSWORD_FILE=${STATEKEEPER_KAFKA_SASL_PASSWORD_FILE:-${XDG_CONFIG_HOME:-$HOME/.config}/statekeeper/kafka-sasl-password}
 
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*"; }
 
@@ -248,8 +251,9 @@ ensure_kafka() {
   ensure_jars kafka-broker || return 1
   mkdir -p "$KAFKA_DIR/data"
   # A second listener on 9094 asks for SASL (PLAIN, the user statekeeper, its password made once and kept in
-  # var/kafka/sasl-password): the tests read a topic through it as a cluster that needs a login is read.
-  [ -s "$KAFKA_DIR/sasl-password" ] || (umask 077; "$PY" -c 'import secrets; print(secrets.token_urlsafe(18))' > "$KAFKA_DIR/sasl-password")
+  # STATEKEEPER_KAFKA_SASL_PASSWORD_FILE): the tests read a topic through it as a cluster that needs a login is read.
+  local sasl=$STATEKEEPER_KAFKA_SASL_PASSWORD_FILE
+  [ -s "$sasl" ] || (umask 077; mkdir -p "$(dirname "$sasl")"; "$PY" -c 'import secrets; print(secrets.token_urlsafe(18))' > "$sasl")
   cat > "$KAFKA_DIR/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
@@ -260,7 +264,7 @@ controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
 sasl.enabled.mechanisms=PLAIN
-listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_statekeeper="$(cat "$KAFKA_DIR/sasl-password")";
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_statekeeper="$(cat "$sasl")";
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=false

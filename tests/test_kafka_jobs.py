@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis as redis_lib
@@ -439,10 +440,11 @@ def test_a_topic_deleted_under_a_running_job_fails_its_run_with_the_reason_and_t
 
 def sasl_listener() -> tuple[str, str]:
     """The set-up's broker's second listener, which asks for a SASL login (PLAIN, the user statekeeper), and its
-    password (bin/lib.sh, ensure_kafka)."""
+    password (bin/lib.sh, ensure_kafka: STATEKEEPER_KAFKA_SASL_PASSWORD_FILE)."""
     if settings.KAFKA_BOOTSTRAP != "127.0.0.1:9092":
         pytest.skip("a site's own cluster (STATEKEEPER_KAFKA_BOOTSTRAP): the set-up's SASL listener is not there")
-    return "127.0.0.1:9094", (settings.BASE_DIR / "var" / "kafka" / "sasl-password").read_text().strip()
+    default = Path.home() / ".config" / "statekeeper" / "kafka-sasl-password"
+    return "127.0.0.1:9094", Path(os.environ.get("STATEKEEPER_KAFKA_SASL_PASSWORD_FILE", default)).read_text().strip()
 
 
 def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret_never_shown(
