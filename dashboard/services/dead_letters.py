@@ -20,10 +20,12 @@ from dashboard.services.action_keys import action_progress
 from dashboard.services.errors import ActionFailed
 from dashboard.services.secrets import kafka_cluster
 
-# XADD the payload to the source and XDEL the dead letter, only if it is still there: a retry finds it gone.
-_REDRIVE = """
+# Move the chosen dead letters (still there, not a sink's refusal) out of KEYS[1] in one step, each only if it is still
+# there (a retry finds it gone): ARGV[1] "stream" adds each payload to the Redis stream KEYS[2] as a new entry (a Redis
+# job's source); "list" keeps it in the hash KEYS[2], id -> payload (a Kafka re-drive's list on its way to the topic).
+_MOVE = """
 local moved = 0
-for i = 1, #ARGV do
+for i = 2, #ARGV do
   local found = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
   if #found == 1 then
     local fields = found[1][2]
@@ -33,35 +35,17 @@ for i = 1, #ARGV do
       if fields[j] == 'stage' then stage = fields[j + 1] end
     end
     if payload and stage ~= 'sink' then
-      redis.call('XADD', KEYS[2], '*', 'v', payload)
+      if ARGV[1] == 'stream' then
+        redis.call('XADD', KEYS[2], '*', 'v', payload)
+      else
+        redis.call('HSET', KEYS[2], ARGV[i], payload)
+      end
       redis.call('XDEL', KEYS[1], ARGV[i])
       moved = moved + 1
     end
   end
 end
 return moved
-"""
-# Take the chosen dead letters (still there, not a sink's refusal) into the action's list of those on their way to the
-# topic, in one step: KEYS[1] the dead letters, KEYS[2] the list (a hash: id -> payload).
-_CLAIM = """
-local claimed = 0
-for i = 1, #ARGV do
-  local found = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
-  if #found == 1 then
-    local fields = found[1][2]
-    local payload, stage = nil, nil
-    for j = 1, #fields, 2 do
-      if fields[j] == 'payload' then payload = fields[j + 1] end
-      if fields[j] == 'stage' then stage = fields[j + 1] end
-    end
-    if payload and stage ~= 'sink' then
-      redis.call('HSET', KEYS[2], ARGV[i], payload)
-      redis.call('XDEL', KEYS[1], ARGV[i])
-      claimed = claimed + 1
-    end
-  end
-end
-return claimed
 """
 CHUNK = 500
 REDRIVE_HEADER = "statekeeper-redrive"  # a re-driven record's header: the id of the dead letter it was
@@ -101,10 +85,12 @@ def redrive_action(action: Action) -> str:
         return _redrive_kafka(action, client, ids)
     if not ids:
         raise ActionFailed("No dead letters were chosen; nothing was re-driven.")
-    script = client.register_script(_REDRIVE)
+    script = client.register_script(_MOVE)
     moved = 0
     for start in range(0, len(ids), CHUNK):
-        moved += int(script(keys=[job.dead_letter_stream, job.source_stream], args=ids[start : start + CHUNK]))
+        moved += int(
+            script(keys=[job.dead_letter_stream, job.source_stream], args=["stream", *ids[start : start + CHUNK]])
+        )
         action_progress(action, f"re-driven {moved} of {len(ids)}")
     left = len(ids) - moved
     note = f"; {left} stayed (a sink's refusal is not an event, or already re-driven)" if left else ""
@@ -121,13 +107,13 @@ def _redrive_kafka(action: Action, client: redis.Redis, ids: list[str]) -> str:
     moved = _redrive_pending(job, client, cluster, pending, since)  # what a run cut short had taken
     if not ids and not moved:
         raise ActionFailed("No dead letters were chosen; nothing was re-driven.")
-    claim = client.register_script(_CLAIM)
+    claim = client.register_script(_MOVE)
     for start in range(0, len(ids), CHUNK):
         try:  # noted before any of the chunk is sent: a retry reads the topic from here for what was
             client.set(since, json.dumps(kafka.end_offsets(cluster, job.source_stream, timeout=10)))
         except kafka.KafkaUnavailable as exc:
             raise ActionFailed(f"{exc}; {moved} re-driven so far, the rest are still dead letters.") from None
-        if int(claim(keys=[job.dead_letter_stream, pending], args=ids[start : start + CHUNK])):
+        if int(claim(keys=[job.dead_letter_stream, pending], args=["list", *ids[start : start + CHUNK]])):
             moved += _redrive_pending(job, client, cluster, pending, since)
         action_progress(action, f"re-driven {moved} of {len(ids)}")
     left = len(ids) - moved
