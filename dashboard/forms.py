@@ -193,7 +193,8 @@ class JobForm(forms.ModelForm):
         if not KAFKA_SERVERS.match(servers):
             self.add_error("source_path", "Give the bootstrap servers as host:port[,host:port...].")
         if "source_security" not in self.errors:
-            for problem in security_problems(data.get("source_security") or {}):
+            security = data.get("source_security") or {}
+            for problem in security_problems(security) + value_problems("", security, secret_only={"sasl_password"}):
                 self.add_error("source_security", problem)
 
     def clean(self) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,7 +50,6 @@ SECURITY = {  # a setting -> what it is, for the form's help and the errors
     "ssl_ca_file": "the absolute path of the CA's certificates (PEM) the brokers' certificates are checked against",
     "ssl_check_hostname": "true (the default) or false: whether a broker's certificate must name the broker",
 }
-SECRET_REFERENCE = re.compile(r"^\$\{secret:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\}$")
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,8 @@ class Cluster:
 
 
 def security_problems(settings: Mapping[str, Any]) -> list[str]:
-    """What is wrong with a job's Kafka security settings, one sentence each (none: they are whole)."""
+    """What is wrong with a job's Kafka security settings, one sentence each (none: they are whole). That the password
+    is a secret's reference is the secrets' rule (``services.secrets.value_problems``), which the form adds."""
     problems = [f"{name}: not a setting (the settings are {', '.join(SECURITY)})" for name in settings
                 if name not in SECURITY]  # fmt: skip
     values = {k: str(v) for k, v in settings.items() if k in SECURITY}
@@ -82,8 +81,6 @@ def security_problems(settings: Mapping[str, Any]) -> list[str]:
                      if not values.get(name)]  # fmt: skip
     else:
         problems += [f"{name}: only with a SASL security_protocol" for name in values if name.startswith("sasl_")]
-    if (password := values.get("sasl_password")) and not SECRET_REFERENCE.match(password):
-        problems.append("sasl_password: give a secret's reference ${secret:NAME} (Secrets page), never the password")
     if '"' in values.get("sasl_username", "") or "\\" in values.get("sasl_username", ""):
         problems.append("sasl_username: no quotes or backslashes")
     if (ca := values.get("ssl_ca_file")) is not None and not os.path.isabs(ca):

@@ -469,6 +469,11 @@ def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret
                          "source_security": "security_protocol = SASL_PLAINTEXT\nsasl_mechanism = PLAIN\n"
                                             f"sasl_username = statekeeper\nsasl_password = {password}"})  # fmt: skip
     assert not form.is_valid() and "never the password" in str(form.errors["source_security"])
+    form.data["source_security"] = form.data["source_security"].replace(password, "${secret:no-such-login}")
+    form = JobForm(data=form.data)
+    assert not form.is_valid() and "there is no secret named 'no-such-login'" in " ".join(
+        form.errors["source_security"]
+    )
 
     job = make_job(
         source_kind="kafka",

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -180,10 +180,12 @@ def masked(value: Any, pipeline: str = "") -> Any:
     return walk(value)
 
 
-def value_problems(pipeline: str, values: Mapping[str, Any]) -> list[str]:
+def value_problems(pipeline: str, values: Mapping[str, Any], secret_only: Collection[str] = ()) -> list[str]:
     """Why these parameter values cannot be a job's, as far as secrets go, one line each: a password written in
-    (it belongs in a secret), a reference to no secret, a secret parameter given a plain value."""
+    (it belongs in a secret), a reference to no secret, a secret parameter (the pipeline's, or one of ``secret_only``:
+    a Kafka source's ``sasl_password``) given a plain value."""
     declared = {p.name: p for p in getattr(pipelines.find(pipeline), "parameters", ()) or ()}
+    secrets = {name for name, p in declared.items() if getattr(p, "secret", False)} | set(secret_only)
     known = set(Secret.objects.filter(name__in=referenced(values)).values_list("name", flat=True))
     problems = []
     for name, value in values.items():
@@ -199,9 +201,10 @@ def value_problems(pipeline: str, values: Mapping[str, Any]) -> list[str]:
                 problems.append(f"{name}: {problem}")
             elif ref not in known:
                 problems.append(f"{name}: there is no secret named {ref!r} (an admin creates it on the Secrets page)")
-        parameter = declared.get(name)
-        if parameter is not None and getattr(parameter, "secret", False) and value and not REFERENCE.fullmatch(value):
-            problems.append(f"{name}: is a secret: give it as ${{secret:NAME}}, a secret the console keeps")
+        if name in secrets and value and not REFERENCE.fullmatch(value):
+            problems.append(
+                f"{name}: is a secret: give it as ${{secret:NAME}}, a secret the console keeps, never the password itself"
+            )
     return problems
 
 
@@ -228,12 +231,18 @@ def reveal(values: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def security_revealed(security: Mapping[str, Any]) -> dict[str, str]:
+    """A Kafka source's security settings with its password's secret revealed, as both Kafka clients take them (the
+    console's, ``kafka_cluster``; Spark's, in the process that starts the query). SecretError as ``reveal``."""
+    return {str(k): str(v) for k, v in reveal(security).items()}
+
+
 def kafka_cluster(job: Any) -> Cluster:
     """Where a Kafka job's topic lives, for the console's own client (lag, previews, restores): its servers and its
     security settings, the password revealed in this process (and so masked by ``redact``). A secret that is missing
     or unreadable is the broker's answer that nothing can be read (``KafkaUnavailable``), named."""
     try:
-        return Cluster(job.source_path, {str(k): str(v) for k, v in reveal(job.source_security or {}).items()})
+        return Cluster(job.source_path, security_revealed(job.source_security or {}))
     except SecretError as exc:
         raise KafkaUnavailable(f"the Kafka password cannot be had: {exc}") from None
 

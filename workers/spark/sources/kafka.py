@@ -93,6 +93,6 @@ def revealed_security(settings: str) -> dict[str, str]:
     if not apps.ready:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "statekeeper.settings")
         django.setup()
-    from dashboard.services.secrets import reveal
+    from dashboard.services.secrets import security_revealed
 
-    return {k: str(v) for k, v in reveal(security).items()}
+    return security_revealed(security)
