@@ -793,7 +793,7 @@ def _upgraded(action: Action, run: Run, first: int | None) -> Done:
             f"batch {action.params.get('fresh_batch')})"
             if gap is not None
             else "; no new input came within a minute, so no output gap to measure"
-            if first is not None
+            if first is not None and action.params.get("fresh_batch") is None
             else ""
         )
         + f". Beside blue it ran {t['compared']} batch(es): {t['added']} rows added, "
