@@ -12,6 +12,7 @@ PGPASS=${PGPASSFILE:-${XDG_CONFIG_HOME:-$HOME/.config}/statekeeper/pgpass}
 # the password of the set-up's Kafka broker's SASL listener, kept beside the database's (one broker serves every
 # checkout on this machine)
 export STATEKEEPER_KAFKA_SASL_PASSWORD_FILE=${STATEKEEPER_KAFKA_SASL_PASSWORD_FILE:-${XDG_CONFIG_HOME:-$HOME/.config}/statekeeper/kafka-sasl-password}
+export STATEKEEPER_KAFKA_TLS_DIR=${STATEKEEPER_KAFKA_TLS_DIR:-${XDG_CONFIG_HOME:-$HOME/.config}/statekeeper/kafka-tls}
 
 say() { printf '\033[1;34m==>\033[0m %s\n' "$*"; }
 
@@ -247,24 +248,35 @@ ensure_kafka() {
   # here when none answers, its log under var/kafka. KAFKA_STARTED is set when this call started it (stop_kafka).
   if [ -n "${STATEKEEPER_KAFKA_BOOTSTRAP:-}" ]; then return 0; fi
   export STATEKEEPER_KAFKA_BOOTSTRAP=127.0.0.1:9092
-  kafka_up "$STATEKEEPER_KAFKA_BOOTSTRAP" && return 0
+  if kafka_up "$STATEKEEPER_KAFKA_BOOTSTRAP"; then
+    # a broker this checkout started before the TLS listener existed is started again with it
+    kafka_up 127.0.0.1:9095 || ! kill -0 "$(cat "$KAFKA_DIR/pid" 2>/dev/null)" 2>/dev/null && return 0
+    say "restarting this checkout's Kafka broker, which has no TLS listener yet"
+    KAFKA_STARTED=1 stop_kafka
+  fi
   ensure_jars kafka-broker || return 1
   mkdir -p "$KAFKA_DIR/data"
   # A second listener on 9094 asks for SASL (PLAIN, the user statekeeper, its password made once and kept in
   # STATEKEEPER_KAFKA_SASL_PASSWORD_FILE): the tests read a topic through it as a cluster that needs a login is read.
-  local sasl=$STATEKEEPER_KAFKA_SASL_PASSWORD_FILE
+  # A third, on 9095, asks for the same login over TLS (SASL_SSL), with a certificate for 127.0.0.1 signed by a CA the
+  # set-up makes once (kafka_tls: STATEKEEPER_KAFKA_TLS_DIR/ca.pem is what a client trusts).
+  local sasl=$STATEKEEPER_KAFKA_SASL_PASSWORD_FILE tls=$STATEKEEPER_KAFKA_TLS_DIR
   [ -s "$sasl" ] || (umask 077; mkdir -p "$(dirname "$sasl")"; "$PY" -c 'import secrets; print(secrets.token_urlsafe(18))' > "$sasl")
+  kafka_tls "$tls" || return 1
   cat > "$KAFKA_DIR/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:9093
-listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093,SASL_PLAINTEXT://127.0.0.1:9094
-advertised.listeners=PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9094
+listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093,SASL_PLAINTEXT://127.0.0.1:9094,SASL_SSL://127.0.0.1:9095
+advertised.listeners=PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9094,SASL_SSL://127.0.0.1:9095
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
 sasl.enabled.mechanisms=PLAIN
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_statekeeper="$(cat "$sasl")";
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_statekeeper="$(cat "$sasl")";
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$tls/broker.pem
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=false
@@ -303,6 +315,20 @@ PROPS
     sleep 0.5
   done
   echo "Kafka did not start: see var/kafka/broker.log and var/kafka/stdout.log" >&2; return 1
+}
+
+kafka_tls() {  # the set-up broker's TLS: a CA (ca.pem) and the broker's key and certificate for 127.0.0.1 (broker.pem)
+  local dir=$1
+  [ -s "$dir/ca.pem" ] && [ -s "$dir/broker.pem" ] && return 0
+  (umask 077; mkdir -p "$dir"
+   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=Statekeeper set-up CA" \
+     -keyout "$dir/ca-key.pem" -out "$dir/ca.pem" 2>/dev/null &&
+   openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$dir/broker-key.pem" -out "$dir/broker.csr" 2>/dev/null &&
+   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$dir/broker.ext" &&
+   openssl x509 -req -in "$dir/broker.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca-key.pem" -CAcreateserial -days 3650 \
+     -extfile "$dir/broker.ext" -out "$dir/broker-cert.pem" 2>/dev/null &&
+   cat "$dir/broker-key.pem" "$dir/broker-cert.pem" > "$dir/broker.pem" &&
+   chmod 644 "$dir/ca.pem") || { echo "could not make the Kafka broker's TLS certificate in $dir" >&2; rm -f "$dir/broker.pem"; return 1; }
 }
 
 stop_kafka() {  # the broker this run started, and only that one

@@ -38,7 +38,8 @@ def root_cause(text: str) -> str:
             python.append(error)
         elif m := JVM_CAUSE.match(line):
             jvm.append((m["cls"], (m["msg"] or "").strip()))
-    for found in (python, jvm):
+    # an error line outside a Python traceback is the JVM's own exception, the first line of its trace
+    for found in (python, jvm) if "Traceback (most recent call last)" in text else (jvm, python):
         inner = [c for c in found if not _wrapper(c[0])]
         if inner:
             cls, msg = inner[-1]

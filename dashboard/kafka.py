@@ -83,13 +83,27 @@ def security_problems(settings: Mapping[str, Any]) -> list[str]:
         problems += [f"{name}: only with a SASL security_protocol" for name in values if name.startswith("sasl_")]
     if '"' in values.get("sasl_username", "") or "\\" in values.get("sasl_username", ""):
         problems.append("sasl_username: no quotes or backslashes")
-    if (ca := values.get("ssl_ca_file")) is not None and not os.path.isabs(ca):
-        problems.append(f"ssl_ca_file: {SECURITY['ssl_ca_file']}")
+    if (ca := values.get("ssl_ca_file")) is not None:
+        problems += [f"ssl_ca_file: {why}" for why in _ca_problems(ca)]
     if "SSL" not in protocol:
         problems += [f"{name}: only with SSL or SASL_SSL" for name in values if name.startswith("ssl_")]
     if values.get("ssl_check_hostname", "true").lower() not in ("true", "false"):
         problems.append(f"ssl_check_hostname: {SECURITY['ssl_check_hostname']}")
     return problems
+
+
+def _ca_problems(path: str) -> list[str]:
+    """Why ``path`` is no CA file a client can take, on the console's host (the drivers' share its paths)."""
+    if not os.path.isabs(path):
+        return [SECURITY["ssl_ca_file"]]
+    try:
+        with open(path, "rb") as file:
+            head = file.read(1 << 16)
+    except OSError as exc:
+        return [f"{path} cannot be read here ({exc.strerror})"]
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        return [f"{path} holds no certificate in PEM (-----BEGIN CERTIFICATE-----)"]
+    return []
 
 
 def client_config(security: Mapping[str, str]) -> dict[str, str]:
@@ -133,19 +147,31 @@ def _config(servers: Cluster | str, timeout: float) -> dict[str, Any]:
             **client_config(security)}  # fmt: skip
 
 
+class _Heard:
+    """A client's own errors (its ``error_cb``): a broker that refuses the login or the TLS handshake answers a request
+    only with "transport failure" or not at all, and its reason comes as such an error."""
+
+    def __init__(self) -> None:
+        self.errors: list[KafkaError] = []
+
+    def __call__(self, error: KafkaError) -> None:
+        self.errors.append(error)
+
+    def reason(self, otherwise: Any) -> str:
+        refused = [e for e in self.errors if e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)]
+        return refused[-1].str() if refused else str(otherwise)
+
+
 class _Looking(Consumer):
-    """The console's consumer, which keeps the client's own errors: a broker that refuses the login or the TLS
-    handshake answers a metadata request only with "transport failure", and its reason comes as such an error."""
+    """The console's consumer, which keeps the client's own errors (``_Heard``)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.errors: list[KafkaError] = []
-        super().__init__({**config, "error_cb": self.errors.append})
+        self.heard = _Heard()
+        super().__init__({**config, "error_cb": self.heard})
 
     def failed(self, servers: Cluster | str, exc: KafkaException) -> KafkaUnavailable:
         self.poll(0)  # the client hands its errors over as it is polled
-        refused = [e for e in self.errors if e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)]
-        why = refused[-1].str() if refused else exc.args[0]
-        return KafkaUnavailable(f"Kafka at {servers} did not answer: {why}")
+        return KafkaUnavailable(f"Kafka at {servers} did not answer: {self.heard.reason(exc.args[0])}")
 
 
 def _consumer(servers: Cluster | str, timeout: float) -> _Looking:
@@ -234,14 +260,21 @@ def record_times(servers: Cluster | str, topic: str, at: dict[int, int], timeout
 
 def ensure_topic(servers: Cluster | str, topic: str, partitions: int, timeout: float = 10.0) -> bool:
     """Make the topic with this many partitions unless it exists; True when it was made now."""
-    admin = AdminClient(_config(servers, timeout))
+    heard = _Heard()
+    admin = AdminClient({**_config(servers, timeout), "error_cb": heard, "logger": _quiet})  # type: ignore[dict-item]
     future = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout)[topic]
     try:
         future.result(timeout=timeout)
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
-        raise KafkaUnavailable(f"topic {topic!r} could not be made at {servers}: {exc.args[0]}") from exc
+        admin.poll(0)
+        why = heard.reason(exc.args[0])
+        raise KafkaUnavailable(f"topic {topic!r} could not be made at {servers}: {why}") from exc
+    except TimeoutError as exc:
+        admin.poll(0)
+        why = heard.reason(f"no answer within {timeout:g} s")
+        raise KafkaUnavailable(f"topic {topic!r} could not be made at {servers}: {why}") from exc
     return True
 
 

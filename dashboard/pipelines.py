@@ -29,6 +29,7 @@ from statekeeper_sdk import FileSink, KafkaSink, resolve
 
 from dashboard.engine.code import CodeVersion, installed_owners
 from dashboard.engine.code import code_version as module_code_version
+from dashboard.kafka import security_problems
 
 ENTRY_POINT_GROUP = "statekeeper.pipelines"
 # What the console and its driver read from a pipeline; a missing one is refused at registration, not at run time.
@@ -258,11 +259,13 @@ def sink_problems(name: str, values: dict[str, Any]) -> list[str]:
                     f"sink {sink.name}: files are written only under {', '.join(map(str, settings.FILE_SINK_ROOTS))} "
                     f"(STATEKEEPER_FILE_SINK_ROOTS), not to {sink.path}"
                 )
-        elif isinstance(sink, KafkaSink) and not kafka_connector():
-            problems.append(
-                f"sink {sink.name}: Spark's Kafka connector is not on the class path (the pyspark wheel does not ship "
-                "it): put the spark-sql-kafka-0-10 jars in STATEKEEPER_SPARK_JARS, or use another sink"
-            )
+        elif isinstance(sink, KafkaSink):
+            if not kafka_connector():
+                problems.append(
+                    f"sink {sink.name}: Spark's Kafka connector is not on the class path (the pyspark wheel does not "
+                    "ship it): put the spark-sql-kafka-0-10 jars in STATEKEEPER_SPARK_JARS, or use another sink"
+                )
+            problems += [f"sink {sink.name}: {problem}" for problem in security_problems(sink.security)]
     return problems
 
 

@@ -9,6 +9,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -284,14 +285,18 @@ def test_a_kafka_team_job_upgraded_then_migrated_and_rolled_back_keeps_every_tot
     job_request_stop(job=job)
 
 
-def committed_counts(topic: str) -> tuple[dict[str, int], list[tuple[str, str, str]]]:
+def committed_counts(
+    topic: str, cluster: kafka.Cluster | None = None
+) -> tuple[dict[str, int], list[tuple[str, str, str]]]:
     """What a team's consumer reading ``read_committed`` holds: the newest count per URL, and every record's
     (url, batch, lineage) in the order it came, to find a batch seen twice in one lineage."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": settings.KAFKA_BOOTSTRAP, "group.id": f"team-{uuid.uuid4().hex[:6]}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
-    parts = kafka.partitions(settings.KAFKA_BOOTSTRAP, topic)
+    cluster = cluster or kafka.Cluster(settings.KAFKA_BOOTSTRAP)
+    consumer = Consumer({"bootstrap.servers": cluster.servers, "group.id": f"team-{uuid.uuid4().hex[:6]}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         **kafka.client_config(cluster.security)})  # fmt: skip
+    parts = kafka.partitions(cluster, topic)
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
     latest: dict[str, int] = {}
     seen: list[tuple[str, str, str]] = []
@@ -512,6 +517,152 @@ def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret
     assert failing.status == RunStatus.FAILED and failing.run.status == RunStatus.FAILED
     assert "Authentication failed" in failing.run.message and password not in failing.run.message
     assert "not-the-password" not in failing.run.message
+
+
+def tls_listener(tmp_path: Path) -> tuple[str, str, str, str]:
+    """The set-up's broker's third listener, SASL over TLS (bin/lib.sh, ensure_kafka and kafka_tls): its address, the
+    login's password, the CA that signed the broker's certificate, and another CA that did not."""
+    servers, password = sasl_listener()
+    default = Path.home() / ".config" / "statekeeper" / "kafka-tls"
+    ca = Path(os.environ.get("STATEKEEPER_KAFKA_TLS_DIR", default)) / "ca.pem"
+    other = tmp_path / "other-ca.pem"
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=not the broker's CA",
+         "-keyout", str(tmp_path / "other-key.pem"), "-out", str(other)],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return servers.replace("9094", "9095"), password, str(ca), str(other)
+
+
+def test_a_kafka_job_reads_a_cluster_over_tls_checked_against_its_ca_and_a_certificate_it_does_not_trust_is_named(
+    spark, make_job, topic, as_role, tmp_path
+):
+    """SASL_SSL, as managed clusters serve it: both clients check the broker's certificate against the job's CA file
+    (Spark's Java client as a PEM truststore, the console's librdkafka as its CA location) and its name against the
+    address. Every record is counted once and the lag sampled through TLS; a file that holds no certificate is refused
+    at the form; a CA that did not sign the broker's certificate is named as such on the job's page and in the
+    driver's failed run, and no lag is made up."""
+    from dashboard.forms import JobForm
+    from dashboard.services.secrets import secret_set
+
+    servers, password, ca, other_ca = tls_listener(tmp_path)
+    secret_set(name="kafka-tls-login", value=password, username="admin")
+    security = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "statekeeper",
+                "sasl_password": "${secret:kafka-tls-login}", "ssl_ca_file": ca}  # fmt: skip
+    lines = "\n".join(f"{k} = {v}" for k, v in {**security, "ssl_ca_file": str(tmp_path / "other-key.pem")}.items())
+    form = JobForm(data={"name": "tls-refused", "pipeline": "url-counts", "source_kind": "kafka",
+                         "source_stream": topic, "source_path": servers, "state_backend": "memory",
+                         "trigger_interval_seconds": 1, "state_partitions": 2, "parallelism": 1, "batches_retained": 10,
+                         "max_records_per_batch": 100, "autoscale_mode": "off", "autoscale_max_per_day": 4,
+                         "autoscale_window_minutes": 15, "source_security": lines})  # fmt: skip
+    assert not form.is_valid() and "holds no certificate in PEM" in " ".join(form.errors["source_security"])
+
+    job = make_job(source_kind="kafka", source_stream=topic, source_path=servers, source_security=security,
+                   max_records_per_batch=200)  # fmt: skip
+    sent = Sent(topic)
+    sent.send(500, seed=5)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == sent.good == 500
+    source_lag_sample()
+    assert SourceLag.objects.get(job=job).lag_records == 0, "the console's client checked the certificate too"
+    viewer = as_role("viewer")
+    page = viewer.get(f"/jobs/{job.name}/").content.decode()
+    assert 'id="kafka-security"' in page and "SASL_SSL" in page and password not in page
+
+    job.source_security = {**security, "ssl_ca_file": other_ca}
+    job.save(update_fields=["source_security"])
+    sent.send(50, seed=6)
+    SourceLag.objects.filter(job=job).delete()
+    source_lag_sample()
+    assert not SourceLag.objects.filter(job=job).exists(), "no sample rather than a false zero"
+    page = viewer.get(f"/jobs/{job.name}/").content.decode()
+    assert 'id="source-down"' in page and "certificate verify failed" in page, page[page.find("source-down") :][:600]
+    failing = DriverThread(spark, job)
+    failing.thread.join(180)
+    failing.run.refresh_from_db()
+    assert failing.status == RunStatus.FAILED and failing.run.status == RunStatus.FAILED
+    assert "unable to find valid certification path" in failing.run.message, failing.run.error[-6000:]
+    assert password not in failing.run.message
+    assert sink_total(job) == 500, "nothing was counted through a broker the job could not trust"
+
+
+@pytest.fixture
+def tls_sink_pipeline(monkeypatch, settings) -> Iterator[None]:
+    """urls-to-kafka-tls registered here and in the processes the test starts."""
+    from dashboard import pipelines
+
+    reference = "tests.user_pipelines:URLS_TO_KAFKA_TLS"
+    monkeypatch.setenv("STATEKEEPER_PIPELINES", reference)
+    settings.PIPELINES = [*settings.BUILTIN_PIPELINES, reference]
+    pipelines.registry.cache_clear()
+    yield
+    pipelines.registry.cache_clear()
+
+
+def test_a_kafka_sink_writes_to_a_cluster_over_tls_with_a_login_its_password_a_secret_parameter(
+    spark, make_job, topic, tls_sink_pipeline, settings, tmp_path
+):
+    """A pipeline's KafkaSink into a cluster that asks for SASL over TLS: its password a secret parameter, its CA a
+    parameter. A consumer reading read_committed through TLS holds every count once; a CA that did not sign the
+    broker's certificate stops the batch with the handshake's reason, and nothing is counted twice after."""
+    from dataclasses import replace
+
+    from statekeeper_sdk import KafkaSink as Sink
+    from statekeeper_sdk import Parameter
+
+    from dashboard import pipelines
+    from dashboard.services.secrets import secret_set
+
+    servers, password, ca, other_ca = tls_listener(tmp_path)
+    out = f"{topic}-counts"
+    kafka.ensure_topic(settings.KAFKA_BOOTSTRAP, out, 2)
+    secret_set(name="kafka-sink-login", value=password, username="admin")
+    values = {"servers": servers, "topic": out, "ca_file": ca, "kafka_password": "${secret:kafka-sink-login}"}
+    assert pipelines.sink_problems("urls-to-kafka-tls", {**values, "ca_file": "etc/ca.pem"}) == [
+        "sink counts: ssl_ca_file: the absolute path of the CA's certificates (PEM) the brokers' certificates are "
+        "checked against"
+    ]
+    with pytest.raises(ValueError, match="sasl_password from a parameter declared secret=True"):
+        replace(get_pipeline("url-counts"), name="leaky", parameters=(Parameter("pw", "str", ""),),
+                sinks=(Sink("out", servers="s:1", topic="t", security={"sasl_password": "{pw}"}),))  # fmt: skip
+
+    lines: list[str] = []
+    make = sample_events(get_pipeline("url-counts"), random.Random(7))
+    producing = kafka.producer(settings.KAFKA_BOOTSTRAP)
+
+    def send(count: int) -> None:
+        batch = [make(int(time.time() * 1000)) for _ in range(count)]
+        lines.extend(batch)
+        kafka.send_all(producing, topic, [(None, line.encode()) for line in batch])
+
+    job = kafka_job(make_job, topic, pipeline="urls-to-kafka-tls", parallelism=1, max_records_per_batch=200,
+                    parameters=values)  # fmt: skip
+    sent = Sent(topic)
+    send(600)
+    run_to_end(spark, job, sent)
+    cluster = kafka.Cluster(servers, {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                      "sasl_username": "statekeeper", "sasl_password": password, "ssl_ca_file": ca})  # fmt: skip
+    latest, seen = committed_counts(out, cluster)
+    assert latest == truth_by_url(lines), "the consumer's newest counts are the truth"
+    assert len({*seen}) == len(seen), "no batch twice in one lineage"
+
+    job.parameters = {**values, "ca_file": other_ca}
+    job.save(update_fields=["parameters"])
+    send(100)
+    failing = DriverThread(spark, job)
+    failing.thread.join(180)
+    failing.run.refresh_from_db()
+    assert failing.status == RunStatus.FAILED, "a sink it cannot trust stops the job rather than dropping output"
+    assert "certificate verify failed" in failing.run.message, failing.run.message
+    assert password not in failing.run.message and password not in (failing.run.error or "")
+
+    job.parameters = values
+    job.save(update_fields=["parameters"])
+    run_to_end(spark, job, sent)
+    latest, seen = committed_counts(out, cluster)
+    assert latest == truth_by_url(lines), "the batch the handshake stopped was written once, after"
+    assert len({*seen}) == len(seen)
 
 
 def test_dead_letters_are_re_driven_into_the_topic_once_also_when_a_re_drive_was_cut_short(make_job, topic, redis):

@@ -246,6 +246,30 @@ def test_a_pipeline_the_console_would_refuse_fails_where_it_is_made(change, reas
         replace(pipelines.get("url-counts"), **change)
 
 
+def test_a_kafka_sinks_security_takes_the_sources_names_and_its_password_only_from_a_secret_parameter():
+    from statekeeper_sdk import KAFKA_SECURITY, KafkaSink, Parameter
+    from statekeeper_sdk.sinks import bound
+
+    from dashboard import kafka
+
+    assert set(KAFKA_SECURITY) == set(kafka.SECURITY), "a sink and a job's source take the same settings"
+    with pytest.raises(ValueError, match="'sasl_pasword' is not a Kafka security setting"):
+        KafkaSink("out", servers="s:1", topic="t", security={"sasl_pasword": "{pw}"})
+    secret, plain = Parameter("pw", "str", "", secret=True), Parameter("user", "str", "")
+    login = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "{user}"}
+    for password in ("hunter2", "{user}", "x{pw}"):
+        with pytest.raises(ValueError, match="sasl_password from a parameter declared secret=True"):
+            replace(pipelines.get("url-counts"), parameters=(secret, plain),
+                    sinks=(KafkaSink("out", "s:1", "t", security={**login, "sasl_password": password}),))  # fmt: skip
+    declared = replace(pipelines.get("url-counts"), parameters=(secret, plain),
+                       sinks=(KafkaSink("out", "s:1", "t", security={**login, "sasl_password": "{pw}"}),))  # fmt: skip
+    assert declared.target_parameters() >= {"pw", "user"}, "what names the login is never operational"
+    sink = bound(declared.sinks[0], {"pw": "the-password", "user": "reader"})
+    assert sink.security["sasl_password"] == "the-password" and sink.security["sasl_username"] == "reader"
+    assert "the-password" not in repr(sink), "a bound sink's repr holds no password"
+    assert declared.sinks[0].security["sasl_password"] == "{pw}", "binding leaves the declared sink as it was"
+
+
 @pytest.mark.spark
 def test_the_sdk_readmes_example_is_a_pipeline_that_runs(spark):
     """sdk/README.md's example, as written: it makes a Pipeline, and its transformation and results run on events."""

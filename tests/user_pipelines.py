@@ -61,3 +61,30 @@ URLS_TO_KAFKA = replace(
     ),
     sinks=(ResultsTable(), KafkaSink("counts", servers="{servers}", topic="{topic}", key="url")),
 )
+
+# the same into a cluster that asks for a SASL login over TLS: the password a secret parameter, the CA a parameter
+URLS_TO_KAFKA_TLS = replace(
+    URLS_TO_KAFKA,
+    name="urls-to-kafka-tls",
+    parameters=(
+        *URLS_TO_KAFKA.parameters,
+        Parameter("ca_file", "str", "", "the CA that signed the brokers' certificates (PEM)"),
+        Parameter("kafka_password", "str", "", "the SASL password of the user statekeeper", secret=True),
+    ),
+    sinks=(
+        ResultsTable(),
+        KafkaSink(
+            "counts",
+            servers="{servers}",
+            topic="{topic}",
+            key="url",
+            security={
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "PLAIN",
+                "sasl_username": "statekeeper",
+                "sasl_password": "{kafka_password}",
+                "ssl_ca_file": "{ca_file}",
+            },
+        ),
+    ),  # fmt: skip
+)

@@ -44,7 +44,7 @@ from typing import Any
 
 from statekeeper_sdk import FileSink, KafkaSink, Rejected, TableSink
 
-from dashboard.kafka import ensure_topic
+from dashboard.kafka import Cluster, client_config, ensure_topic, spark_options
 
 COMMITS = "statekeeper_sink_commits"
 FENCES = "statekeeper_sink_fences"
@@ -707,8 +707,10 @@ class KafkaWriter:
     def _open(self) -> None:
         from confluent_kafka import Consumer, Producer
 
-        base: dict[str, Any] = {"bootstrap.servers": self.sink.servers, "socket.timeout.ms": int(self.timeout * 1000)}
-        ensure_topic(self.sink.servers, MARKERS, 1, self.timeout)  # every job's Kafka sinks share it
+        cluster = Cluster(self.sink.servers, self.sink.security)  # its TLS and SASL, the password revealed
+        base: dict[str, Any] = {"bootstrap.servers": self.sink.servers, "socket.timeout.ms": int(self.timeout * 1000),
+                                **client_config(cluster.security)}  # fmt: skip
+        ensure_topic(cluster, MARKERS, 1, self.timeout)  # every job's Kafka sinks share it
         self.consumer = Consumer(
             {**base, "group.id": self.group, "isolation.level": "read_committed", "enable.auto.commit": False}
         )
@@ -794,7 +796,7 @@ def write_kafka(frame: Any, sink: KafkaSink, job: str, batch_id: int) -> Written
     output = frame.select(key.alias("key"), F.to_json(F.struct(*columns)).alias("value"), headers.alias("headers"))
     output.write.format("kafka").option("kafka.bootstrap.servers", sink.servers).option("topic", sink.topic).option(
         "includeHeaders", "true"
-    ).save()
+    ).options(**spark_options(sink.security)).save()
     return Written(rows=-1)
 
 

@@ -13,13 +13,13 @@ from statekeeper_sdk.migration import Migration, OldState
 from statekeeper_sdk.nested import SchemaError, parse_ddl
 from statekeeper_sdk.payload import Field, PayloadFormat
 from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultRecord, ResultView, apply, resolve
-from statekeeper_sdk.sinks import FileSink, KafkaSink, ResultsTable, TableSink
+from statekeeper_sdk.sinks import KAFKA_SECURITY, FileSink, KafkaSink, ResultsTable, TableSink
 
-__version__ = "1.7.0"
+__version__ = "1.8.0"
 MAJOR = 1
 
 __all__ = [
-    "MAJOR", "Field", "FileSink", "KafkaSink", "Limits", "Migration", "OldState", "Parameter", "Params", "PayloadFormat", "Pipeline",
+    "KAFKA_SECURITY", "MAJOR", "Field", "FileSink", "KafkaSink", "Limits", "Migration", "OldState", "Parameter", "Params", "PayloadFormat", "Pipeline",
     "Rejected", "Result", "ResultRecord", "ResultView", "ResultsTable", "SchemaError", "TableSink", "__version__", "apply",
     "parse_ddl", "parse_id", "resolve",
 ]  # fmt: skip

@@ -261,6 +261,14 @@ class Pipeline:
             raise ValueError(f"pipeline {self.name!r}: two sinks are named {duplicated[0]!r}")
         for sink in self.sinks:
             bound(sink, {p.name: p.default for p in self.parameters})  # a target naming an undeclared parameter
+        secret = {p.name for p in self.parameters if p.secret}
+        for sink in self.sinks:
+            password = sink.security.get("sasl_password") if isinstance(sink, KafkaSink) else None
+            if password is not None and not (re.fullmatch(r"\{\w+\}", password) and password[1:-1] in secret):
+                raise ValueError(
+                    f"pipeline {self.name!r}: sink {sink.name!r} takes its sasl_password from a parameter declared "
+                    'secret=True ("{kafka_password}"), never as text in the package'
+                )
         if steering := sorted(self.target_parameters() & {p.name for p in self.parameters if p.operational}):
             raise ValueError(
                 f"pipeline {self.name!r}: the parameter {steering[0]!r} names where a sink writes, so it cannot be "

@@ -9,7 +9,8 @@ a restore, a rollback and an upgrade (its engine, not this package, writes them:
 - ``FileSink``: Parquet or JSON files in the layout of Spark's file sink (data files and a ``_spark_metadata`` log).
 - ``KafkaSink``: a topic; each batch is one Kafka transaction, so a consumer reading ``read_committed`` sees it whole
   and once. Every record carries the headers ``statekeeper-job``, ``statekeeper-batch`` and ``statekeeper-lineage``:
-  after a restore or rollback the batches after it come again under a new lineage.
+  after a restore or rollback the batches after it come again under a new lineage. A cluster that asks for TLS or a
+  SASL login takes ``security``, in the names a job's Kafka source takes (``KAFKA_SECURITY``).
 
 Targets may name the job's parameters: ``FileSink("lake", path="{lake_dir}/spend")``. A sink whose target is left
 empty (the parameter's value is "") is off: the job writes to its other sinks.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from statekeeper_sdk import _passwords
@@ -97,16 +98,44 @@ class FileSink:
         return not self.path.strip()
 
 
+# A Kafka cluster's TLS and SASL settings, by the names a KafkaSink's ``security`` and a job's Kafka source take
+KAFKA_SECURITY = (
+    "security_protocol",  # PLAINTEXT (the default), SSL, SASL_PLAINTEXT or SASL_SSL
+    "sasl_mechanism",  # PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+    "sasl_username",
+    "sasl_password",  # a secret parameter's template, "{kafka_password}": never the password itself
+    "ssl_ca_file",  # the CA's certificates (PEM), an absolute path, when the brokers' are not in the system's
+    "ssl_check_hostname",  # "true" (the default) or "false"
+)
+
+
 @dataclass(frozen=True)
 class KafkaSink:
-    """Records into a Kafka topic: ``key`` the column of the record key, the value the row as JSON."""
+    """Records into a Kafka topic: ``key`` the column of the record key, the value the row as JSON. ``security``: the
+    cluster's TLS and SASL settings (``KAFKA_SECURITY``'s names), each value a template as the targets are; the
+    password names a parameter declared ``secret=True``::
+
+        KafkaSink("alerts", servers="{kafka}", topic="alerts", key="card",
+                  security={"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+                            "sasl_username": "{kafka_user}", "sasl_password": "{kafka_password}"})
+    """
 
     name: str
     servers: str
     topic: str
     key: str = ""
     columns: tuple[str, ...] = ()
+    security: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)  # a password once bound
     kind = "kafka"
+
+    def __post_init__(self) -> None:
+        if odd := sorted(set(self.security) - set(KAFKA_SECURITY)):
+            raise ValueError(
+                f"sink {self.name!r}: {odd[0]!r} is not a Kafka security setting ({', '.join(KAFKA_SECURITY)})"
+            )
+        if bad := [k for k, v in self.security.items() if not isinstance(v, str)]:
+            raise ValueError(f"sink {self.name!r}: the security setting {bad[0]!r} is text")
+        object.__setattr__(self, "security", dict(self.security))  # the sink's own copy
 
     def where(self) -> str:
         return f"topic {self.topic} on {self.servers}"
@@ -124,34 +153,46 @@ def redacted(dsn: str) -> str:
     return _passwords.redacted(dsn)
 
 
-def targets_named(sink: Any) -> set[str]:
-    """The parameters a sink's targets name (``{lake_dir}`` in a path)."""
-    names: set[str] = set()
-    for f in fields(sink):
-        value = getattr(sink, f.name)
-        if f.name in TEMPLATED and isinstance(value, str) and "{" in value:
-            try:
-                names.update(name for _, name, _, _ in string.Formatter().parse(value) if name)
-            except ValueError:
-                continue  # not a template: bound() says so
+def _templates(sink: Any) -> dict[str, str]:
+    """A sink's targets that may name parameters, by where they are (``path``; ``security.sasl_password``)."""
+    found = {f.name: getattr(sink, f.name) for f in fields(sink) if f.name in TEMPLATED}
+    found |= {f"security.{k}": v for k, v in (getattr(sink, "security", None) or {}).items()}
+    return {where: value for where, value in found.items() if isinstance(value, str) and "{" in value}
+
+
+def _template_names(value: str) -> set[str]:
+    """The parameters a template names (``{lake_dir}/spend`` -> lake_dir); ValueError when it is not a template."""
+    names = {name for _, name, _, _ in string.Formatter().parse(value) if name}
     return {name.partition(".")[0].partition("[")[0] for name in names}
+
+
+def targets_named(sink: Any) -> set[str]:
+    """The parameters a sink's targets name (``{lake_dir}`` in a path, ``{kafka_password}`` in its security)."""
+    names: set[str] = set()
+    for value in _templates(sink).values():
+        try:
+            names |= _template_names(value)
+        except ValueError:
+            continue  # not a template: bound() says so
+    return names
 
 
 def bound(sink: Sink, params: Mapping[str, Any]) -> Sink:
     """The sink with the job's parameter values put into its targets. ValueError names a parameter it lacks."""
-    changes = {}
-    for f in fields(sink):
-        value = getattr(sink, f.name)
-        if f.name in TEMPLATED and isinstance(value, str) and "{" in value:
-            try:
-                changes[f.name] = value.format_map(dict(params))
-            except KeyError as exc:
-                raise ValueError(
-                    f"sink {sink.name!r}: {f.name} names the parameter {exc}, which is not declared"
-                ) from None
-            except (ValueError, IndexError) as exc:
-                raise ValueError(f"sink {sink.name!r}: {f.name} {value!r} is not a template: {exc}") from None
-    return replace(sink, **changes) if changes else sink  # type: ignore[arg-type]
+    changes: dict[str, Any] = {}
+    for where, value in _templates(sink).items():
+        try:
+            filled = value.format_map(dict(params))
+        except KeyError as exc:
+            raise ValueError(f"sink {sink.name!r}: {where} names the parameter {exc}, which is not declared") from None
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"sink {sink.name!r}: {where} {value!r} is not a template: {exc}") from None
+        if where.startswith("security."):
+            security = changes.setdefault("security", dict(getattr(sink, "security", {})))
+            security[where.removeprefix("security.")] = filled
+        else:
+            changes[where] = filled
+    return replace(sink, **changes) if changes else sink
 
 
 # the engine that writes the sinks moved to the console in 1.3 (deprecated here, gone in 2.0)
