@@ -308,6 +308,29 @@ def offsets_of(end_offset: Any, topic: str) -> dict[int, int]:
     return (kafka_offsets(end_offset) or {}).get(topic, {})
 
 
+def spread(start: dict[str, int], ending: dict[str, int], most: int) -> dict[str, int]:
+    """Each partition's end of a batch that reads at most ``most`` records between ``start`` and ``ending``, shared
+    evenly among the partitions that have records (one with fewer leaves its share to the others).
+
+    >>> spread({"0": 0, "1": 10}, {"0": 100, "1": 12}, 10)
+    {'0': 8, '1': 12}
+    """
+    end = dict(start)
+    left = most
+    open_ = [p for p in ending if ending[p] > start.get(p, 0)]
+    while left > 0 and open_:
+        share = max(1, left // len(open_))
+        for p in list(open_):
+            take = min(share, ending[p] - end.get(p, 0), left)
+            end[p] = end.get(p, 0) + take
+            left -= take
+            if end[p] >= ending[p]:
+                open_.remove(p)
+            if left <= 0:
+                break
+    return end
+
+
 def lag_by_partition(ends: dict[int, tuple[int, int]], committed: dict[int, int]) -> dict[int, int]:
     """Records not yet read, per partition: its end offset against the committed one (a partition the job has not
     seen yet counts from the earliest record the broker holds: Spark starts new partitions there)."""

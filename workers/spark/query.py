@@ -21,6 +21,7 @@ from workers.spark.manifest import ManifestKeeper
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
 from workers.spark.sources.kafka import kafka_events, revealed_security
+from workers.spark.sources.kafka_range import kafka_range_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class JobSpec:
     dead_letter: str
     skip_list: str = ""
     max_future_seconds: float = MAX_FUTURE_SECONDS
-    ending_offset: str = ""  # JSON {"id", "n"}: read up to there, then stop (with ``available_now``)
+    ending_offset: str = ""  # JSON {"id", "n"} or Kafka's offsets: read up to there, then stop (``available_now``)
     available_now: bool = False
     source_kind: str = "redis-stream"  # "files": Spark's file source on ``source_path``; "kafka": topic ``stream``
     source_path: str = ""
@@ -102,6 +103,12 @@ def runs_without_data(frame: DataFrame) -> bool:
 
 
 def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread: bool = False) -> DataFrame:
+    if spec.source_kind == "kafka" and spec.ending_offset:  # a fixed range, which Spark's Kafka source cannot read
+        return kafka_range_events(
+            spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,
+            spec.max_future_seconds, spec.max_records, spec.starting_offset, spec.ending_offset,
+            revealed_security(spec.source_security),
+        )  # fmt: skip
     if spec.source_kind == "kafka":
         return kafka_events(
             spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,

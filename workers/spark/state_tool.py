@@ -277,6 +277,7 @@ def _results_over_range(spark: Any, path: Path, spec: dict[str, Any], reference:
     job = _scratch_job(
         spec, f"shadow-{path.name}-{int(time.time())}", str(path), pipeline,
         ending_offset=json.dumps(spec["ending"]), available_now=True,
+        starting_offset=json.dumps(spec["starting"]) if spec.get("starting") else "",
     )  # fmt: skip
     rows: dict[str, Any] = {}
     batches: list[int] = []
