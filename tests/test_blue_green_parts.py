@@ -34,7 +34,8 @@ from tests.conftest import wait_for
 from tests.support import visits_sent
 from tests.test_api import call, token  # noqa: F401  (a fixture)
 from workers.green import GreenRecorder, GreenState, blue_output, diff, wait_for_fork
-from workers.spark.sources.redis_streams import BatchFollower, RedisStreamReader
+from workers.spark.sources.following import BatchFollower
+from workers.spark.sources.redis_streams import RedisStreamReader
 
 
 def offsets_file(root: Path, batch: int, entry: str, n: int) -> None:
@@ -96,6 +97,41 @@ def test_after_a_rescale_green_runs_the_jobs_batch_one_number_below_its_own(tmp_
     assert follower.next_end({"id": "7-0", "n": 7}) == {"id": "9-0", "n": 9}, "green's 4 is blue's 3, once committed"
 
 
+def kafka_offsets_file(root: Path, batch: int, offsets: dict[str, int], mark: int | None = None) -> None:
+    (root / "offsets").mkdir(parents=True, exist_ok=True)
+    source = {"orders": offsets, **({"followed": mark} if mark is not None else {})}
+    (root / "offsets" / str(batch)).write_text(f'v1\n{{"batchTimestampMs":{batch}}}\n{json.dumps(source)}\n')
+
+
+def test_a_kafka_green_follows_the_jobs_offsets_and_its_mark_of_a_no_data_batch_leaves_before_sparks_source_reads(
+    tmp_path,
+):
+    """On Kafka, green's batch ends where the job's did per partition (in any key order); a batch the job ran without
+    new data comes back marked so that Spark runs it; the job's next run with Spark's Kafka source finds the
+    checkpoint unmarked (the mark would read as a topic), every file at the place it said."""
+    from workers.spark.sources.following import same_place, unmark_followed
+
+    blue, own = tmp_path / "checkpoint", tmp_path / "checkpoint-green-1"
+    for batch, offsets in enumerate([{"0": 3, "1": 2}, {"1": 4, "0": 5}, {"0": 5, "1": 4}]):
+        kafka_offsets_file(blue, batch, offsets)
+        commit_file(blue, batch)
+    kafka_offsets_file(own, 0, {"0": 3, "1": 2})
+    follower = BatchFollower(str(blue), str(own))
+    follower.idle_wait = 0.1
+    assert follower.next_end({"orders": {"0": 3, "1": 2}}) == {"orders": {"1": 4, "0": 5}}
+    kafka_offsets_file(own, 1, {"1": 4, "0": 5})
+    marked = follower.next_end({"orders": {"0": 5, "1": 4}})
+    assert marked == {"orders": {"0": 5, "1": 4}, "followed": 2}, "the job's batch 2 read nothing: marked"
+    assert same_place(marked, {"orders": {"1": 4, "0": 5}}), "the mark says the same place"
+    kafka_offsets_file(own, 2, {"0": 5, "1": 4}, mark=2)
+    (own / "offsets" / ".2.crc").write_bytes(b"checksum of the marked text")
+
+    assert unmark_followed(str(own)) == 1 and unmark_followed(str(own)) == 0
+    lines = (own / "offsets" / "2").read_text().splitlines()
+    assert lines[:2] == ["v1", '{"batchTimestampMs":2}'] and json.loads(lines[2]) == {"orders": {"0": 5, "1": 4}}
+    assert not (own / "offsets" / ".2.crc").exists()
+
+
 def test_green_follows_batches_spark_purged_from_the_jobs_checkpoint_through_the_consoles_copies(tmp_path):
     from dashboard.checkpoint_dir.files import follow_mirror, mirror_committed
 
@@ -135,7 +171,7 @@ def test_green_reads_the_stream_itself_after_the_jobs_last_batch_once_handed_ove
         "stream": stream_name, "format": "{}", "follow": str(blue), "owncheckpoint": str(own),
         "handoverfile": str(handover), "pacems": "100",
     })  # fmt: skip
-    reader.follow.RUNNING_WAIT_SECONDS = 0.2  # type: ignore[union-attr]
+    reader.following.follower.RUNNING_WAIT_SECONDS = 0.2  # type: ignore[union-attr]
     start = {"id": ids[1], "n": 2}
     assert reader.latestOffset(start, ReadAllAvailable()) == start, "blue runs batch 1 and has not committed it"
     handover.write_text("{}")

@@ -722,6 +722,58 @@ def test_a_shadow_run_of_a_kafka_job_reads_one_fixed_offset_range_with_both_vers
     job_request_stop(job=job)
 
 
+@pytest.mark.usefixtures("celery_worker")
+def test_a_blue_green_upgrade_of_a_kafka_team_job_follows_its_offsets_hands_over_and_its_next_run_reads_on(
+    make_job, redis, topic, spark, team_database, tmp_path
+):
+    """Green follows the job's batches on Kafka through the range reader (each batch exactly the job's offsets, a
+    no-data batch of the job's watermark run as one), is compared key by key, and takes over at a committed batch;
+    the job's next run reads green's checkpoint with Spark's own Kafka source again. Every order once in every
+    sink throughout."""
+    from dashboard.models import GreenBatch
+    from dashboard.services.blue_green import green_request
+    from tests.test_blue_green import Flow, beside, ended, one_line, state, team_job
+
+    lake = tmp_path / "lake"
+    job = team_job(make_job, team_database, lake, source_kind="kafka", source_stream=topic,
+                   source_path=settings.KAFKA_BOOTSTRAP, driver="shared")  # fmt: skip
+    orders = Orders(redis, topic, settings.KAFKA_BOOTSTRAP)
+    orders.send(40, seed=1)
+    job_request_start(job=job)
+    wait_for(lambda: running_with_progress(job), 240, 0.5, "the job to run")
+    flow = Flow(orders)
+    flow.start()
+    try:
+        action = beside(job, {"pipeline": "customer-spend", "parameters": {"threshold": 50}})
+        compared = list(GreenBatch.objects.filter(action=action))
+        assert all(b.removed == 0 and b.added == 0 for b in compared), [(b.batch_id, b.samples) for b in compared]
+        assert sum(b.same + b.changed for b in compared) > 0, "green's rows compared with the job's, key by key"
+        green_request(action, "promote")
+        action = ended(action, 240)
+        assert action.status == ActionStatus.SUCCEEDED, state(action)
+    finally:
+        flow.stop()
+    job.refresh_from_db()
+    assert job.checkpoint_dir == action.params["fork"] and job.parameters["threshold"] == 50
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
+    assert not (why := one_line(job, action)), why
+
+    green = job.runs.get(id=action.params["green_run"])
+    offsets = Path(str(job.checkpoint_location).removeprefix("file:")) / "offsets"
+    marked = [f.name for f in offsets.iterdir() if f.name.isdigit() and '"followed"' in f.read_text()]
+    print(f"green ran {len(marked)} of the job's no-data batches: {sorted(marked, key=int)}")
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
+    orders.send(30, seed=7)
+    job_request_start(job=job)
+    again = wait_for(lambda: running_with_progress(job, green.id), 240, 0.5, "the job's next run")
+    assert again.id != green.id
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5,
+             "the orders after the restart, read by Spark's Kafka source from green's checkpoint")  # fmt: skip
+    assert not [f for f in offsets.iterdir() if f.name.isdigit() and '"followed"' in f.read_text()]
+    job_request_stop(job=job)
+
+
 def test_dead_letters_are_re_driven_into_the_topic_once_also_when_a_re_drive_was_cut_short(make_job, topic, redis):
     """A Kafka job's dead letters go back into its topic as new records, each with its dead letter's id in a header,
     and leave the dead letters; a sink's refusal stays. A re-drive cut short after sending part of a chunk sends only

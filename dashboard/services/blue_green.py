@@ -263,9 +263,9 @@ def _green_gate(action: Action) -> Next:
             f"A blue/green upgrade runs the new version beside the running job; {job.name} is not running. Use the "
             "savepoint upgrade for a stopped job."
         )
-    if not job.reads_redis:
-        raise ActionFailed("A blue/green upgrade follows the job's batches on a Redis stream; this job reads another "
-                           "source. Use the savepoint upgrade.")  # fmt: skip
+    if not (job.reads_redis or job.reads_kafka):
+        raise ActionFailed("A blue/green upgrade follows the job's batches on a Redis stream or a Kafka topic; this "
+                           "job reads files. Use the savepoint upgrade.")  # fmt: skip
     if refusal := memory_refusal(job, blue):
         raise ActionFailed(f"Refused before anything started: {refusal}")
     batch = blue_last(job)

@@ -20,6 +20,7 @@ from dashboard.checkpoint_dir.files import closing_file, committed_batches, line
 from workers.spark.manifest import ManifestKeeper
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
+from workers.spark.sources.following import unmark_followed
 from workers.spark.sources.kafka import kafka_events, revealed_security
 from workers.spark.sources.kafka_range import kafka_range_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
@@ -103,13 +104,15 @@ def runs_without_data(frame: DataFrame) -> bool:
 
 
 def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread: bool = False) -> DataFrame:
-    if spec.source_kind == "kafka" and spec.ending_offset:  # a fixed range, which Spark's Kafka source cannot read
+    if spec.source_kind == "kafka" and (spec.ending_offset or spec.follow):  # ranges Spark's Kafka source cannot read
         return kafka_range_events(
             spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,
             spec.max_future_seconds, spec.max_records, spec.starting_offset, spec.ending_offset,
-            revealed_security(spec.source_security),
+            revealed_security(spec.source_security), follow_options(spec),
         )  # fmt: skip
     if spec.source_kind == "kafka":
+        if unmark_followed(spec.checkpoint):  # a checkpoint a green wrote while it followed the job
+            log.info("%s: green's marks of no-data batches taken out of the offsets files", spec.name)
         return kafka_events(
             spark, spec.source_path, spec.stream, pipeline.payload, spec.dead_letter, spec.redis_url,
             spec.max_future_seconds, spec.max_records, spec.starting_offset,
@@ -128,15 +131,7 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
             .option("admitPhaseMs", str(round(spec.phase_seconds * 1000)))
             .option("closingFile", str(closing_file(Path(spec.checkpoint.removeprefix("file:")))))
         )
-    if spec.follow:
-        reader = (
-            reader.option("follow", spec.follow)
-            .option("ownCheckpoint", spec.checkpoint)
-            .option("handoverFile", spec.handover_file)
-            .option("followShift", str(spec.follow_shift))
-            .option("followMirror", spec.follow_mirror)
-            .option("paceMs", str(round(spec.trigger_seconds * 1000)))
-        )
+    reader = reader.options(**follow_options(spec))
     return (
         reader.option("url", spec.redis_url)
         .option("stream", spec.stream)
@@ -150,6 +145,15 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
         .option("startingPosition", spec.starting_offset or "earliest")
         .load()
     )
+
+
+def follow_options(spec: JobSpec) -> dict[str, str]:
+    """A blue/green green's source options: the job's checkpoint it follows and the rest ``Following`` reads."""
+    if not spec.follow:
+        return {}
+    return {"follow": spec.follow, "ownCheckpoint": spec.checkpoint, "handoverFile": spec.handover_file,
+            "followShift": str(spec.follow_shift), "followMirror": spec.follow_mirror,
+            "paceMs": str(round(spec.trigger_seconds * 1000))}  # fmt: skip
 
 
 def spread_trigger(spec: JobSpec, output: DataFrame) -> bool:

@@ -1,6 +1,9 @@
-"""A fixed range of a Kafka topic, read on the executors by the console's own client (confluent-kafka): what Spark's
-Kafka source cannot be told in a streaming query, which always reads on to the newest record. An upgrade's shadow run
-reads one range with both versions, and a migration's preview reads the first batch after the migrated state.
+"""Ranges of a Kafka topic that the console fixes, read on the executors by its own client (confluent-kafka): what
+Spark's Kafka source cannot be told in a streaming query, which always plans its batches on to the newest record. An
+upgrade's shadow run reads one range with both versions; a migration's preview reads the first batch after the
+migrated state; a blue/green upgrade's green reads exactly the offsets of each of the job's batches (``Following``),
+then, once handed over, on to the newest record by itself until its run ends (the job's next run reads its
+checkpoint with Spark's Kafka source again).
 
 Offsets are in the form of Spark's Kafka source, ``{"topic": {"0": 812, ...}}``, so a copy of a Kafka job's checkpoint
 (a savepoint) goes on from its own offsets. Entry ids, checks and dead letters are those of the Kafka source
@@ -22,6 +25,7 @@ from statekeeper_sdk import Limits, PayloadFormat
 
 from dashboard import kafka
 from workers.spark.sources.checks import Entries, check_batches
+from workers.spark.sources.following import Following
 from workers.spark.sources.kafka import Places
 
 FORMAT_NAME = "statekeeper-kafka-range"
@@ -65,7 +69,10 @@ class KafkaRangeReader(DataSourceStreamReader):
         self.topic = options["topic"]
         self.cluster = kafka.Cluster(options["servers"], json.loads(options.get("securitypassword") or "{}"))
         self.config = {"bootstrap.servers": options["servers"], **kafka.client_config(self.cluster.security)}
-        self.ending = {str(p): int(o) for p, o in json.loads(options["ending"])[self.topic].items()}
+        # read no further; none: the newest record the broker holds, at each batch (a green after its handover)
+        ending = json.loads(options.get("ending") or "{}").get(self.topic)
+        self.ending = {str(p): int(o) for p, o in ending.items()} if ending else None
+        self.following = Following(options)  # a blue/green upgrade's green (``following.py``)
         starting = json.loads(options.get("starting") or "{}").get(self.topic)
         self.starting = {str(p): int(o) for p, o in starting.items()} if starting else None
         self.max_records = int(options.get("maxrecordsperbatch", "0"))
@@ -85,8 +92,12 @@ class KafkaRangeReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if (followed := self.following.end(start)) is not None:
+            return followed
+        self.following.paced()
         at = {str(p): int(o) for p, o in start[self.topic].items()}
-        ending = {p: max(o, at.get(p, 0)) for p, o in self.ending.items()}
+        newest = self.ending or {str(p): high for p, (_, high) in kafka.end_offsets(self.cluster, self.topic).items()}
+        ending = {p: max(o, at.get(p, 0)) for p, o in newest.items()}
         most = limit.max_rows if isinstance(limit, ReadMaxRows) else sum(ending.values())
         return {self.topic: kafka.spread(at, ending, most)}
 
@@ -113,17 +124,18 @@ class KafkaRangeReader(DataSourceStreamReader):
 def kafka_range_events(
     spark: SparkSession, servers: str, topic: str, payload: PayloadFormat, dead_letters: str, redis_url: str,
     max_future_seconds: float, max_records: int, starting: str, ending: str, security: dict[str, str],
+    follow: dict[str, str] | None = None,
 ) -> DataFrame:  # fmt: skip
     """The checked events of the topic from ``starting`` (a new checkpoint; a copy goes on from its own offsets) up to
-    ``ending``, both JSON offsets in the Kafka source's form."""
+    ``ending``, both JSON offsets in the Kafka source's form; ``follow``: a green's options (``following.py``)."""
     spark.dataSource.register(KafkaRangeDataSource)
-    return (
+    reader = (
         spark.readStream.format(FORMAT_NAME).option("servers", servers).option("topic", topic)
         .option("starting", starting).option("ending", ending).option("format", payload.to_option())
         .option("deadLetter", dead_letters).option("url", redis_url).option("maxFutureSeconds", str(max_future_seconds))
         .option("maxRecordsPerBatch", str(max_records)).option("securityPassword", json.dumps(security))
-        .load()
     )  # fmt: skip
+    return reader.options(**(follow or {})).load()
 
 
 def _chunks(config: dict[str, Any], topic: str, part: PartitionRange) -> Iterator[list[tuple[str, bytes]]]:
