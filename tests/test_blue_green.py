@@ -99,6 +99,18 @@ def green_running(action: Action) -> Run | None:
     return run if run is not None and GreenBatch.objects.filter(action=action).count() >= 2 else None
 
 
+def promoted(action: Action, timeout: float) -> Action:
+    """Green's rows compared with blue's key by key, none added or removed by a parameter change; then promoted, and
+    the upgrade succeeded."""
+    compared = list(GreenBatch.objects.filter(action=action))
+    assert all(b.removed == 0 and b.added == 0 for b in compared), [(b.batch_id, b.samples) for b in compared]
+    assert sum(b.same + b.changed for b in compared) > 0, "green's rows compared with blue's, key by key"
+    green_request(action, "promote")
+    action = ended(action, timeout)
+    assert action.status == ActionStatus.SUCCEEDED, state(action)
+    return action
+
+
 def one_line(job: Job, action: Action) -> str:
     """Why the job's checkpoint history is not one line (empty when it is): the job's batches, then the new version's
     from the batch after the handover, each number once in its checkpoint directory."""
@@ -153,12 +165,7 @@ def test_a_parameter_change_hands_over_in_the_shared_driver_with_every_sink_exac
         green = wait_for(lambda: (r := green_running(action)) and r.id != killed.id and r, 240, 0.5, "green again")
         shown = client.get(f"/api/v1/jobs/{job.name}", HTTP_AUTHORIZATION=bearer).json()
         assert (shown["status"], shown["driver"]["run"], shown["driver"]["process_alive"]) == ("running", blue.id, True)
-        compared = list(GreenBatch.objects.filter(action=action))
-        assert all(b.removed == 0 and b.added == 0 for b in compared), [(b.batch_id, b.samples) for b in compared]
-        assert sum(b.same + b.changed for b in compared) > 0, "green's rows compared with blue's, key by key"
-        green_request(action, "promote")
-        action = ended(action, 180)
-        assert action.status == ActionStatus.SUCCEEDED, state(action)
+        action = promoted(action, 180)
     finally:
         flow.stop()
     job.refresh_from_db()

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_lib
@@ -443,6 +444,31 @@ def test_a_topic_deleted_under_a_running_job_fails_its_run_with_the_reason_and_t
     assert 'id="source-down"' in page and f"topic &#x27;{topic}&#x27; cannot be read" in page
 
 
+def security_form(name: str, topic: str, servers: str, lines: str) -> Any:
+    """The New job form for a Kafka job with these security settings (``name = value`` lines)."""
+    from dashboard.forms import JobForm
+
+    return JobForm(data={"name": name, "pipeline": "url-counts", "source_kind": "kafka", "source_stream": topic,
+                         "source_path": servers, "state_backend": "memory", "trigger_interval_seconds": 1,
+                         "state_partitions": 2, "parallelism": 1, "batches_retained": 10,
+                         "max_records_per_batch": 100, "autoscale_mode": "off", "autoscale_max_per_day": 4,
+                         "autoscale_window_minutes": 15, "source_security": lines})  # fmt: skip
+
+
+def read_through(spark, make_job, topic: str, servers: str, security: dict[str, str], count: int, seed: int) -> Job:
+    """A job that reads ``topic`` at ``servers`` with these security settings, run over ``count`` records the test
+    writes through the plain listener: each counted once, and the console's lag sampled through the same login."""
+    job = make_job(source_kind="kafka", source_stream=topic, source_path=servers, source_security=security,
+                   max_records_per_batch=200)  # fmt: skip
+    sent = Sent(topic)
+    sent.send(count, seed=seed)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == sent.good == count
+    source_lag_sample()
+    assert SourceLag.objects.get(job=job).lag_records == 0, "the console's client logged in too"
+    return job
+
+
 def sasl_listener() -> tuple[str, str]:
     """The set-up's broker's second listener, which asks for a SASL login (PLAIN, the user statekeeper), and its
     password (bin/lib.sh, ensure_kafka: STATEKEEPER_KAFKA_SASL_PASSWORD_FILE)."""
@@ -458,7 +484,6 @@ def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret
     """A cluster that needs SASL: the job's source names a secret for the password; the driver (Spark's Java client)
     and the console's own client (lag) both log in with it; no page, spec or API answer holds the password; a wrong
     one is named as the broker's refusal of the login on the job's page, and no lag is made up."""
-    from dashboard.forms import JobForm
     from dashboard.services.secrets import secret_set
     from dashboard.specs import spec_of
 
@@ -466,33 +491,19 @@ def test_a_kafka_job_reads_a_cluster_that_asks_for_a_login_its_password_a_secret
     secret_set(name="kafka-login", value=password, username="admin")
     security = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "statekeeper",
                 "sasl_password": "${secret:kafka-login}"}  # fmt: skip
-    form = JobForm(data={"name": "sasl-refused", "pipeline": "url-counts", "source_kind": "kafka",
-                         "source_stream": topic, "source_path": servers, "state_backend": "memory",
-                         "trigger_interval_seconds": 1, "state_partitions": 2, "parallelism": 1, "batches_retained": 10,
-                         "max_records_per_batch": 100, "autoscale_mode": "off", "autoscale_max_per_day": 4,
-                         "autoscale_window_minutes": 15,
-                         "source_security": "security_protocol = SASL_PLAINTEXT\nsasl_mechanism = PLAIN\n"
-                                            f"sasl_username = statekeeper\nsasl_password = {password}"})  # fmt: skip
+    lines = (
+        "security_protocol = SASL_PLAINTEXT\nsasl_mechanism = PLAIN\nsasl_username = statekeeper\n"
+        f"sasl_password = {password}"
+    )
+    form = security_form("sasl-refused", topic, servers, lines)
     assert not form.is_valid() and "never the password" in str(form.errors["source_security"])
-    form.data["source_security"] = form.data["source_security"].replace(password, "${secret:no-such-login}")
-    form = JobForm(data=form.data)
+    form = security_form("sasl-refused", topic, servers, lines.replace(password, "${secret:no-such-login}"))
     assert not form.is_valid() and "there is no secret named 'no-such-login'" in " ".join(
         form.errors["source_security"]
     )
 
-    job = make_job(
-        source_kind="kafka",
-        source_stream=topic,
-        source_path=servers,
-        source_security=security,
-        max_records_per_batch=200,
-    )
-    sent = Sent(topic)  # the test writes through the plain listener; the job reads through the one with a login
-    sent.send(600, seed=3)
-    run_to_end(spark, job, sent)
-    assert sink_total(job) == sent.good == 600
-    source_lag_sample()
-    assert SourceLag.objects.get(job=job).lag_records == 0, "the console's client logged in too"
+    job = read_through(spark, make_job, topic, servers, security, 600, seed=3)  # written through the plain listener
+    sent = Sent(topic)
 
     viewer = as_role("viewer")
     page = viewer.get(f"/jobs/{job.name}/").content.decode()
@@ -543,7 +554,6 @@ def test_a_kafka_job_reads_a_cluster_over_tls_checked_against_its_ca_and_a_certi
     address. Every record is counted once and the lag sampled through TLS; a file that holds no certificate is refused
     at the form; a CA that did not sign the broker's certificate is named as such on the job's page and in the
     driver's failed run, and no lag is made up."""
-    from dashboard.forms import JobForm
     from dashboard.services.secrets import secret_set
 
     servers, password, ca, other_ca = tls_listener(tmp_path)
@@ -551,21 +561,11 @@ def test_a_kafka_job_reads_a_cluster_over_tls_checked_against_its_ca_and_a_certi
     security = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "statekeeper",
                 "sasl_password": "${secret:kafka-tls-login}", "ssl_ca_file": ca}  # fmt: skip
     lines = "\n".join(f"{k} = {v}" for k, v in {**security, "ssl_ca_file": str(tmp_path / "other-key.pem")}.items())
-    form = JobForm(data={"name": "tls-refused", "pipeline": "url-counts", "source_kind": "kafka",
-                         "source_stream": topic, "source_path": servers, "state_backend": "memory",
-                         "trigger_interval_seconds": 1, "state_partitions": 2, "parallelism": 1, "batches_retained": 10,
-                         "max_records_per_batch": 100, "autoscale_mode": "off", "autoscale_max_per_day": 4,
-                         "autoscale_window_minutes": 15, "source_security": lines})  # fmt: skip
+    form = security_form("tls-refused", topic, servers, lines)
     assert not form.is_valid() and "holds no certificate in PEM" in " ".join(form.errors["source_security"])
 
-    job = make_job(source_kind="kafka", source_stream=topic, source_path=servers, source_security=security,
-                   max_records_per_batch=200)  # fmt: skip
+    job = read_through(spark, make_job, topic, servers, security, 500, seed=5)
     sent = Sent(topic)
-    sent.send(500, seed=5)
-    run_to_end(spark, job, sent)
-    assert sink_total(job) == sent.good == 500
-    source_lag_sample()
-    assert SourceLag.objects.get(job=job).lag_records == 0, "the console's client checked the certificate too"
     viewer = as_role("viewer")
     page = viewer.get(f"/jobs/{job.name}/").content.decode()
     assert 'id="kafka-security"' in page and "SASL_SSL" in page and password not in page
@@ -730,9 +730,7 @@ def test_a_blue_green_upgrade_of_a_kafka_team_job_follows_its_offsets_hands_over
     no-data batch of the job's watermark run as one), is compared key by key, and takes over at a committed batch;
     the job's next run reads green's checkpoint with Spark's own Kafka source again. Every order once in every
     sink throughout."""
-    from dashboard.models import GreenBatch
-    from dashboard.services.blue_green import green_request
-    from tests.test_blue_green import Flow, beside, ended, one_line, state, team_job
+    from tests.test_blue_green import Flow, beside, one_line, promoted, team_job
 
     lake = tmp_path / "lake"
     job = team_job(make_job, team_database, lake, source_kind="kafka", source_stream=topic,
@@ -744,13 +742,7 @@ def test_a_blue_green_upgrade_of_a_kafka_team_job_follows_its_offsets_hands_over
     flow = Flow(orders)
     flow.start()
     try:
-        action = beside(job, {"pipeline": "customer-spend", "parameters": {"threshold": 50}})
-        compared = list(GreenBatch.objects.filter(action=action))
-        assert all(b.removed == 0 and b.added == 0 for b in compared), [(b.batch_id, b.samples) for b in compared]
-        assert sum(b.same + b.changed for b in compared) > 0, "green's rows compared with the job's, key by key"
-        green_request(action, "promote")
-        action = ended(action, 240)
-        assert action.status == ActionStatus.SUCCEEDED, state(action)
+        action = promoted(beside(job, {"pipeline": "customer-spend", "parameters": {"threshold": 50}}), 240)
     finally:
         flow.stop()
     job.refresh_from_db()
