@@ -96,6 +96,8 @@ def _ca_problems(path: str) -> list[str]:
     """Why ``path`` is no CA file a client can take, on the console's host (the drivers' share its paths)."""
     if not os.path.isabs(path):
         return [SECURITY["ssl_ca_file"]]
+    if not os.path.isfile(path):  # a device or a pipe is never read here: it could block the web process
+        return [f"{path} is no file on the console's host"]
     try:
         with open(path, "rb") as file:
             head = file.read(1 << 16)

@@ -5,6 +5,7 @@ any file of the package, and parameters are checked as the job form and the API 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -246,13 +247,18 @@ def test_a_pipeline_the_console_would_refuse_fails_where_it_is_made(change, reas
         replace(pipelines.get("url-counts"), **change)
 
 
-def test_a_kafka_sinks_security_takes_the_sources_names_and_its_password_only_from_a_secret_parameter():
+def test_a_kafka_sinks_security_takes_the_sources_names_and_its_password_only_from_a_secret_parameter(tmp_path):
     from statekeeper_sdk import KAFKA_SECURITY, KafkaSink, Parameter
     from statekeeper_sdk.sinks import bound
 
     from dashboard import kafka
 
     assert set(KAFKA_SECURITY) == set(kafka.SECURITY), "a sink and a job's source take the same settings"
+    pipe = tmp_path / "ca.pem"
+    os.mkfifo(pipe)  # a CA "file" that would block whoever reads it
+    assert kafka.security_problems({"security_protocol": "SSL", "ssl_ca_file": str(pipe)}) == [
+        f"ssl_ca_file: {pipe} is no file on the console's host"
+    ]
     with pytest.raises(ValueError, match="'sasl_pasword' is not a Kafka security setting"):
         KafkaSink("out", servers="s:1", topic="t", security={"sasl_pasword": "{pw}"})
     secret, plain = Parameter("pw", "str", "", secret=True), Parameter("user", "str", "")
