@@ -727,10 +727,12 @@ def test_a_blue_green_upgrade_of_a_kafka_team_job_follows_its_offsets_hands_over
     make_job, redis, topic, spark, team_database, tmp_path
 ):
     """Green follows the job's batches on Kafka through the range reader (each batch exactly the job's offsets, a
-    no-data batch of the job's watermark run as one), is compared key by key, and takes over at a committed batch;
-    the job's next run reads green's checkpoint with Spark's own Kafka source again. Every order once in every
-    sink throughout."""
-    from tests.test_blue_green import Flow, beside, one_line, promoted, team_job
+    no-data batch of the job's watermark run as one), through a kill -9 of the shared driver that runs both (blue
+    restarts on Spark's Kafka source, green on the range reader from its fork), is compared key by key, and takes
+    over at a committed batch; the job's next run reads green's checkpoint with Spark's own Kafka source again.
+    Every order once in every sink throughout."""
+    from dashboard.models import Run
+    from tests.test_blue_green import Flow, beside, green_running, one_line, promoted, team_job
 
     lake = tmp_path / "lake"
     job = team_job(make_job, team_database, lake, source_kind="kafka", source_stream=topic,
@@ -738,11 +740,16 @@ def test_a_blue_green_upgrade_of_a_kafka_team_job_follows_its_offsets_hands_over
     orders = Orders(redis, topic, settings.KAFKA_BOOTSTRAP)
     orders.send(40, seed=1)
     job_request_start(job=job)
-    wait_for(lambda: running_with_progress(job), 240, 0.5, "the job to run")
+    blue = wait_for(lambda: running_with_progress(job), 240, 0.5, "the job to run")
     flow = Flow(orders)
     flow.start()
     try:
-        action = promoted(beside(job, {"pipeline": "customer-spend", "parameters": {"threshold": 50}}), 240)
+        action = beside(job, {"pipeline": "customer-spend", "parameters": {"threshold": 50}})
+        killed = Run.objects.get(id=action.params["green_run"])
+        os.killpg(blue.pid, signal.SIGKILL)  # the shared driver: blue and green die together
+        wait_for(lambda: running_with_progress(job, blue.id), 240, 0.5, "the job's restart")
+        wait_for(lambda: (r := green_running(action)) and r.id != killed.id, 240, 0.5, "green again on its fork")
+        action = promoted(action, 240)
     finally:
         flow.stop()
     job.refresh_from_db()
