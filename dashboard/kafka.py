@@ -149,7 +149,7 @@ def _config(servers: Cluster | str, timeout: float) -> dict[str, Any]:
             **client_config(security)}  # fmt: skip
 
 
-class _Heard:
+class Heard:
     """A client's own errors (its ``error_cb``): a broker that refuses the login or the TLS handshake answers a request
     only with "transport failure" or not at all, and its reason comes as such an error."""
 
@@ -159,16 +159,20 @@ class _Heard:
     def __call__(self, error: KafkaError) -> None:
         self.errors.append(error)
 
-    def reason(self, otherwise: Any) -> str:
+    def refusal(self) -> str:
+        """The broker's newest refusal of the login or the TLS handshake; empty when there was none."""
         refused = [e for e in self.errors if e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)]
-        return refused[-1].str() if refused else str(otherwise)
+        return refused[-1].str() if refused else ""
+
+    def reason(self, otherwise: Any) -> str:
+        return self.refusal() or str(otherwise)
 
 
 class _Looking(Consumer):
-    """The console's consumer, which keeps the client's own errors (``_Heard``)."""
+    """The console's consumer, which keeps the client's own errors (``Heard``)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.heard = _Heard()
+        self.heard = Heard()
         super().__init__({**config, "error_cb": self.heard})
 
     def failed(self, servers: Cluster | str, exc: KafkaException) -> KafkaUnavailable:
@@ -262,7 +266,7 @@ def record_times(servers: Cluster | str, topic: str, at: dict[int, int], timeout
 
 def ensure_topic(servers: Cluster | str, topic: str, partitions: int, timeout: float = 10.0) -> bool:
     """Make the topic with this many partitions unless it exists; True when it was made now."""
-    heard = _Heard()
+    heard = Heard()
     admin = AdminClient({**_config(servers, timeout), "error_cb": heard, "logger": _quiet})  # type: ignore[dict-item]
     future = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout)[topic]
     try:

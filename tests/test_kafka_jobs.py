@@ -546,6 +546,44 @@ def tls_listener(tmp_path: Path) -> tuple[str, str, str, str]:
     return servers.replace("9094", "9095"), password, str(ca), str(other)
 
 
+def test_the_range_reader_reads_a_fixed_range_over_tls_and_a_ca_it_cannot_trust_fails_it_without_the_password(
+    spark, topic, redis, tmp_path
+):
+    """The console's range reader (a shadow run's, a migration preview's, a green's) over SASL_SSL: exactly the range's
+    records, once; with a CA that did not sign the broker's certificate, the read fails with the handshake's reason,
+    and neither the failure nor the query's description holds the password it was given."""
+    from workers.spark.sources.kafka_range import kafka_range_events
+
+    servers, password, ca, other_ca = tls_listener(tmp_path)
+    sent = Sent(topic)
+    sent.send(300, seed=8)
+    ends = {str(p): end for p, (_, end) in kafka.end_offsets(settings.KAFKA_BOOTSTRAP, topic).items()}
+    ending = {p: end * 2 // 3 for p, end in ends.items()}
+    login = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "statekeeper",
+             "sasl_password": password}  # fmt: skip
+    payload = get_pipeline("url-counts").payload
+
+    def run(security: dict[str, str], name: str) -> tuple[int, str]:
+        frame = kafka_range_events(spark, servers, topic, payload, f"{topic}:dead", settings.REDIS_URL, 300, 100,
+                                   json.dumps({topic: {p: 0 for p in ends}}), json.dumps({topic: ending}), security)  # fmt: skip
+        rows: list[int] = []
+        query = (
+            frame.writeStream.foreachBatch(lambda batch, _: rows.append(batch.count()))
+            .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start()
+        )  # fmt: skip
+        try:
+            query.awaitTermination(120)
+        except Exception as exc:  # the query failed: what it says, with its plan and offsets
+            return sum(rows), str(exc)
+        return sum(rows), ""
+
+    read, said = run({**login, "ssl_ca_file": ca}, "trusted")
+    assert read == sum(ending.values()), "the range's records, each once, and none after it"
+    refused, said = run({**login, "ssl_ca_file": other_ca}, "untrusted")
+    assert refused == 0 and "certificate verify failed" in said, said[:3000]
+    assert password not in said
+
+
 def test_a_kafka_job_reads_a_cluster_over_tls_checked_against_its_ca_and_a_certificate_it_does_not_trust_is_named(
     spark, make_job, topic, as_role, tmp_path
 ):

@@ -153,8 +153,9 @@ def _chunks(config: dict[str, Any], topic: str, part: PartitionRange) -> Iterato
     (a transaction's markers) are passed over; offsets the broker no longer holds fail the read with the reason."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    errors = kafka.Heard()  # a refused login or TLS handshake comes only here: the client retries it quietly
     consumer = Consumer(
-        {**config, "group.id": "statekeeper-range", "enable.auto.commit": False, "auto.offset.reset": "error",
+        {**config, "error_cb": errors, "group.id": "statekeeper-range", "enable.auto.commit": False, "auto.offset.reset": "error",
          "enable.partition.eof": True, "isolation.level": "read_uncommitted"}  # as Spark's Kafka source reads
     )  # fmt: skip
     where = f"topic {topic}, partition {part.partition}, offsets {part.start}–{part.end - 1}"
@@ -166,6 +167,8 @@ def _chunks(config: dict[str, Any], topic: str, part: PartitionRange) -> Iterato
             message = consumer.poll(1.0)
             error = message.error() if message is not None else None
             if message is None or (error is not None and error.code() == KafkaError._PARTITION_EOF):
+                if refused := errors.refusal():
+                    raise ConnectionRefusedError(f"{where} cannot be read: {refused}")
                 position = max(position, consumer.position([TopicPartition(topic, part.partition)])[0].offset)
                 if time.monotonic() - heard > STALL_SECONDS:
                     raise TimeoutError(f"no record of {where} came in {STALL_SECONDS:g} s (read to {position})")
