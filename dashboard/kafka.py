@@ -271,15 +271,12 @@ def ensure_topic(servers: Cluster | str, topic: str, partitions: int, timeout: f
     future = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout)[topic]
     try:
         future.result(timeout=timeout)
-    except KafkaException as exc:
-        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+    except (KafkaException, TimeoutError) as exc:
+        error = exc.args[0] if isinstance(exc, KafkaException) else None
+        if error is not None and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
-        admin.poll(0)
-        why = heard.reason(exc.args[0])
-        raise KafkaUnavailable(f"topic {topic!r} could not be made at {servers}: {why}") from exc
-    except TimeoutError as exc:
-        admin.poll(0)
-        why = heard.reason(f"no answer within {timeout:g} s")
+        admin.poll(0)  # the client hands its errors over as it is polled
+        why = heard.reason(error if error is not None else f"no answer within {timeout:g} s")
         raise KafkaUnavailable(f"topic {topic!r} could not be made at {servers}: {why}") from exc
     return True
 
