@@ -1,7 +1,7 @@
 """A state migration's cost on a busy stack: the preview and the apply per 100k state rows, and the output gap against
 a savepoint upgrade's.
 
-    .venv/bin/python -m bench.state_migration [--rows 100000] [--rounds 2]
+    .venv/bin/python -m bench.state_migration [--rows 100000] [--rounds 2] [--previews N]
 
 Starts its own Celery worker with beat (Redis database 13) and the demo-like jobs beside (bench/busy.py: two jobs in
 the shared driver fed 200 events/s). The subject is the team's ``customer-spend`` (RocksDB, trigger 2 s, a driver of
@@ -9,6 +9,8 @@ its own) holding ``--rows`` hourly windows in its state (one order per customer,
 50 orders/s. Each round: the preview of the migration to ``customer-spend-daily`` (request to answer), the upgrade
 with the migration (request to done, and the output gap: the old version's last committed batch to the new one's
 first), its rollback, and a savepoint upgrade to ``customer-spend-v2`` and back for the gap it stops the output for.
+With ``--previews N``: only N previews, each timed (a preview's first batch runs on a part of a large state:
+``STATEKEEPER_MIGRATION_PREVIEW_KEYS``).
 """
 
 from __future__ import annotations
@@ -71,10 +73,33 @@ def change(job: Job, kind: str, params: dict[str, Any]) -> tuple[float, float]:
     return took, gap_after(job, old.id, timeout=600)
 
 
+def previews(job: Job, daily: dict[str, Any], count: int) -> None:
+    """``count`` previews of the migration, one after another while the subject runs and is fed: request to answer."""
+    took: list[float] = []
+    for n in range(count):
+        seconds, action = timed(job, ActionKind.UPGRADE_PREVIEW, daily)
+        done = action.params.get("migration") or {}
+        first = done.get("first_batch") or {}
+        part = first.get("seeded") or {}
+        took.append(seconds)
+        print(f"  preview {n + 1}: {seconds:.1f} s, {action.status}; {done.get('rows_in')} state rows, "
+              f"{done.get('keys_out')} keys; first batch {'ran' if first.get('ran') else 'not run'}, "
+              f"{first.get('rows')} output rows, on {part.get('keys', done.get('keys_out'))} keys "
+              f"({part.get('read')} read by the batch)", flush=True)  # fmt: skip
+    print()
+    print("| state rows | previews | p50 | p95 | max |")
+    print("|---:|---:|---:|---:|---:|")
+    print(f"| {done.get('rows_in')} | {len(took)} | {pct(took, 0.5):.1f} s | {pct(took, 0.95):.1f} s | "
+          f"{max(took):.1f} s |")  # fmt: skip
+    print(f"\n{os.cpu_count()} cores; logs and checkpoints under {ROOT}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000, help="hourly windows in the subject's state")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--previews", type=int, default=0,
+                        help="only this many previews (no upgrade), each timed, with the part of the state they ran on")  # fmt: skip
     args = parser.parse_args()
     client, halt = busy_stack(ROOT)
     job = make_job("migrate", "customer-spend", "rocksdb", driver="own", max_records_per_batch=20_000)
@@ -86,6 +111,11 @@ def main() -> None:
     print(f"busy stack up; subject {job.name} holds {args.rows} windows, fed {RATE} orders/s", flush=True)
     rows: list[dict[str, Any]] = []
     daily = {"pipeline": "customer-spend-daily", "migrate": 1}
+    if args.previews:
+        previews(job, daily, args.previews)
+        halt.set()
+        job_request_stop(job=job)
+        return
     for n in range(args.rounds):
         preview, action = timed(job, ActionKind.UPGRADE_PREVIEW, daily)
         state_rows = action.params["migration"]["rows_in"]

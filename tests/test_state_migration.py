@@ -21,8 +21,8 @@ from pyspark.sql import functions as F
 from dashboard.checkpoint_dir.files import committed_batches, lineage, seed_dir
 from dashboard.models import Action, ActionKind, ActionStatus, Job, ResultRow, Run, StateBackend
 from dashboard.services.actions import action_request
-from dashboard.services.runs import job_request_start
-from tests.conftest import grant, wait_for
+from dashboard.services.runs import job_request_start, job_request_stop
+from tests.conftest import CeleryWorkers, end_workers_and_their_processes, grant, wait_for
 from tests.support import Orders, every_sink_exact, finished, lake_latest, lake_rows, sink, switched_to, team_rows
 
 SPEND = ("customer", "start", "end", "orders", "items", "total")
@@ -90,8 +90,20 @@ def migration_diff(sinks: dict[str, dict[str, Any]], hourly: dict, daily: dict) 
 # in the default suite: the headline migration with its preview and rollback, three sinks (about 90 s)
 @pytest.mark.django_db(transaction=True)
 def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_rolls_back_exact(
-    make_job, redis, stream_name, celery_worker, spark, team_database, tmp_path
+    make_job, redis, stream_name, checkpoint_root, spark, team_database, tmp_path
 ):
+    # the preview runs its first batch on 1 of the migrated keys beside those the batch reads (2: one at least not in
+    # the sample)
+    workers = CeleryWorkers(checkpoint_root, tmp_path / "worker.log", {"STATEKEEPER_MIGRATION_PREVIEW_KEYS": "1"})
+    try:
+        migrate_preview_apply_and_roll_back(make_job, redis, stream_name, spark, team_database, tmp_path)
+    finally:
+        end_workers_and_their_processes(workers)
+
+
+def migrate_preview_apply_and_roll_back(
+    make_job: Any, redis: Any, stream_name: str, spark: Any, team_database: str, tmp_path: Path
+) -> None:
     lake = tmp_path / "lake"
     job = make_job(pipeline="customer-spend", parallelism=1, trigger_interval_seconds=1,
                    parameters={"orders_dsn": team_database, "lake_dir": str(lake)})  # fmt: skip
@@ -106,21 +118,34 @@ def test_a_team_job_migrated_from_hourly_windows_to_days_keeps_every_total_and_r
     assert plain.status == ActionStatus.FAILED and "migrate the state" in plain.outcome, plain.outcome
     assert Job.objects.get(id=job.id).pipeline == "customer-spend" and not plain.params.get("savepoint")
 
-    # the preview: on a scratch copy, the migration and the new version's first batch over orders not yet read
+    # the preview: on a scratch copy, the migration and the new version's first batch over orders not yet read (the
+    # job stopped, then orders of two customers sent): run on a part of the migrated state, 1 of its days and the 2
+    # the batch reads, its output is each of those days' total over every order, as on the whole state
+    windows, days = truth(orders), truth(orders, window_minutes=1440)
+    job_request_stop(job=job)
+    wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
+    orders.send(20, seed=2, customers=["c-0", "c-1"])
     preview = finished(action_request(job=job, kind=ActionKind.UPGRADE_PREVIEW,
                                       params={"pipeline": "customer-spend-daily", "migrate": 1}))  # fmt: skip
     assert preview.status == ActionStatus.SUCCEEDED, preview.outcome
     done = preview.params["migration"]
-    windows, days = truth(orders), truth(orders, window_minutes=1440)
     assert done["variables"] == {"default": len(windows)}, "every hourly window of the state read"
-    assert done["keys_in"] == len(windows) and done["keys_out"] == len(days) == done["rows_out"]
+    assert done["keys_in"] == len(windows) and done["keys_out"] == len(days) == done["rows_out"] > 5
     assert done["dropped"] == {"on": ["customer"], "keys": 0, "samples": []}
     assert len(done["before"]) == min(10, len(windows)) and len(done["after"]) == min(10, len(days))
+    first, now_days = done["first_batch"], truth(orders, window_minutes=1440)
+    read = {k for k in now_days if k.split("|")[0] in ("c-0", "c-1") and now_days[k] != days.get(k)}
+    assert first["ran"] and first["seeded"]["sampled"] == 1 and first["seeded"]["read"] == len(read), first
+    assert {r["key"]: {f: r["value"][f] for f in SPEND} for r in first["results"]} == {k: now_days[k] for k in read}
+    assert 2 <= first["seeded"]["keys"] <= 1 + len(read) < len(days), first
+    assert f"run on {first['seeded']['keys']} of its {len(days)} keys" in preview.outcome, preview.outcome
     assert Job.objects.get(id=job.id).pipeline == "customer-spend", "a preview changes nothing"
     assert not [p.name for p in job.directory.iterdir() if "migration" in p.name], "its scratch copies are gone"
+    job_request_start(job=job)
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "the orders of the preview")
 
     # the upgrade with the migration, while orders flow: savepoint N, the migrated line goes on after N's offsets
-    orders.send(20, seed=2)
+    orders.send(20, seed=5)
     wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "the orders before it")
     before_migration = len(orders.sent)
     upgrade = finished(action_request(job=job, kind=ActionKind.UPGRADE,

@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from dashboard import kafka, pipelines
 from dashboard.checkpoint_dir.files import CheckpointError, batch_offsets, copy_checkpoint, remove_tree, seed_dir
 from dashboard.models import Action, Job, Savepoint, StateBackend
@@ -127,7 +129,7 @@ def preview_run(action: Action) -> Outcome:
     ending = action.memo.get("migration_end")
     spec = migration_spec(action, new, "migration") | {
         "first_batch": ending is not None, "starting": action.memo["migration_start"], "ending": ending,
-        "records": PREVIEW_RECORDS, "base": batch + 1,
+        "records": PREVIEW_RECORDS, "base": batch + 1, "sample_keys": settings.MIGRATION_PREVIEW_KEYS,
     }  # fmt: skip
     action_progress(action, f"migrating the state of batch {batch} on a scratch copy")
     try:
@@ -142,8 +144,12 @@ def preview_run(action: Action) -> Outcome:
     done = _kept(result)
     remember(action, migration=done)
     first = done.get("first_batch") or {}
+    part = (
+        f" (run on {first['seeded']['keys']} of its {done['keys_out']} keys: a sample of {first['seeded']['sampled']} "
+        f"and the {first['seeded']['read']} keys the batch reads)" if first.get("seeded") else ""
+    )  # fmt: skip
     after = (
-        f"; {target_shown(action)}'s first batch on it gave {first['rows']} output rows"
+        f"; {target_shown(action)}'s first batch on it gave {first['rows']} output rows{part}"
         if first.get("ran") else "; no entry came after the batch, so no first batch ran on it"
     )  # fmt: skip
     return Done(f"Migration from batch {batch}: {migration_summary(done)}{after}. Nothing stopped.")

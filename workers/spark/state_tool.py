@@ -352,8 +352,67 @@ def migrate(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     result = {"from": spec["from_pipeline"], "target": pipeline.name, **migration_figures(migration, old, seeded)}
     write_lineage(checkpoint, int(spec.get("base", batch + 1)), seeded=True, **(spec.get("lineage") or {}))
     if spec.get("first_batch"):
-        result["first_batch"] = _first_batch(spark, spec, pipeline, checkpoint)
+        limit = int(spec.get("sample_keys") or 0)
+        if limit and result["keys_out"] > limit:
+            result["first_batch"] = _sampled_first_batch(spark, spec, pipeline, migration, checkpoint, seeded, limit,
+                                                         int(spec.get("base", batch + 1)))  # fmt: skip
+        else:
+            result["first_batch"] = _first_batch(spark, spec, pipeline, checkpoint)
     return result
+
+
+def _sampled_first_batch(
+    spark: Any, spec: dict[str, Any], pipeline: Any, migration: Any, checkpoint: Path, seeded: DataFrame, limit: int,
+    base: int,
+) -> dict[str, Any]:  # fmt: skip
+    """A preview's first batch on part of a large migrated state: ``limit`` of its keys and every key the batch reads.
+    Seeding costs about a millisecond a key (PySpark's transformWithState takes its initial state one key at a time
+    over the state server's socket), so a preview on the whole of 100,000 keys took minutes. The keys the batch reads
+    are found by running it first on no state, in a checkpoint beside: the keys it then holds state for. The batch's
+    output on the part is what it is on the whole, for every key the batch reads; only the state's row counts are of
+    the part, and the answer says so (``seeded``)."""
+    probe, part = checkpoint.with_name(f"{checkpoint.name}-keys"), checkpoint.with_name(f"{checkpoint.name}-part")
+    try:
+        _seed(probe, seeded.limit(0), base, spec)
+        probed = _first_batch(spark, spec, pipeline, probe)
+        if not probed["ran"]:
+            return probed
+        read = _keys_held(spark, probe, migration)
+        if read is None:  # the operator's keys are not the migration's: the whole state, as without a sample
+            return _first_batch(spark, spec, pipeline, checkpoint)
+        key = list(migration.key)
+        chosen = seeded.limit(limit).unionByName(seeded.join(read, key, "left_semi")).dropDuplicates(key)
+        _seed(part, chosen, base, spec)
+        ran = _first_batch(spark, spec, pipeline, part)
+        figures = {"keys": spark.read.parquet(str(seed_dir(part))).count(), "sampled": limit, "read": read.count()}
+        return ran | {"seeded": figures}
+    finally:
+        for path in (probe, seed_dir(probe), part, seed_dir(part)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _seed(checkpoint: Path, state: DataFrame, base: int, spec: dict[str, Any]) -> None:
+    """A scratch checkpoint with no batch, seeded with ``state`` (the same new line as the preview's own)."""
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    state.write.mode("overwrite").parquet(str(seed_dir(checkpoint)))
+    write_lineage(checkpoint, base, seeded=True, **(spec.get("lineage") or {}))
+
+
+def _keys_held(spark: Any, checkpoint: Path, migration: Any) -> DataFrame | None:
+    """The keys a checkpoint's batch 0 left state for (in any variable), as the migration's key columns; None when
+    the state's keys are not those columns."""
+    key = list(migration.key)
+    frames = [
+        frame.select(*(F.col(f"key.{name}").alias(name) for name in key))
+        for _, _, frame in _readers(spark, str(checkpoint), 0)
+        if "key" in frame.columns and set(key) <= set(getattr(frame.schema["key"].dataType, "names", ()))
+    ]
+    if not frames:
+        return None
+    held = frames[0]
+    for frame in frames[1:]:
+        held = held.unionByName(frame)
+    return held.distinct().cache()
 
 
 def _first_batch(spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Path) -> dict[str, Any]:
