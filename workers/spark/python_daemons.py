@@ -27,6 +27,7 @@ import logging
 from typing import Any
 
 from workers.spark.sources.redis_streams import PlannerPing
+from workers.spark.sources.register import register
 
 log = logging.getLogger(__name__)
 
@@ -72,5 +73,5 @@ def start_daemons_again(spark: Any) -> None:
     """Start the daemons of a query's start (START_ONLY but the lookup, which Spark does once a JVM) before a query
     needs them: a batch read of PlannerPing creates a Python source and plans its read through the same two kinds of
     Python work. Raises what Spark raised."""
-    spark.dataSource.register(PlannerPing)
+    register(spark, PlannerPing)
     spark.read.format(PlannerPing.name()).load().collect()

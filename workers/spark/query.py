@@ -24,6 +24,7 @@ from workers.spark.sources.following import unmark_followed
 from workers.spark.sources.kafka import kafka_events, revealed_security
 from workers.spark.sources.kafka_range import kafka_range_events
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
+from workers.spark.sources.register import register
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread:
             spark, spec.source_path, spec.source_format, pipeline.payload, spec.dead_letter, spec.redis_url,
             spec.max_future_seconds,
         )  # fmt: skip
-    spark.dataSource.register(RedisStreamDataSource)
+    register(spark, RedisStreamDataSource)
     reader = spark.readStream.format(FORMAT_NAME)
     if spread and spec.phase_seconds is not None:
         reader = (

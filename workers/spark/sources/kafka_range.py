@@ -28,6 +28,7 @@ from dashboard import kafka
 from workers.spark.sources.checks import Entries, check_batches
 from workers.spark.sources.following import Following
 from workers.spark.sources.kafka import Places
+from workers.spark.sources.register import register
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def kafka_range_events(
 ) -> DataFrame:  # fmt: skip
     """The checked events of the topic from ``starting`` (a new checkpoint; a copy goes on from its own offsets) up to
     ``ending``, both JSON offsets in the Kafka source's form; ``follow``: a green's options (``following.py``)."""
-    spark.dataSource.register(KafkaRangeDataSource)
+    register(spark, KafkaRangeDataSource)
     reader = (
         spark.readStream.format(FORMAT_NAME).option("servers", servers).option("topic", topic)
         .option("starting", starting).option("ending", ending).option("format", payload.to_option())
