@@ -70,10 +70,27 @@ def start_worker(root: Path) -> subprocess.Popen[bytes]:
         celery_worker_command(root / "beat", loglevel="WARNING"), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
-    # ended on any exit: an error, Ctrl-C, or a SIGTERM (turned into an exit, so that finally blocks run too)
+    # ended on any exit: an error, Ctrl-C, or a SIGTERM (turned into an exit, so that finally blocks run too); then
+    # the drivers, hosts and state reader it started, each in a session of its own (so not in the worker's group)
+    atexit.register(end_started, root)
     atexit.register(kill_group, worker.pid)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return worker
+
+
+def end_started(root: Path) -> None:
+    """The processes the benchmark's worker started for its jobs (those checkpointing under ``root``): their drivers,
+    the hosts of their shared drivers, and the state reader of its Redis database. A bench that ended left them
+    running, and loading the machine, under the next measurement."""
+    from dashboard.models import DriverHost, Run
+    from dashboard.services.state_reader_client import state_reader_stop
+
+    state_reader_stop()
+    jobs = [job.id for job in Job.objects.all() if str(job.checkpoint_location).startswith(str(root))]
+    pids = set(Run.objects.filter(job_id__in=jobs).exclude(pid=None).values_list("pid", flat=True))
+    pids |= set(DriverHost.objects.filter(pid__isnull=False, runs__job_id__in=jobs).values_list("pid", flat=True))
+    for pid in pids:
+        kill_group(pid or 0)
 
 
 def busy_stack(root: Path) -> tuple[Any, threading.Event]:

@@ -85,7 +85,8 @@ def previews(job: Job, daily: dict[str, Any], count: int) -> None:
         print(f"  preview {n + 1}: {seconds:.1f} s, {action.status}; {done.get('rows_in')} state rows, "
               f"{done.get('keys_out')} keys; first batch {'ran' if first.get('ran') else 'not run'}, "
               f"{first.get('rows')} output rows, on {part.get('keys', done.get('keys_out'))} keys "
-              f"({part.get('read')} read by the batch)", flush=True)  # fmt: skip
+              f"({part.get('read')} read by the batch); in the state tool, from its start: {done.get('seconds')}",
+              flush=True)  # fmt: skip
     print()
     print("| state rows | previews | p50 | p95 | max |")
     print("|---:|---:|---:|---:|---:|")
