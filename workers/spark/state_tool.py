@@ -23,13 +23,11 @@ import importlib
 import json
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyspark import InheritableThread
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from statekeeper_sdk import OldState, resolve
@@ -337,7 +335,8 @@ def migrate(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
     (``seed_dir``). Returns rows read per variable and written, keys in and out, the old keys that map to nothing
     (compared on the key columns the old and new keys share), samples before and after; with ``first_batch``, the new
     version's first batch on the seeded state from the batch's end offsets (``spec["starting"]``), its output rows and
-    the state it holds after (on a large state, a part of it: ``_Probe``); and where the time went (``seconds``)."""
+    the state it holds after (on a large state, a part of it: ``_sampled_first_batch``); and where the time went
+    (``seconds``, from the start)."""
     began = time.monotonic()
     pipeline = load_pipeline(spec["reference"])
     migration = pipeline.migration_from(spec["from_pipeline"])
@@ -345,94 +344,63 @@ def migrate(spark: Any, path: str, batch: int, spec: dict[str, Any]) -> dict[str
         raise ValueError(f"{pipeline.name} declares no migration from {spec['from_pipeline']}")
     read = read_state(spark, path, batch)
     old = OldState({name: frame.cache() for name, frame in read.items()}, read.batch)  # read once for every figure
-    probe: _Probe | None = None
     try:
         params = resolve(pipeline.parameters, spec.get("parameters") or {})
         built = migration.build(old, params)
         check_columns(migration, built)
         checkpoint, base = Path(spec["checkpoint"]), int(spec.get("base", batch + 1))
-        limit = int(spec.get("sample_keys") or 0) if spec.get("first_batch") else 0
-        if limit and sum(frame.count() for frame in old.values()) > limit:
-            probe = _Probe(spark, spec, pipeline, checkpoint, built.schema, base)
         seed = seed_dir(checkpoint)
         built.write.mode("overwrite").parquet(str(seed))  # _SUCCESS last: query.initial_state reads only a whole seed
         seeded = spark.read.parquet(str(seed))
         check_keys(migration, seeded)
         result = {"from": spec["from_pipeline"], "target": pipeline.name, **migration_figures(migration, old, seeded)}
-        write_lineage(checkpoint, base, seeded=True, **(spec.get("lineage") or {}))
-        seconds = {"migrated": time.monotonic() - began}  # where the time went, from the start (as ``plan`` says it)
-        if spec.get("first_batch"):
-            if probe is not None and result["keys_out"] > limit:
-                result["first_batch"] = probe.on_part(migration, seeded, limit, seconds, began)
-            else:
-                result["first_batch"] = _first_batch(spark, spec, pipeline, checkpoint)
-            seconds["first_batch"] = time.monotonic() - began
     finally:
-        if probe is not None:
-            probe.close()
         for frame in old.values():
             frame.unpersist()
+    write_lineage(checkpoint, base, seeded=True, **(spec.get("lineage") or {}))
+    seconds = {"migrated": time.monotonic() - began}
+    if spec.get("first_batch"):
+        limit = int(spec.get("sample_keys") or 0)
+        if limit and result["keys_out"] > limit:
+            result["first_batch"] = _sampled_first_batch(
+                spark, spec, pipeline, migration, checkpoint, seeded, limit, base, seconds, began
+            )
+        else:
+            result["first_batch"] = _first_batch(spark, spec, pipeline, checkpoint)
+        seconds["first_batch"] = time.monotonic() - began
     return result | {"seconds": {k: round(v, 3) for k, v in seconds.items()}}
 
 
-class _Probe:
+def _sampled_first_batch(
+    spark: Any, spec: dict[str, Any], pipeline: Any, migration: Any, checkpoint: Path, seeded: DataFrame,
+    limit: int, base: int, seconds: dict[str, float], began: float,
+) -> dict[str, Any]:  # fmt: skip
     """A preview's first batch on part of a large migrated state: ``limit`` of its keys and every key the batch reads.
     Seeding costs about a millisecond a key (PySpark's transformWithState takes its initial state one key at a time
     over the state server's socket), so a preview on the whole of 100,000 keys took minutes. The keys the batch reads
-    are found by running it first on no state, in a checkpoint beside, on a thread of its own while the migration's
-    figures are made: the keys it then holds state for. The batch's output on the part is what it is on the whole,
-    for every key the batch reads; only the state's row counts are of the part, and the answer says so
-    (``seeded``)."""
-
-    def __init__(
-        self, spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Path, schema: Any, base: int
-    ) -> None:  # fmt: skip
-        self.spark, self.spec, self.pipeline, self.base = spark, spec, pipeline, base
-        self.probe, self.part = (
-            checkpoint.with_name(f"{checkpoint.name}-keys"),
-            checkpoint.with_name(f"{checkpoint.name}-part"),
-        )
-        self.checkpoint, self.halt = checkpoint, threading.Event()
-        self.ran: dict[str, Any] | None = None
-        self.error: Exception | None = None
-        _seed(self.probe, spark.createDataFrame([], schema), base, spec)
-        self.thread = InheritableThread(target=self._run, name="migration-probe", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.ran = _first_batch(self.spark, self.spec, self.pipeline, self.probe, self.halt)
-        except Exception as exc:  # raised where it is waited for
-            self.error = exc
-
-    def on_part(
-        self, migration: Any, seeded: DataFrame, limit: int, seconds: dict[str, float], began: float
-    ) -> dict[str, Any]:  # fmt: skip
-        self.thread.join()
+    are found by running it first on no state, in a checkpoint beside: the keys it then holds state for. The batch's
+    output on the part is what it is on the whole, for every key the batch reads; only the state's row counts are of
+    the part, and the answer says so (``seeded``). (Run beside the migration's figures, on a thread, the first run
+    saved nothing on two busy cores: both are CPU.)"""
+    probe, part = checkpoint.with_name(f"{checkpoint.name}-keys"), checkpoint.with_name(f"{checkpoint.name}-part")
+    try:
+        _seed(probe, seeded.limit(0), base, spec)
+        probed = _first_batch(spark, spec, pipeline, probe)
         seconds["probed"] = time.monotonic() - began
-        if self.error is not None:
-            raise self.error
-        if not self.ran or not self.ran["ran"]:
-            return self.ran or {"ran": False, "why": "no input after the batch to run a first batch on"}
-        read = _keys_held(self.spark, self.probe, migration)
+        if not probed["ran"]:
+            return probed
+        read = _keys_held(spark, probe, migration)
         if read is None:  # the operator's keys are not the migration's: the whole state, as without a sample
-            return _first_batch(self.spark, self.spec, self.pipeline, self.checkpoint)
+            return _first_batch(spark, spec, pipeline, checkpoint)
         key = list(migration.key)
         chosen = seeded.limit(limit).unionByName(seeded.join(read, key, "left_semi")).dropDuplicates(key)
-        _seed(self.part, chosen, self.base, self.spec)
+        _seed(part, chosen, base, spec)
         seconds["part_seeded"] = time.monotonic() - began
-        ran = _first_batch(self.spark, self.spec, self.pipeline, self.part)
-        figures = {
-            "keys": self.spark.read.parquet(str(seed_dir(self.part))).count(),
-            "sampled": limit,
-            "read": read.count(),
-        }
+        ran = _first_batch(spark, spec, pipeline, part)
+        figures = {"keys": spark.read.parquet(str(seed_dir(part))).count(), "sampled": limit, "read": read.count()}
         return ran | {"seeded": figures}
-
-    def close(self) -> None:
-        self.halt.set()
-        self.thread.join(timeout=60)
-        for path in (self.probe, seed_dir(self.probe), self.part, seed_dir(self.part)):
+    finally:
+        for path in (probe, seed_dir(probe), part, seed_dir(part)):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -460,9 +428,7 @@ def _keys_held(spark: Any, checkpoint: Path, migration: Any) -> DataFrame | None
     return held.distinct().cache()
 
 
-def _first_batch(
-    spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Path, halt: threading.Event | None = None
-) -> dict[str, Any]:
+def _first_batch(spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Path) -> dict[str, Any]:
     """The new version's first batch on the seeded checkpoint (a scratch one: a preview), from ``spec["starting"]`` up
     to ``spec["ending"]``, one batch of at most ``spec["records"]`` entries: its output rows, a few results, and the
     state it holds after. A new version with no transformWithState operator is refused: Spark seeds no other."""
@@ -480,11 +446,10 @@ def _first_batch(
             outputs.append({"rows": len(rows), "results": shown[:MIGRATION_SAMPLES]})
 
     query = start_query(spark, job, pipeline, keep)
-    deadline, pause = time.monotonic() + float(spec.get("timeout", 600)), halt or threading.Event()
+    deadline = time.monotonic() + float(spec.get("timeout", 600))
     try:
         while query.isActive and not (checkpoint / "commits" / "0").exists() and time.monotonic() < deadline:
-            if pause.wait(0.2):
-                break
+            time.sleep(0.2)
     finally:
         query.stop()
     if failure := query.exception():
