@@ -425,7 +425,7 @@ def _keys_held(spark: Any, checkpoint: Path, migration: Any) -> DataFrame | None
     held = frames[0]
     for frame in frames[1:]:
         held = held.unionByName(frame)
-    return held.distinct().cache()
+    return held.distinct()
 
 
 def _first_batch(spark: Any, spec: dict[str, Any], pipeline: Any, checkpoint: Path) -> dict[str, Any]:
