@@ -311,7 +311,8 @@ STATE_READER_IDLE_SECONDS = env_int("STATEKEEPER_STATE_READER_IDLE_SECONDS", 900
 # then costs what the next ones do. 0: none is planned before its first preview.
 STATE_READER_WARM_PIPELINES_SECONDS = env_int("STATEKEEPER_STATE_READER_WARM_PIPELINES_SECONDS", 300)
 # A migration's preview runs the new version's first batch on at most this many keys of the migrated state, beside
-# the keys the batch reads (its output is the same; seeding a key costs about a millisecond). 0: on the whole state.
+# the keys the batch reads (its output is the same; seeding a key costs about a millisecond on a busy host: the
+# benchmarks). 0: on the whole state.
 MIGRATION_PREVIEW_KEYS = env_int("STATEKEEPER_MIGRATION_PREVIEW_KEYS", 2000)
 STATE_READER_SOCKET = Path(
     env_str(
