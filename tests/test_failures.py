@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dashboard.failures import root_cause, signature
 
 PY4J = """An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):
@@ -39,3 +41,16 @@ def test_a_plain_message_is_its_own_cause():
 
 def test_the_same_failure_on_another_entry_is_a_repeat():
     assert signature("ValueError: bad order 'o17' at 1795") == signature("ValueError: bad order 'o99' at 1800")
+
+
+@pytest.mark.django_db
+def test_a_run_whose_trace_holds_a_nul_ends_failed_with_its_message_kept(make_job):
+    """A JVM trace may quote a plan's literal or a record with a NUL, which PostgreSQL's text refuses: the run still
+    ends, with the NUL written as \\0, rather than staying "running" behind a DataError."""
+    from dashboard.models import Run, RunStatus
+    from dashboard.services.runs import run_finish
+
+    run = Run.objects.create(job=make_job(), status=RunStatus.RUNNING)
+    run_finish(run_id=run.id, status=RunStatus.FAILED, message="Literal a\x00b in the plan", error="at\x00trace")
+    run.refresh_from_db()
+    assert (run.status, run.message, run.error) == (RunStatus.FAILED, "Literal a\\0b in the plan", "at\\0trace")

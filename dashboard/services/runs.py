@@ -279,7 +279,7 @@ def run_started(*, run_id: int, executors: list[str] | None = None) -> bool:
 def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") -> None:
     run = Run.objects.select_related("job").get(id=run_id)
     ended = Run.objects.filter(id=run_id, status__in=(*ACTIVE_RUN_STATUSES, RunStatus.GREEN)).update(
-        status=status, message=redact(message), error=redact(error), ended_at=timezone.now()
+        status=status, message=_storable(message), error=_storable(error), ended_at=timezone.now()
     )
     if run.fencing_token is not None:
         lease_release(job_id=run.job_id, token=run.fencing_token)
@@ -287,6 +287,12 @@ def run_finish(*, run_id: int, status: str, message: str = "", error: str = "") 
         run.refresh_from_db()
         incidents_publish(run.job_id, run_incidents(run)[-1:])  # its end; the start went out when it started
         job_actions_wake(run.job_id)  # an upgrade or a rescale waiting for the stop goes on at once
+
+
+def _storable(text: str) -> str:
+    """A run's message or trace as PostgreSQL's text takes it: without revealed secrets, and a NUL (which a JVM trace
+    quoting a plan's literal or a record may hold) written as ``\\0``."""
+    return redact(text).replace("\x00", "\\0")
 
 
 LAUNCH_LIMIT = timedelta(minutes=10)  # a start no worker launched by then was lost
