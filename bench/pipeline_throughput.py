@@ -2,11 +2,13 @@
 PostgreSQL sink, as a driver runs it (local[2], the job's defaults), and where the time goes.
 
     .venv/bin/python -m bench.pipeline_throughput [--events 200000] [--batch 100000] [--repeat 2] [--only url-counts]
-        [--source kafka]
+        [--source kafka [--python-checks]]
 
 With ``--source kafka`` the backlog is a Kafka topic of as many partitions as cores, on STATEKEEPER_KAFKA_BOOTSTRAP
 (the broker bin/dev starts), read by Spark's own Kafka source (its connector from var/jars/spark-kafka, which the
-set-up fetches), in place of a Redis stream read by the project's Python source.
+set-up fetches), in place of a Redis stream read by the project's Python source. Its records are checked in the JVM
+when their payload allows (workers/spark/sources/jvm_checks.py); ``--python-checks`` checks them in Python, for the
+pair.
 
 Each pipeline runs three queries over the same backlog, each on a fresh checkpoint, batch after batch (trigger 0 s)
 at the job's batch limit; a rate is the events of the batches after the query's first over their own durations
@@ -196,9 +198,18 @@ def main() -> None:
     parser.add_argument("--cluster", action="store_true", help="on a 1-worker standalone cluster of --cores cores")
     parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark setting to try")
     parser.add_argument("--source", choices=["redis", "kafka"], default="redis")
+    parser.add_argument(
+        "--python-checks",
+        action="store_true",
+        help="Kafka: each record checked in Python (mapInArrow), as before 12-07",
+    )
     args = parser.parse_args()
     if args.source == "kafka":
         use_cached_connector()
+    if args.python_checks:
+        import workers.spark.sources.kafka as kafka_source
+
+        kafka_source.checks_for = lambda payload, limits: None
 
     client = redis.Redis.from_url(settings.REDIS_URL)
     global CORES
@@ -221,7 +232,8 @@ def main() -> None:
             cluster.stop(standalone)
         shutil.rmtree(ROOT, ignore_errors=True)
     print(
-        f"{args.events:,} events a run from {'a Kafka topic' if args.source == 'kafka' else 'a Redis stream'}, at most {args.batch:,} a batch, trigger 0 s, {master if not standalone else f'a 1-worker standalone cluster, one {CORES}-core executor'}, the job defaults "
+        f"{args.events:,} events a run from {'a Kafka topic' if args.source == 'kafka' else 'a Redis stream'}"
+        f"{' (records checked in Python)' if args.python_checks else ''}, at most {args.batch:,} a batch, trigger 0 s, {master if not standalone else f'a 1-worker standalone cluster, one {CORES}-core executor'}, the job defaults "
         f"(4 state partitions, {CORES} read partitions); events/s over the batches after each query's first, median "
         f"of {args.repeat}\n"
     )

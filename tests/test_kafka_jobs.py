@@ -869,3 +869,48 @@ def test_dead_letters_are_re_driven_into_the_topic_once_also_when_a_re_drive_was
     sent = records()
     assert sorted(e for e, _ in sent) == sorted(ids[:40]) and len(sent) == 40
     assert {v for _, v in sent} == {b'{"n": %d}' % i for i in range(40)}, "each payload as it was sent"
+
+
+def test_records_checked_in_the_jvm_reach_the_dead_letters_also_when_the_driver_died_before_writing_them(
+    spark, make_job, topic, redis
+):
+    """A Kafka job's records pass their checks in the JVM: no Python step in the query's plan. The records they refuse
+    are written to the dead letters after their batch; a driver gone before it wrote them (here: its writes taken
+    back and its marker set back, as a kill -9 between the commit and the write leaves them) leaves them to the next
+    start, which reads those batches' ranges again from the checkpoint's offset log."""
+    from workers.driver import job_spec
+    from workers.spark.query import events_frame, rejected_records
+    from workers.spark.sources.kafka_rejected import MARKER_PREFIX
+
+    job = kafka_job(make_job, topic, max_records_per_batch=200)
+    spec, pipeline = job_spec(job), get_pipeline(job.pipeline)
+    plan = events_frame(spark, spec, pipeline)._jdf.queryExecution().analyzed().toString()
+    assert "MapInArrow" not in plan and "Python" not in plan, plan
+    assert rejected_records(spark, spec, pipeline) is not None
+
+    sent = Sent(topic)
+    sent.send(600, seed=4, bad=BAD)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == sent.good == 600
+
+    def places() -> set[tuple[int, int]]:
+        dead = [f for _, f in redis.xrange(job.dead_letter_stream)]
+        found = [tuple(map(int, re.search(rb"partition (\d+), offset (\d+)", f[b"reason"]).groups())) for f in dead]
+        assert len(found) == len(set(found)), "each once"
+        return set(found)
+
+    stages = {f[b"payload"]: f[b"stage"] for _, f in redis.xrange(job.dead_letter_stream)}
+    assert places() == sent.bad and len(sent.bad) == len(BAD)
+    assert stages == {b"GET /oops": b"parse", b"{oops": b"parse", b"": b"parse", BAD[3]: b"decode"}
+
+    # as a driver killed after its batches committed and before their dead letters were written leaves them
+    redis.delete(job.dead_letter_stream, f"{job.dead_letter_stream}:seen")
+    checkpoint = spec.checkpoint.removeprefix("file:")
+    redis.set(MARKER_PREFIX + checkpoint, 0)
+    sent.send(100, seed=5)
+    run_to_end(spark, job, sent)
+    assert sink_total(job) == sent.good == 700
+    first = job.checkpoints.order_by("batch_id").first()
+    missed = {p for p in sent.bad if p[1] >= kafka_offsets(first.end_offset)[topic][p[0]]}
+    assert missed and places() == missed, "the batches after the marker were read again, and only those"
+    assert int(redis.get(MARKER_PREFIX + checkpoint)) == job.checkpoints.order_by("-batch_id").first().batch_id

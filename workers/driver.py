@@ -52,7 +52,7 @@ from workers.sink import batch_writer
 from workers.spark.cluster import driver_conf, is_cluster, probe_executors
 from workers.spark.fork_server import ForkServer, start_fork_server
 from workers.spark.python_daemons import end_start_daemons
-from workers.spark.query import JobSpec, start_query
+from workers.spark.query import JobSpec, rejected_records, start_query
 from workers.spark.session import build_session, heap_after_gc, jvm_death, jvm_exit_after, jvm_exit_code, lean_jvm
 from workers.warm_query import WarmQuery
 
@@ -330,6 +330,9 @@ class JobDriver:
         )
         listener = ProgressListener(recorder)
         listener.on_first_batch = self.on_first_batch
+        rejected = None if self.green else rejected_records(self.spark, spec, pipeline)
+        if rejected is not None:  # checked in the JVM: the dead letters are written after each batch
+            listener.watchers.append(rejected.on_progress)
         self.spark.streams.addListener(listener)
         keeper = self.keeper or (
             self._green_keeper() if self.green else LeaseKeeper(self.job.id, self.token, exit_when_fenced=False)
@@ -359,6 +362,8 @@ class JobDriver:
             keeper.start()
         try:
             self._gate_take()
+            if rejected is not None:
+                rejected.start()
             query = start_query(self.spark, spec, pipeline, writer, self._phase_taken)
             keeper.queries.append(query)
             listener.query_id = str(query.id)
@@ -389,6 +394,8 @@ class JobDriver:
                 time.sleep(0.5)  # let the listener bus deliver the last progress event before the listener goes
                 self.spark.streams.removeListener(listener)
             recording_thread().drain()  # and the last record be made before the run's end is recorded
+            if rejected is not None and jvm_exit_code(self.spark) is None:
+                rejected.stop()
 
     def _phase_taken(self, phase: float | None) -> None:
         self.spread = phase is not None

@@ -119,6 +119,7 @@ class ProgressListener(StreamingQueryListener):
         self.recorder = recorder
         self.query_id = ""  # set once the query started: events of other queries are not this job's
         self.on_first_batch: Callable[[], None] | None = None  # told once, at the query's first committed batch
+        self.watchers: list[Callable[[dict[str, Any]], None]] = []  # told each of its query's events, after the record
 
     @property
     def _jlistener(self) -> Any:  # what StreamingQueryManager.addListener registers
@@ -170,6 +171,8 @@ class RecordingThread(threading.Thread):
                 progress = json.loads(text)
                 if progress.get("id") == listener.query_id:  # a session's listeners hear all its queries
                     listener.recorder.on_progress(progress)
+                    for watcher in listener.watchers:
+                        watcher(progress)
             except Exception:
                 log.exception("a progress event of job %s was not recorded", listener.recorder.job_id)
             finally:

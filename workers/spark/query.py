@@ -13,7 +13,7 @@ from pathlib import Path
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
-from statekeeper_sdk import Pipeline, apply
+from statekeeper_sdk import Limits, Pipeline, apply
 from statekeeper_sdk._runtime.events import MAX_FUTURE_SECONDS
 
 from dashboard.checkpoint_dir.files import closing_file, committed_batches, lineage, seed_dir
@@ -21,8 +21,10 @@ from workers.spark.manifest import ManifestKeeper
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
 from workers.spark.sources.following import unmark_followed
+from workers.spark.sources.jvm_checks import checks_for
 from workers.spark.sources.kafka import kafka_events, revealed_security
 from workers.spark.sources.kafka_range import kafka_range_events
+from workers.spark.sources.kafka_rejected import RejectedRecords
 from workers.spark.sources.redis_streams import FORMAT_NAME, RedisStreamDataSource
 from workers.spark.sources.register import register
 
@@ -102,6 +104,21 @@ def runs_without_data(frame: DataFrame) -> bool:
     one at each poll (a processing-time clock) or one after each data batch (a watermark to move)."""
     plan = frame._jdf.queryExecution().analyzed().toString()
     return bool(PROCESSING_TIME.search(plan)) or WATERMARK in plan
+
+
+def rejected_records(spark: SparkSession, spec: JobSpec, pipeline: Pipeline) -> RejectedRecords | None:
+    """The writer of the dead letters of a job whose source checks its records in the JVM (Spark's Kafka source with a
+    flat payload), to be told the query's progress; None for any other job, whose source writes them itself."""
+    if spec.source_kind != "kafka" or spec.ending_offset or spec.follow:
+        return None
+    checks = checks_for(pipeline.payload, Limits(max_future_seconds=spec.max_future_seconds))
+    if checks is None:
+        return None
+    return RejectedRecords(
+        spark, checks, servers=spec.source_path, topic=spec.stream, security=revealed_security(spec.source_security),
+        dead_letters=spec.dead_letter, redis_url=spec.redis_url, checkpoint=spec.checkpoint,
+        starting=spec.starting_offset,
+    )  # fmt: skip
 
 
 def events_frame(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, spread: bool = False) -> DataFrame:

@@ -1,5 +1,6 @@
 """A Kafka topic through Spark's own Kafka source (its connector's jars: requirements/maven/spark-kafka.xml, put on every
-driver's class path by the set-up). Each record's value passes the same checks as a Redis stream entry; its entry id
+driver's class path by the set-up). Each record's value passes the same checks as a Redis stream entry, in the JVM
+for a flat payload (``jvm_checks.py``; their dead letters: ``kafka_rejected.py``), in Python otherwise; its entry id
 is ``<record timestamp ms>-<partition << 40 | offset>``, unique and the same on a replay, and a dead letter's reason
 names its topic, partition and offset. Lag comes from the progress events (the latest offsets against the batch's end,
 per partition) and, while the job is down, from the broker's end offsets (``dashboard/kafka.py``)."""
@@ -10,14 +11,16 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from statekeeper_sdk import Limits, PayloadFormat
 
 from dashboard.kafka import spark_options
 from workers.spark.sources.checks import Entries, check_batches
+from workers.spark.sources.jvm_checks import SESSION_CONF, checks_for
 
 FETCH_WAIT_MS = 10
+REJECTED_METRIC = "statekeeper_rejected"  # a batch's count of records the JVM checks rejected
 
 
 class Places(Mapping[str, str]):
@@ -61,13 +64,14 @@ def kafka_events(
     reader = reader.options(**spark_options(security or {}))  # TLS and SASL, in the Java client's words
     if max_records > 0:
         reader = reader.option("maxOffsetsPerTrigger", str(max_records))
-    entries = reader.load().select(
-        F.format_string(
-            "%d-%d", F.unix_millis("timestamp"), F.shiftleft(F.col("partition").cast("long"), 40) + F.col("offset")
-        ).alias("_id"),
-        F.col("value").alias("v"),
-    )
+    records = reader.load()
+    entries = records.select(_entry_id(), F.col("value").alias("v"))
     option, limits, where = payload.to_option(), Limits(max_future_seconds=max_future_seconds), Places(topic)
+    checks = checks_for(payload, limits)
+    if checks is not None:  # in the JVM; the rejected records' dead letters are written after their batch
+        for key, value in SESSION_CONF.items():
+            spark.conf.set(key, value)
+        return checks.events(checked_columns(records), REJECTED_METRIC)
 
     def entries_of(batch: Any) -> Entries:
         columns = batch.to_pydict()
@@ -77,6 +81,21 @@ def kafka_events(
         yield from check_batches(batches, option, limits, dead_letters, redis_url, entries_of)
 
     return entries.mapInArrow(check, payload.spark_schema())
+
+
+def _entry_id() -> Column:
+    return F.format_string(
+        "%d-%d", F.unix_millis("timestamp"), F.shiftleft(F.col("partition").cast("long"), 40) + F.col("offset")
+    ).alias("_id")
+
+
+def checked_columns(records: DataFrame) -> DataFrame:
+    """Spark's Kafka records as the JVM checks read them: the entry id, the value (a tombstone's as empty) and the
+    record's arrival."""
+    return records.select(
+        _entry_id(), F.coalesce("value", F.lit(bytearray())).alias("value"),
+        F.unix_millis("timestamp").alias("arrival_ms"),
+    )  # fmt: skip
 
 
 def revealed_security(settings: str) -> dict[str, str]:
