@@ -69,11 +69,15 @@ def ended(action: Action, timeout: float) -> Action:
 
 
 def running_team_job(
-    make_job, redis, stream_name: str, team_database: str, lake, driver: str
+    make_job, redis, stream_name: str, team_database: str, lake, driver: str, kafka_servers: str = ""
 ) -> tuple[Job, Orders, Run, Flow]:
-    """The team's job running with its three sinks, orders flowing into it."""
-    job = team_job(make_job, team_database, lake, driver=driver)
-    orders = Orders(redis, stream_name)
+    """The team's job running with its three sinks, orders flowing into it (``kafka_servers``: from the Kafka topic
+    ``stream_name`` there)."""
+    source = (
+        {"source_kind": "kafka", "source_stream": stream_name, "source_path": kafka_servers} if kafka_servers else {}
+    )
+    job = team_job(make_job, team_database, lake, driver=driver, **source)
+    orders = Orders(redis, stream_name, kafka_servers)
     orders.send(40, seed=1)
     job_request_start(job=job)
     blue = wait_for(lambda: running_with_progress(job), 240, 0.5, "the job to run")

@@ -24,10 +24,21 @@ from django.conf import settings
 
 from dashboard import kafka
 from dashboard.engine.samples import sample_events
-from dashboard.models import Action, ActionKind, ActionStatus, Job, RunStatus, SourceLag, StandbyDriver, StandbyStatus
+from dashboard.models import (
+    Action,
+    ActionKind,
+    ActionStatus,
+    Job,
+    Run,
+    RunStatus,
+    SourceLag,
+    StandbyDriver,
+    StandbyStatus,
+)
 from dashboard.pipelines import get as get_pipeline
 from dashboard.records import kafka_offsets, source_position
 from dashboard.services.actions import action_request
+from dashboard.services.blue_green import green_request
 from dashboard.services.checkpoints import progress_stream_ingest
 from dashboard.services.forks import rollback_preview, savepoint_preview
 from dashboard.services.runs import job_request_start, job_request_stop
@@ -769,7 +780,6 @@ def test_a_blue_green_upgrade_of_a_kafka_team_job_follows_its_offsets_hands_over
     restarts on Spark's Kafka source, green on the range reader from its fork), is compared key by key, and takes
     over at a committed batch; the job's next run reads green's checkpoint with Spark's own Kafka source again.
     Every order once in every sink throughout."""
-    from dashboard.models import Run
     from tests.test_blue_green import Flow, beside, green_running, one_line, promoted, team_job
 
     lake = tmp_path / "lake"
@@ -914,3 +924,81 @@ def test_records_checked_in_the_jvm_reach_the_dead_letters_also_when_the_driver_
     missed = {p for p in sent.bad if p[1] >= kafka_offsets(first.end_offset)[topic][p[0]]}
     assert missed and places() == missed, "the batches after the marker were read again, and only those"
     assert int(redis.get(MARKER_PREFIX + checkpoint)) == job.checkpoints.order_by("-batch_id").first().batch_id
+
+
+@pytest.mark.chaos
+def test_a_kafka_team_job_rescaled_by_blue_green_hands_over_through_a_kill_of_green_alone_and_of_the_driver(
+    make_job, redis, topic, celery_worker, spark, team_database, tmp_path
+):
+    """State partitions 2 → 3 on Kafka without stopping the output, green in a driver of its own: green killed with
+    kill -9 while it follows (started again on its fork, it reads on through the range reader), an automatic handover
+    once caught up, then kill -9 of green's driver, now the job's run (the job restarts on the repartitioned
+    checkpoint with Spark's Kafka source). Every order once in every sink."""
+    from tests.test_blue_green import ended, green_running, one_line, running_team_job, state
+
+    lake = tmp_path / "lake"
+    job, orders, blue, flow = running_team_job(
+        make_job, redis, topic, team_database, lake, "own", settings.KAFKA_BOOTSTRAP
+    )
+    try:
+        action = action_request(job=job, kind=ActionKind.BLUE_GREEN,
+                                params={"pipeline": job.pipeline, "state_partitions": 3, "auto": 1})  # fmt: skip
+        first = wait_for(lambda: green_running(action), 300, 0.5, "green to follow the job")
+        assert first.driver_host_id is None and first.pid, "green in a driver of its own"
+        os.killpg(first.pid, signal.SIGKILL)
+        again = wait_for(lambda: (r := green_running(action)) and r.id != first.id and r, 300, 0.5, "green again")
+        try:
+            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 900, 0.5, "the handover")
+        except TimeoutError:
+            raise AssertionError(state(action)) from None
+        os.killpg(again.pid, signal.SIGKILL)
+        action = ended(action, 240)
+    finally:
+        flow.stop()
+    assert action.status == ActionStatus.SUCCEEDED, state(action)
+    job.refresh_from_db()
+    assert job.state_partitions == 3 and job.checkpoint_dir == action.params["fork"] and blue.id != again.id
+    wait_for(lambda: running_with_progress(job, again.id), 300, 0.5, "the job's restart on the new checkpoint")
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "every order in every sink")
+    assert not (why := one_line(job, action)), why
+
+
+@pytest.mark.chaos
+def test_a_kafka_team_job_migrated_by_blue_green_keeps_its_hours_and_goes_on_in_days(
+    make_job, redis, topic, celery_worker, spark, team_database, tmp_path
+):
+    """customer-spend → customer-spend-daily by blue/green on Kafka: green's migrated state, its batch 0 reading on
+    from the savepoint's offsets per partition, promoted while the topic is quiet (no batch of blue's to compare: the
+    handover comes after blue's newest); the hours blue wrote stay, and each day the orders after the handover touch
+    holds its total over every order."""
+    from tests.test_blue_green import ended, running_team_job, state
+
+    lake = tmp_path / "lake"
+    job, orders, blue, flow = running_team_job(
+        make_job, redis, topic, team_database, lake, "shared", settings.KAFKA_BOOTSTRAP
+    )
+    flow.stop()  # every order before the migration read by blue: the hours are theirs, the days every order's
+    wait_for(lambda: every_sink_exact(spark, job, orders, team_database, lake), 240, 0.5, "blue to read every order")
+    before = len(orders.sent)
+    action = action_request(job=job, kind=ActionKind.BLUE_GREEN,
+                            params={"pipeline": "customer-spend-daily", "migrate": 1})  # fmt: skip
+    try:  # a quiet topic: green follows, with no batch of blue's to compare
+        wait_for(lambda: Action.objects.get(id=action.id).step == "follow", 300, 0.5, "green to follow the job")
+    except TimeoutError:
+        raise AssertionError(state(action)) from None
+    action.refresh_from_db()
+    savepoint = job.savepoints.get(id=action.params["savepoint"])
+    assert action.params["shift"] == -(savepoint.batch_id + 1)
+    start = action.params["green_start"]
+    assert kafka_offsets(json.loads(start) if isinstance(start, str) else start), start
+    green_request(action, "promote")
+    try:
+        wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 300, 0.5, "the handover")
+    except TimeoutError:
+        raise AssertionError(state(action)) from None
+    job.refresh_from_db()
+    assert job.pipeline == "customer-spend-daily" and job.checkpoint_dir == action.params["fork"]
+    assert Run.objects.get(id=blue.id).status != RunStatus.RUNNING
+    daily_totals_go_on(spark, job, orders, team_database, lake, before)  # 30 orders more: green's first batches
+    action = ended(action, 240)
+    assert action.status == ActionStatus.SUCCEEDED, state(action)
