@@ -61,6 +61,14 @@ def state(action: Action) -> str:
     return f"{action.status} {action.step} {action.progress} {action.outcome}\n{runs}\ngreen {greens}\nblue {blues}\n{tail}"
 
 
+def handed_over(action: Action, timeout: float) -> None:
+    """Until the upgrade has handed over to green; the action's state in the failure otherwise."""
+    try:
+        wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), timeout, 0.2, "the handover")
+    except TimeoutError:
+        raise AssertionError(state(action)) from None
+
+
 def ended(action: Action, timeout: float) -> Action:
     try:
         return finished(action, timeout)
@@ -210,10 +218,7 @@ def test_a_code_upgrade_with_a_driver_of_its_own_survives_green_killed_before_an
         # green started again far behind (its driver's start): it catches up before the operator promotes it
         wait_for(lambda: (green_view(action)["behind"] or 99) <= 2, 900, 1, "green to catch up")
         green_request(action, "promote")
-        try:
-            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 300, 0.2, "the handover")
-        except TimeoutError:
-            raise AssertionError(state(action)) from None
+        handed_over(action, 300)
         os.killpg(again.pid, signal.SIGKILL)
         action = ended(action, 240)
     finally:
@@ -303,10 +308,7 @@ def test_a_rescale_by_blue_green_hands_over_on_repartitioned_state_through_a_wor
         celery_worker.kill()
         time.sleep(3)
         celery_worker.start()
-        try:
-            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 600, 0.2, "the handover")
-        except TimeoutError:
-            raise AssertionError(state(action)) from None
+        handed_over(action, 600)
         action.refresh_from_db()
         os.killpg(blue.pid, signal.SIGKILL)  # the shared driver: green, the job's run now, dies in it
         action = ended(action, 240)

@@ -934,7 +934,7 @@ def test_a_kafka_team_job_rescaled_by_blue_green_hands_over_through_a_kill_of_gr
     kill -9 while it follows (started again on its fork, it reads on through the range reader), an automatic handover
     once caught up, then kill -9 of green's driver, now the job's run (the job restarts on the repartitioned
     checkpoint with Spark's Kafka source). Every order once in every sink."""
-    from tests.test_blue_green import ended, green_running, one_line, running_team_job, state
+    from tests.test_blue_green import ended, green_running, handed_over, one_line, running_team_job, state
 
     lake = tmp_path / "lake"
     job, orders, blue, flow = running_team_job(
@@ -947,10 +947,7 @@ def test_a_kafka_team_job_rescaled_by_blue_green_hands_over_through_a_kill_of_gr
         assert first.driver_host_id is None and first.pid, "green in a driver of its own"
         os.killpg(first.pid, signal.SIGKILL)
         again = wait_for(lambda: (r := green_running(action)) and r.id != first.id and r, 300, 0.5, "green again")
-        try:
-            wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 900, 0.5, "the handover")
-        except TimeoutError:
-            raise AssertionError(state(action)) from None
+        handed_over(action, 900)
         os.killpg(again.pid, signal.SIGKILL)
         action = ended(action, 240)
     finally:
@@ -971,7 +968,7 @@ def test_a_kafka_team_job_migrated_by_blue_green_keeps_its_hours_and_goes_on_in_
     from the savepoint's offsets per partition, promoted while the topic is quiet (no batch of blue's to compare: the
     handover comes after blue's newest); the hours blue wrote stay, and each day the orders after the handover touch
     holds its total over every order."""
-    from tests.test_blue_green import ended, running_team_job, state
+    from tests.test_blue_green import ended, handed_over, running_team_job, state
 
     lake = tmp_path / "lake"
     job, orders, blue, flow = running_team_job(
@@ -992,10 +989,7 @@ def test_a_kafka_team_job_migrated_by_blue_green_keeps_its_hours_and_goes_on_in_
     start = action.params["green_start"]
     assert kafka_offsets(json.loads(start) if isinstance(start, str) else start), start
     green_request(action, "promote")
-    try:
-        wait_for(lambda: Action.objects.get(id=action.id).params.get("handed_over"), 300, 0.5, "the handover")
-    except TimeoutError:
-        raise AssertionError(state(action)) from None
+    handed_over(action, 300)
     job.refresh_from_db()
     assert job.pipeline == "customer-spend-daily" and job.checkpoint_dir == action.params["fork"]
     assert Run.objects.get(id=blue.id).status != RunStatus.RUNNING
