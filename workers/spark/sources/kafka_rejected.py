@@ -96,12 +96,12 @@ class RejectedRecords:
         try:
             batches = committed_batches(self.checkpoint)
             through = self._client().get(self.marker)
-        except (OSError, redis.RedisError) as exc:
+            latest = batches[-1] if batches else -1
+            if through is None:  # a new checkpoint, or one whose batches were checked before the checks moved here
+                self._mark(latest)
+                return
+        except (OSError, redis.RedisError) as exc:  # the job starts all the same; the next start looks again
             log.warning("%s: dead letters not caught up (%s)", self.topic, exc)
-            return
-        latest = batches[-1] if batches else -1
-        if through is None:  # a new checkpoint, or one whose batches were checked before the checks moved here
-            self._mark(latest)
             return
         for batch in range(max(int(through) + 1, latest - CATCH_UP_BATCHES + 1), latest + 1):
             try:
