@@ -15,7 +15,7 @@ from statekeeper_sdk.payload import Field, PayloadFormat
 from statekeeper_sdk.pipeline import Parameter, Params, Pipeline, Result, ResultRecord, ResultView, apply, resolve
 from statekeeper_sdk.sinks import KAFKA_SECURITY, FileSink, KafkaSink, ResultsTable, TableSink
 
-__version__ = "1.8.0"
+__version__ = "1.9.0"
 MAJOR = 1
 
 __all__ = [

@@ -239,6 +239,11 @@ class Pipeline:
     # how this version builds its state from older versions' when their state cannot be read as it is (a new key, a
     # new shape): statekeeper_sdk.migration
     migrations: tuple[Migration, ...] = ()
+    # its query may run in Spark's real-time mode (1.9): records flow through it as they come rather than batch by batch,
+    # and Spark's Kafka writer writes its one sink, a KafkaSink (the console's writers run per micro-batch). A job
+    # chooses the mode; the same pipeline runs in micro-batches too. ``statekeeper_sdk.testing.check_real_time`` says
+    # whether Spark plans its query so (no Python UDF; aggregations, dropDuplicates, the JVM's transformWithState).
+    real_time: bool = False
 
     def __post_init__(self) -> None:
         if self.output_mode not in OUTPUT_MODES:
@@ -274,6 +279,8 @@ class Pipeline:
                 f"pipeline {self.name!r}: the parameter {steering[0]!r} names where a sink writes, so it cannot be "
                 "operational (changing where the output goes takes an admin)"
             )
+        if self.real_time:
+            self._real_time_problem()
         if self.version_of == self.name:
             raise ValueError(f"pipeline {self.name!r}: version_of names another pipeline, not itself")
         if strays := [m for m in self.migrations if not isinstance(m, Migration)]:
@@ -285,6 +292,23 @@ class Pipeline:
             raise ValueError(
                 f"pipeline {self.name!r}: it declares a migration, so its transform takes the migrated state as a "
                 "keyword argument initial_state (a DataFrame, or None when the job starts as usual)"
+            )
+
+    def _real_time_problem(self) -> None:
+        if self.output_mode != "update":
+            raise ValueError(
+                f"pipeline {self.name!r}: real-time mode takes output_mode 'update' (Spark's only mode for it), not "
+                f"{self.output_mode!r}"
+            )
+        if len(self.sinks) != 1 or not isinstance(self.sinks[0], KafkaSink):
+            raise ValueError(
+                f"pipeline {self.name!r}: a real-time pipeline declares one sink, a KafkaSink: Spark's Kafka writer "
+                "writes it as records come (the results table, a team's table and files are written per micro-batch)"
+            )
+        if self.payload.nested:
+            raise ValueError(
+                f"pipeline {self.name!r}: a real-time pipeline's payload has flat fields (a nested schema is checked "
+                "in Python, which real-time mode does not run)"
             )
 
     def record(self, result: Any) -> ResultRecord:

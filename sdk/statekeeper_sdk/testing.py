@@ -44,6 +44,7 @@ from statekeeper_sdk._runtime.compatibility import (
 )
 from statekeeper_sdk._runtime.events import parse_entries
 from statekeeper_sdk._runtime.migration import built_state, last_committed, migration_figures, read_state
+from statekeeper_sdk._runtime.real_time import refusal
 from statekeeper_sdk.events import Limits, Rejected
 from statekeeper_sdk.pipeline import Pipeline, ResultRecord, apply, resolve
 from statekeeper_sdk.sinks import ResultsTable
@@ -323,6 +324,25 @@ def check_upgrade(
         check.migration = {"from": pipeline.name, "target": to.name, **migration_figures(migration, old, built),
                            "state": built}  # fmt: skip
     return check
+
+
+def check_real_time(
+    pipeline: Pipeline,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    spark: SparkSession | None = None,
+    shuffle_partitions: int = 2,
+) -> str | None:
+    """Why Spark's real-time mode refuses ``pipeline``'s query, in Spark's words, or None when Spark plans it so (a
+    console's real-time job starts on it, and its upgrade preview refuses a version this refuses). Spark plans the query
+    on an empty in-memory source of the pipeline's events and stops it: a few seconds, no broker::
+
+        assert check_real_time(URL_COUNTS_LIVE) is None
+
+    A pipeline that does not declare ``real_time=True`` is checked all the same (whether it could). Its state is in
+    RocksDB, as real-time mode keeps it (checkpoint format 2)."""
+    values = dict(resolve(pipeline.parameters, parameters or {}))
+    return refusal(spark or _session(), pipeline, values, shuffle_partitions, dict(pipeline.conf))
 
 
 def _replay(

@@ -153,6 +153,11 @@ def compare(result: dict[str, Any], old: Any, new: Any) -> list[Verdict]:
         verdicts.append(
             Verdict("query", "", INCOMPATIBLE, f"output mode changed: {old.output_mode} → {new.output_mode}")
         )
+    if refused := result.get("real_time_refusal"):  # a real-time job's new version that Spark cannot run so
+        verdicts.append(
+            Verdict("query", "", INCOMPATIBLE, f"Spark's real-time mode refuses the new version: {refused}")
+        )
+        return verdicts
     if error := result.get("replay_error"):
         verdicts.append(Verdict("query", "", INCOMPATIBLE, f"Spark refused the new version on this state: {error}"))
         return verdicts
