@@ -13,7 +13,7 @@ from django.db import connection
 
 from dashboard import pipelines
 from dashboard.kafka import security_problems
-from dashboard.models import Job, RunStatus, SourceKind, StateBackend
+from dashboard.models import DriverMode, Job, RunStatus, SourceKind, StateBackend
 from dashboard.services.audit import audit_record, client_address, login_lockout
 from dashboard.services.rescale import MEMORY_REPARTITION
 from dashboard.services.secrets import value_problems
@@ -27,6 +27,7 @@ FROZEN = {
     "name": "the name locates the checkpoint directory",
     "source_kind": "the source's offsets are recorded in the checkpoint in its own form",
     "source_path": "Spark's file source keeps the files it has read, by path, in the checkpoint",
+    "real_time": "a checkpoint is written in one mode's batches, and Spark has no switch of it between modes",
 }
 
 
@@ -79,8 +80,10 @@ class JobForm(forms.ModelForm):
             "autoscale_window_minutes",
             "standby",
             "driver",
+            "real_time",
         ]
         labels = {
+            "real_time": "Real-time mode",
             "standby": "Warm standby driver",
             "driver": "Driver",
             "trigger_interval_seconds": "Trigger interval (seconds)",
@@ -197,6 +200,32 @@ class JobForm(forms.ModelForm):
             for problem in security_problems(security) + value_problems("", security, secret_only={"sasl_password"}):
                 self.add_error("source_security", problem)
 
+    def _clean_real_time(self, data: dict[str, Any], pipeline: Any) -> None:
+        """Spark runs real-time mode on a Kafka source, for a query whose operators are on its allowlist and whose sink
+        is Kafka (the pipeline declares it so: ``real_time=True``); its tasks hold their cores for as long as it runs,
+        so it has a driver of its own."""
+        if pipeline is not None and not getattr(pipeline, "real_time", False):
+            self.add_error(
+                "real_time",
+                f"{pipeline.name} is not declared for real-time mode (Pipeline(real_time=True), with one KafkaSink): "
+                "its output is written per micro-batch.",
+            )
+        if data.get("source_kind") != SourceKind.KAFKA and "source_kind" not in self.errors:
+            self.add_error("real_time", "Spark's real-time mode reads Kafka: choose a Kafka source.")
+        if data.get("state_backend") == StateBackend.MEMORY:
+            self.add_error(
+                "state_backend",
+                "Spark's real-time mode keeps its state in RocksDB (checkpoint format 2): choose a RocksDB backend.",
+            )
+        if data.get("driver") == DriverMode.SHARED:
+            self.add_error(
+                "driver",
+                "A real-time job's tasks hold their cores for as long as it runs: it takes a driver of its own.",
+            )
+        if data.get("standby"):
+            self.add_error("standby", "A real-time job has no warm standby yet: its restart replays from its last "
+                                      "checkpoint (the trigger interval).")  # fmt: skip
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         for name in self.OPTIONAL:
@@ -205,6 +234,8 @@ class JobForm(forms.ModelForm):
         pipeline = pipelines.find(data.get("pipeline") or "")
         self._clean_source(data, pipeline)
         self._clean_parameters(data, pipeline)
+        if data.get("real_time"):
+            self._clean_real_time(data, pipeline)
         if data.get("standby") and connection.vendor != "postgresql":
             self.add_error("standby", "A standby waits on a PostgreSQL lock: it needs the console on PostgreSQL.")
         if (
@@ -255,6 +286,32 @@ class RescaleForm(forms.Form):
         super().__init__(data)
         self.initial = {"parallelism": job.parallelism, "state_partitions": job.state_partitions}
         self.job = job
+
+    def _clean_real_time(self, data: dict[str, Any], pipeline: Any) -> None:
+        """Spark runs real-time mode on a Kafka source, for a query whose operators are on its allowlist and whose sink
+        is Kafka (the pipeline declares it so: ``real_time=True``); its tasks hold their cores for as long as it runs,
+        so it has a driver of its own."""
+        if pipeline is not None and not getattr(pipeline, "real_time", False):
+            self.add_error(
+                "real_time",
+                f"{pipeline.name} is not declared for real-time mode (Pipeline(real_time=True), with one KafkaSink): "
+                "its output is written per micro-batch.",
+            )
+        if data.get("source_kind") != SourceKind.KAFKA and "source_kind" not in self.errors:
+            self.add_error("real_time", "Spark's real-time mode reads Kafka: choose a Kafka source.")
+        if data.get("state_backend") == StateBackend.MEMORY:
+            self.add_error(
+                "state_backend",
+                "Spark's real-time mode keeps its state in RocksDB (checkpoint format 2): choose a RocksDB backend.",
+            )
+        if data.get("driver") == DriverMode.SHARED:
+            self.add_error(
+                "driver",
+                "A real-time job's tasks hold their cores for as long as it runs: it takes a driver of its own.",
+            )
+        if data.get("standby"):
+            self.add_error("standby", "A real-time job has no warm standby yet: its restart replays from its last "
+                                      "checkpoint (the trigger interval).")  # fmt: skip
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -326,6 +383,32 @@ class InspectForm(forms.Form):
         self.fields["savepoint"].choices = [  # type: ignore[attr-defined]  # a TypedChoiceField("", "— the live checkpoint (a scratch copy) —")] + [
             (sp.id, f"#{sp.id} at batch {sp.batch_id}, {sp.created_at:%Y-%m-%d %H:%M}") for sp in verified
         ]
+
+    def _clean_real_time(self, data: dict[str, Any], pipeline: Any) -> None:
+        """Spark runs real-time mode on a Kafka source, for a query whose operators are on its allowlist and whose sink
+        is Kafka (the pipeline declares it so: ``real_time=True``); its tasks hold their cores for as long as it runs,
+        so it has a driver of its own."""
+        if pipeline is not None and not getattr(pipeline, "real_time", False):
+            self.add_error(
+                "real_time",
+                f"{pipeline.name} is not declared for real-time mode (Pipeline(real_time=True), with one KafkaSink): "
+                "its output is written per micro-batch.",
+            )
+        if data.get("source_kind") != SourceKind.KAFKA and "source_kind" not in self.errors:
+            self.add_error("real_time", "Spark's real-time mode reads Kafka: choose a Kafka source.")
+        if data.get("state_backend") == StateBackend.MEMORY:
+            self.add_error(
+                "state_backend",
+                "Spark's real-time mode keeps its state in RocksDB (checkpoint format 2): choose a RocksDB backend.",
+            )
+        if data.get("driver") == DriverMode.SHARED:
+            self.add_error(
+                "driver",
+                "A real-time job's tasks hold their cores for as long as it runs: it takes a driver of its own.",
+            )
+        if data.get("standby"):
+            self.add_error("standby", "A real-time job has no warm standby yet: its restart replays from its last "
+                                      "checkpoint (the trigger interval).")  # fmt: skip
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

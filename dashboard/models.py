@@ -53,6 +53,9 @@ class FileFormat(models.TextChoices):
     PARQUET = "parquet", "Parquet"
 
 
+REAL_TIME_SLOTS = 32  # a real-time job's task slots in its own driver (``Job.task_slots``)
+
+
 class Job(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[JOB_NAME])
     pipeline = models.CharField(max_length=40, help_text="the name of a registered pipeline (dashboard/pipelines.py)")
@@ -160,6 +163,12 @@ class Job(models.Model):
         help_text="own: a driver process (JVM and Python) for this job alone; shared: its query runs in the host's "
         "shared driver beside other jobs' (a fraction of the memory; a crash of the host stops all of them)",
     )
+    real_time = models.BooleanField(
+        default=False,
+        help_text="run the query in Spark's real-time mode: records flow through as they come, the trigger interval is "
+        "how often a checkpoint is taken, and Spark's Kafka writer writes the pipeline's Kafka sink (a pipeline "
+        "declared real_time, on a Kafka source, with RocksDB state, in a driver of its own)",
+    )
     rolled_up_to = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="checkpoints recorded up to here are in the roll-ups"
     )
@@ -217,8 +226,16 @@ class Job(models.Model):
             "source_path": self.source_path, "source_format": self.source_format,
             "source_security": json.dumps(self.source_security or {}),
             "starting_offset": json.dumps(self.start_offset) if self.start_offset else "",
-            "parameters": json.dumps(self.parameters),
+            "parameters": json.dumps(self.parameters), "real_time": self.real_time,
         }  # fmt: skip
+
+    @property
+    def task_slots(self) -> int:
+        """The task slots of the job's own driver on this host (``local[n]``): its parallelism; for a real-time job,
+        REAL_TIME_SLOTS. Real-time mode runs its query's stages at once, each task for as long as the query runs (a
+        source task per topic partition, one per state partition), and Spark refuses the query when they outnumber
+        the slots; a task with nothing to do waits, so a slot beyond the cores costs a thread, not a core."""
+        return max(self.parallelism, REAL_TIME_SLOTS) if self.real_time else self.parallelism
 
     @property
     def savepoint_root(self) -> Path:

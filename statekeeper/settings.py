@@ -241,7 +241,7 @@ BUILTIN_PIPELINES = [
         "dedup",
         "minute_windows",
     )
-]
+] + ["workers.spark.pipelines.url_counts:LIVE"]
 PIPELINES = BUILTIN_PIPELINES + [p.strip() for p in env_str("STATEKEEPER_PIPELINES", "").split(",") if p.strip()]
 
 # Where every job's checkpoint lives: <root>/<job name>/checkpoint. Users name jobs, never paths.

@@ -22,7 +22,8 @@ def fresh_registry():
 
 def test_the_shipped_pipelines_register_like_any_other(fresh_registry, settings):
     shipped = {
-        "url-counts", "order-state-machine", "order-state-machine-v2", "count-window-average", "dedup", "minute-windows"
+        "url-counts", "url-counts-live", "order-state-machine", "order-state-machine-v2", "count-window-average",
+        "dedup", "minute-windows",
     }  # fmt: skip
     assert shipped <= set(pipelines.names())
     assert {pipelines.reference(name) for name in shipped} == set(settings.BUILTIN_PIPELINES)

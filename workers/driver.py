@@ -364,7 +364,8 @@ class JobDriver:
             self._gate_take()
             if rejected is not None:
                 rejected.start()
-            query = start_query(self.spark, spec, pipeline, writer, self._phase_taken)
+            real_time_sink = pipeline.outputs(revealed)[0] if spec.real_time else None
+            query = start_query(self.spark, spec, pipeline, writer, self._phase_taken, real_time_sink)
             keeper.queries.append(query)
             listener.query_id = str(query.id)
             if keeper.lost.is_set():  # lost while starting: stop before the first batch
@@ -591,7 +592,7 @@ def main(argv: list[str]) -> int:
         except (TimeoutError, psycopg.Error) as exc:
             run_finish(run_id=run_id, status=RunStatus.FAILED, message=f"The driver lock could not be taken: {exc}")
             return 1
-    master = settings.SPARK_MASTER or f"local[{job.parallelism}]"
+    master = settings.SPARK_MASTER or f"local[{job.task_slots}]"
     # its path in the JVM's environment from the start, the server itself started when a restart in this process is
     # expected (``RestartReady``): the query's Python processes start without their imports' time then
     forks = None if is_green or not settings.OWN_DRIVER_FORKS else start_fork_server(master, start=False)

@@ -266,6 +266,12 @@ def _green_gate(action: Action) -> Next:
     if not (job.reads_redis or job.reads_kafka):
         raise ActionFailed("A blue/green upgrade follows the job's batches on a Redis stream or a Kafka topic; this "
                            "job reads files. Use the savepoint upgrade.")  # fmt: skip
+    if job.real_time:
+        raise ActionFailed(
+            "A blue/green upgrade's new version follows the job batch by batch and writes the sinks from its handover "
+            f"batch on; {job.name} runs in Spark's real-time mode, whose Kafka writer has no such handover yet. Use the "
+            "savepoint upgrade (its output pauses for the restart)."
+        )
     if refusal := memory_refusal(job, blue):
         raise ActionFailed(f"Refused before anything started: {refusal}")
     batch = blue_last(job)

@@ -158,7 +158,7 @@ def own_driver_settings(run: Run) -> dict[str, str]:
     """Where a run's driver of its own writes its log, and the Spark master it runs on."""
     return {
         "log_path": str(settings.LOG_ROOT / f"{run.job.name}-run-{run.id}.log"),
-        "spark_master": settings.SPARK_MASTER or f"local[{run.job.parallelism}]",
+        "spark_master": settings.SPARK_MASTER or f"local[{run.job.task_slots}]",
     }
 
 

@@ -48,7 +48,7 @@ def built_for(job: Job) -> dict[str, object]:
         "pipeline": job.pipeline,
         "parallelism": job.parallelism,
         "state_backend": job.state_backend,
-        "spark_master": settings.SPARK_MASTER or f"local[{job.parallelism}]",
+        "spark_master": settings.SPARK_MASTER or f"local[{job.task_slots}]",
     }
 
 

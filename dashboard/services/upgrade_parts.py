@@ -143,6 +143,16 @@ def upgrade_refusal(
         return f"{job.name} already runs {target}{shown}."
     if migrate and (refused := migration_refusal(job, target)):
         return refused
+    if job.real_time and not getattr(new, "real_time", False):
+        return (
+            f"{job.name} runs in Spark's real-time mode and {target} is not declared for it (Pipeline(real_time=True), "
+            "with one KafkaSink)."
+        )
+    if job.real_time and (migrate or rescale):
+        return (
+            f"{job.name} runs in Spark's real-time mode: a state migration and a blue/green rescale run the new line "
+            "beside it in micro-batches, which real-time mode has no handover from yet. Upgrade it with a savepoint."
+        )
     if new.needs_rocksdb and job.state_backend == StateBackend.MEMORY and not migrate:  # either RocksDB kind will do
         way = (
             f" {target} declares a state migration from {job.pipeline}: migrate the state, and the migrated job runs "

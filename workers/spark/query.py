@@ -7,16 +7,18 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from statekeeper_sdk import Limits, Pipeline, apply
+from statekeeper_sdk import KafkaSink, Limits, Pipeline, apply
 from statekeeper_sdk._runtime.events import MAX_FUTURE_SECONDS
 
 from dashboard.checkpoint_dir.files import closing_file, committed_batches, lineage, seed_dir
+from dashboard.kafka import spark_options
 from workers.spark.manifest import ManifestKeeper
 from workers.spark.session import RAW_LOCAL_FILES, backend_conf, local_files_conf, quiet_raw_local
 from workers.spark.sources.files import file_events
@@ -71,6 +73,9 @@ class JobSpec:
     # repartition wrote one batch of no input into its fork), else 0
     follow_shift: int = 0
     follow_mirror: str = ""  # the console's copies of the job's committed batches (checkpoint_dir/files.py)
+    # Spark's real-time mode: records flow through as they come, ``trigger_seconds`` apart a checkpoint, and Spark's
+    # Kafka writer writes the pipeline's one sink (``start_real_time``)
+    real_time: bool = False
 
     def session_conf(self) -> dict[str, str]:
         return {
@@ -273,16 +278,72 @@ def short_interruptions(sink: Callable[[DataFrame, int], None]) -> Callable[[Dat
     return run
 
 
+class RealTimeRefused(ValueError):
+    """A job's query that Spark's real-time mode cannot run, and why."""
+
+
+REAL_TIME_MIN_SECONDS = 5.0  # Spark's least real-time batch (spark.sql.streaming.realTimeMode.minBatchDuration)
+
+
+def real_time_sink_frame(output: DataFrame, sink: KafkaSink, job_name: str) -> DataFrame:
+    """The output rows as Spark's Kafka writer takes them: the sink's key column as text, the row (its columns) as
+    JSON, as the console's micro-batch writer writes them, and the job's name in the ``statekeeper-job`` header."""
+    columns = list(sink.columns or output.columns)
+    key = F.col(sink.key).cast("string") if sink.key else F.lit(None).cast("string")
+    header = F.array(F.struct(F.lit("statekeeper-job").alias("key"), F.lit(job_name).cast("binary").alias("value")))
+    return output.select(
+        key.alias("key"), F.to_json(F.struct(*[F.col(c) for c in columns])).alias("value"), header.alias("headers")
+    )
+
+
+def start_real_time(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink: KafkaSink) -> StreamingQuery:
+    """The job's query in Spark's real-time mode: its Kafka source's records checked in the JVM, the pipeline's
+    transform, and the pipeline's Kafka sink written by Spark as each update comes (at least once: a restart replays
+    the records after the last checkpoint, and a consumer keeping the latest value per key sees each key's value once
+    the replay is through). A checkpoint every ``trigger_seconds``."""
+    if spec.source_kind != "kafka":
+        raise RealTimeRefused("Spark's real-time mode reads Kafka: the job's source is not a Kafka topic")
+    if checks_for(pipeline.payload, Limits(max_future_seconds=spec.max_future_seconds)) is None:
+        raise RealTimeRefused(
+            f"{pipeline.name}'s payload is checked in Python (a nested schema, or a regex Java may read otherwise), "
+            "and real-time mode runs no Python: it runs in micro-batches only"
+        )
+    # a batch takes what comes during its interval: Spark refuses a bound on its records (maxOffsetsPerTrigger)
+    unbounded = replace(spec, max_records=0)
+    output = apply(pipeline, events_frame(spark, unbounded, pipeline), json.loads(spec.parameters))
+    interval = max(REAL_TIME_MIN_SECONDS, spec.trigger_seconds)
+    return (
+        real_time_sink_frame(output, sink, spec.name)
+        .writeStream.queryName(spec.name)
+        .format("kafka")
+        .outputMode(pipeline.output_mode)
+        .option("kafka.bootstrap.servers", sink.servers)
+        .option("topic", sink.topic)
+        .options(**spark_options(sink.security))
+        .option("checkpointLocation", spec.checkpoint)
+        .trigger(realTime=f"{interval:g} seconds")  # type: ignore[call-overload]  # new in 4.1
+        .start()
+    )
+
+
 def start_query(
     spark: SparkSession,
     spec: JobSpec,
     pipeline: Pipeline,
     sink: Callable[[DataFrame, int], None],
     on_phase: Callable[[float | None], None] | None = None,
+    real_time_sink: KafkaSink | None = None,
 ) -> StreamingQuery:
     """``on_phase``: told where in the interval the query's batches will start, before it starts: ``spec.phase_seconds``
-    when it is spread (``spread_trigger``), None when it keeps Spark's tick (the interval's multiples)."""
+    when it is spread (``spread_trigger``), None when it keeps Spark's tick (the interval's multiples).
+    ``real_time_sink``: a real-time job's Kafka sink, its targets and secrets filled in (``sink`` is not called)."""
     session_settings(spark, spec, pipeline)
+    if spec.real_time:
+        if real_time_sink is None:
+            raise RealTimeRefused(f"{pipeline.name} declares no Kafka sink: real-time mode writes only Kafka")
+        if on_phase is not None:
+            on_phase(None)
+        return start_real_time(spark, spec, pipeline, real_time_sink)
     values = json.loads(spec.parameters)
     initial = initial_state(spark, spec.checkpoint)
     output = apply(pipeline, events_frame(spark, spec, pipeline), values, initial)

@@ -42,6 +42,7 @@ from statekeeper_sdk._runtime.migration import (
     read_state,
     state_frames,
 )
+from statekeeper_sdk._runtime.real_time import refusal as real_time_refusal
 
 from dashboard.checkpoint_dir.files import schema_view, seed_dir, write_lineage
 from dashboard.engine.code import newest_change
@@ -185,12 +186,12 @@ def _moment(ms: int | None) -> str:
 
 def _scratch_job(spec: dict[str, Any], name: str, checkpoint: str, pipeline: Any, **extra: Any) -> JobSpec:
     """A query on a scratch copy that reads the job's source as the job does (the dashboard's ``scratch_spec``), with
-    its rejects kept apart."""
+    its rejects kept apart; in micro-batches, into a sink of the tool's, also for a real-time job."""
     values = {name: spec[name] for name in JOB_SPEC_FIELDS if name in spec}
     return JobSpec(**(values | {
         "job_id": 0, "name": name, "pipeline": pipeline.name, "trigger_seconds": 1.0, "parallelism": 1,
         "checkpoint": checkpoint, "batches_retained": 1000, "starting_offset": "", "phase_seconds": None,
-        "parameters": json.dumps(spec.get("parameters", {})), **extra,
+        "parameters": json.dumps(spec.get("parameters", {})), "real_time": False, **extra,
     }))  # fmt: skip
 
 
@@ -212,6 +213,11 @@ def plan(
     seconds = {"before": time.monotonic() - began}
     commit = (root / "commits" / str(batch)).read_bytes()
     pipeline = load_pipeline(spec["reference"])
+    if spec.get("real_time"):  # a real-time job's new version must run so too: asked of Spark before the replay
+        values = dict(resolve(pipeline.parameters, spec.get("parameters", {})))
+        if (refused := real_time_refusal(spark, pipeline, values, int(spec.get("partitions", 1)))) is not None:
+            return {"before": before, "output_rows": 0, "output_mode": pipeline.output_mode,
+                    "real_time_refusal": refused, "seconds": {"refused": round(time.monotonic() - began, 3)}}  # fmt: skip
     forget_batch(root, batch)  # planned again by the new code, its schemas written again
     job = _scratch_job(spec, f"upgrade-plan-{int(time.time())}", path, pipeline)
     rows: list[int] = []

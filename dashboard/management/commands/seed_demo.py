@@ -1,5 +1,6 @@
 """Create the demo jobs and request the start of the first three (memory and RocksDB-incremental on Redis streams, and
-url-counts on a Kafka topic of three partitions); the next, on the
+url-counts on a Kafka topic of three partitions, and the same count in Spark's real-time mode into the topic
+url-counts-live); the next, on the
 example package's user-sessions pipeline, waits to be started and upgraded (Deploys tab), as does the fourth, the team
 job example's customer-spend (nested orders, with parameters: upgrade it to a shorter window or a lower threshold),
 which also writes its own table in the ``team_orders`` database (on PostgreSQL) and Parquet files under var/lake.
@@ -13,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from dashboard import pipelines
+from dashboard import kafka, pipelines
 from dashboard.models import ACTIVE_RUN_STATUSES, Job, SourceKind, StateBackend
 from dashboard.services.audit import audit_record
 from dashboard.services.enqueue import WARM_STATE_READER, enqueue
@@ -50,6 +51,18 @@ DEMO_JOBS = [
         "trigger_interval_seconds": 2,
         "driver": "shared",
     },
+    {  # the same count in Spark's real-time mode, into the topic url-counts-live: each count as it changes
+        "name": "urls-live",
+        "pipeline": "url-counts-live",
+        "source_kind": SourceKind.KAFKA,
+        "source_stream": "access-log",
+        "state_backend": StateBackend.ROCKSDB,
+        "parallelism": 1,
+        "state_partitions": 2,
+        "trigger_interval_seconds": 5,  # real-time mode: how often a checkpoint is written
+        "driver": "own",  # its tasks hold their cores
+        "real_time": True,
+    },
     {
         "name": "sessions-rocksdb",
         "pipeline": "user-sessions",
@@ -72,6 +85,9 @@ DEMO_JOBS = [
         "start": False,
     },
 ]
+
+
+LIVE_TOPIC = "url-counts-live"  # the real-time job's output
 
 
 def team_sinks() -> dict[str, str]:
@@ -100,6 +116,13 @@ class Command(BaseCommand):
                     self.stdout.write(f"skipped job {spec['name']}: Spark's Kafka connector is not on the class path")
                     continue
                 spec["source_path"] = settings.KAFKA_BOOTSTRAP
+            if spec.get("real_time"):
+                spec["parameters"] = {"kafka": settings.KAFKA_BOOTSTRAP, "counts_topic": LIVE_TOPIC}
+                try:
+                    kafka.ensure_topic(settings.KAFKA_BOOTSTRAP, LIVE_TOPIC, 3)
+                except kafka.KafkaUnavailable as exc:
+                    self.stdout.write(f"skipped job {spec['name']}: its output topic cannot be made: {exc}")
+                    continue
             if pipelines.find(str(spec["pipeline"])) is None:
                 self.stdout.write(f"skipped job {spec['name']}: its pipeline {spec['pipeline']} is not installed")
                 continue

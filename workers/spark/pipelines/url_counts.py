@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
-from statekeeper_sdk import Pipeline, Result, ResultView
+from statekeeper_sdk import KafkaSink, Parameter, Params, Pipeline, Result, ResultView
 
 from workers.spark.pipelines.access_log import ACCESS_LOG
 
@@ -46,4 +46,29 @@ PIPELINE = Pipeline(
     results=results,
     generator=generator,
     views=(ResultView("url", "Top URLs", (("URL", "key"), ("Requests", "requests")), "requests"),),
+)
+
+
+def live_transform(events: DataFrame, params: Params) -> DataFrame:
+    return transform(events)  # its parameters say where the counts go, not how they are made
+
+
+# The same count in Spark's real-time mode: each request's new count on the topic as it comes (key: the URL, value
+# {"url", "requests"}), a consumer keeping the latest per key. A job of this pipeline chooses its mode.
+LIVE = Pipeline(
+    name="url-counts-live",
+    title="Requests per URL, as they come",
+    description="Access-log lines → requests per URL (keyed count) into a Kafka topic, in real-time mode.",
+    payload=ACCESS_LOG,
+    transform=live_transform,
+    output_mode="update",
+    results=results,
+    generator=generator,
+    views=(),
+    parameters=(
+        Parameter("kafka", "str", "127.0.0.1:9092", "the Kafka cluster the counts go to"),
+        Parameter("counts_topic", "str", "url-counts", "the topic of the counts, one record per change of a count"),
+    ),
+    sinks=(KafkaSink("counts", servers="{kafka}", topic="{counts_topic}", key="url"),),
+    real_time=True,
 )
