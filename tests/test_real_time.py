@@ -24,9 +24,10 @@ from dashboard.engine.samples import sample_events
 from dashboard.forms import JobForm
 from dashboard.models import ActionKind, RunStatus
 from dashboard.pipelines import get as get_pipeline
+from dashboard.services.actions import action_request
 from dashboard.services.runs import job_request_start, job_request_stop
 from tests.conftest import wait_for
-from tests.support import execute, running_with_progress
+from tests.support import execute, finished, running_with_progress
 from tests.test_kafka_jobs import BAD, Sent, kafka_job, read_to_end, truth_by_url
 from workers.spark.pipelines.url_counts import LIVE
 
@@ -118,11 +119,16 @@ message_job: dict[str, str] = {}  # the job each output topic's records name
 @pytest.mark.spark
 @pytest.mark.django_db(transaction=True)
 def test_a_real_time_job_on_kafka_holds_every_count_per_key_through_kill_minus_nine(
-    make_job, source_topic, celery_worker, redis
+    make_job, source_topic, celery_worker, redis, monkeypatch, settings
 ):
     """A keyed count in real-time mode, its driver killed twice while records flow: after each restart (from its
     last checkpoint) the newest count per URL in the output topic is the truth, checkpoints are recorded, and each
-    bad record is in the dead letters once with its place."""
+    bad record is in the dead letters once with its place. Then a savepoint and a restore to it, every count the truth
+    again; and the preview of an upgrade to a version real-time mode cannot run refuses it with Spark's reason."""
+    monkeypatch.setenv("STATEKEEPER_PIPELINES", "tests.user_pipelines:URLS_LIVE_WITH_UDF")
+    settings.PIPELINES = [*settings.BUILTIN_PIPELINES, "tests.user_pipelines:URLS_LIVE_WITH_UDF"]
+    celery_worker.kill()
+    celery_worker.start()  # with the test's pipeline registered
     topic, out = source_topic, f"{source_topic}-counts"
     kafka.ensure_topic(settings.KAFKA_BOOTSTRAP, out, 2)
     job = kafka_job(make_job, topic, pipeline="url-counts-live", parallelism=1, trigger_interval_seconds=5,
@@ -175,6 +181,15 @@ def test_a_real_time_job_on_kafka_holds_every_count_per_key_through_kill_minus_n
     send(100)
     wait_for(lambda: running_with_progress(job, run.id), 240, 0.5, "the restored run's first checkpoint")
     wait_for(lambda: latest_counts(out) == truth_by_url(lines), 90, 1, "every count, after the restore")
+    preview = finished(
+        action_request(job=job, kind=ActionKind.UPGRADE_PREVIEW, params={"pipeline": "url-counts-live-udf"})
+    )
+    plan = preview.params["plan"]
+    assert plan["incompatible"], plan
+    assert "real-time mode refuses the new version" in plan["summary"] or any(
+        "real-time mode refuses" in v["reason"] for v in plan["verdicts"]
+    ), plan
+    assert "OPERATOR_OR_SINK_NOT_IN_ALLOWLIST" in json.dumps(plan) and "ArrowEvalPythonExec" in json.dumps(plan)
     job_request_stop(job=job)
     wait_for(lambda: not job.runs.filter(status__in=["running", "stopping"]).exists(), 120, 0.5, "the stop")
     kafka.delete_topic(settings.KAFKA_BOOTSTRAP, out)

@@ -88,3 +88,21 @@ URLS_TO_KAFKA_TLS = replace(
         ),
     ),  # fmt: skip
 )
+
+
+# A new version of the real-time url-counts-live that Spark's real-time mode cannot run: its URLs go through a Python
+# UDF. The kit's check_real_time and a real-time job's upgrade preview refuse it with Spark's reason.
+def _lower_url(url: str | None) -> str | None:
+    return url.lower() if url is not None else None
+
+
+def counts_through_python(events, params):
+    from pyspark.sql import functions as F
+
+    lowered = F.udf(_lower_url, "string")
+    return url_counts.transform(events.withColumn("url", lowered("url")))
+
+
+URLS_LIVE_WITH_UDF = replace(
+    url_counts.LIVE, name="url-counts-live-udf", version_of="url-counts-live", transform=counts_through_python
+)
