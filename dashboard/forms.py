@@ -380,7 +380,8 @@ class InspectForm(forms.Form):
         super().__init__(data)
         self.job = job
         verified = job.savepoints.filter(status="verified").order_by("-id")
-        self.fields["savepoint"].choices = [  # type: ignore[attr-defined]  # a TypedChoiceField("", "— the live checkpoint (a scratch copy) —")] + [
+        live = [("", "— the live checkpoint (a scratch copy) —")]
+        self.fields["savepoint"].choices = live + [  # type: ignore[attr-defined]  # a TypedChoiceField
             (sp.id, f"#{sp.id} at batch {sp.batch_id}, {sp.created_at:%Y-%m-%d %H:%M}") for sp in verified
         ]
 

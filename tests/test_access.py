@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import time
 
 import pytest
@@ -267,6 +268,19 @@ def test_the_inspector_refuses_a_typed_batch_that_the_chosen_savepoint_does_not_
     assert not job.actions.exists(), "nothing is read when the choice is ambiguous"
     assert operator.post("/jobs/orders/inspect", {"mode": "keys", "batch": "7"}).status_code == 302
     assert job.actions.get().params == {"mode": "keys", "batch": 7}
+
+
+def test_the_inspector_offers_the_live_checkpoint_first_beside_the_verified_savepoints(as_role, make_job):
+    """With a verified savepoint, the form's first choice is still the live checkpoint (a browser submits the first
+    option of a select left as it is): the savepoints are offered beside it, not in its place."""
+    job = make_job(name="orders")
+    savepoint = job.savepoints.create(status="verified", batch_id=12, path="/nowhere")
+    page = as_role("operator").get("/jobs/orders/inspect").content.decode()
+    select = page[page.index('name="savepoint"') :]
+    select = select[: select.index("</select>")]
+    options = re.findall(r'<option value="([^"]*)"', select)
+    assert options == ["", str(savepoint.id)], options
+    assert "the live checkpoint (a scratch copy)" in select
 
 
 def test_the_first_admin_gets_a_random_password_kept_for_its_owner_only(db, tmp_path, monkeypatch, client):
