@@ -10,6 +10,7 @@ from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.db import connection
+from statekeeper_sdk._runtime.real_time import MIN_INTERVAL_SECONDS
 
 from dashboard import pipelines
 from dashboard.kafka import security_problems
@@ -222,6 +223,12 @@ class JobForm(forms.ModelForm):
                 "driver",
                 "A real-time job's tasks hold their cores for as long as it runs: it takes a driver of its own.",
             )
+        if (interval := data.get("trigger_interval_seconds")) is not None and interval < MIN_INTERVAL_SECONDS:
+            self.add_error(
+                "trigger_interval_seconds",
+                f"In real-time mode the trigger interval is how often a checkpoint is written, {MIN_INTERVAL_SECONDS:g} "
+                "s at least (Spark's spark.sql.streaming.realTimeMode.minBatchDuration); records do not wait for it.",
+            )
         if data.get("standby"):
             self.add_error("standby", "A real-time job has no warm standby yet: its restart replays from its last "
                                       "checkpoint (the trigger interval).")  # fmt: skip
@@ -286,32 +293,6 @@ class RescaleForm(forms.Form):
         super().__init__(data)
         self.initial = {"parallelism": job.parallelism, "state_partitions": job.state_partitions}
         self.job = job
-
-    def _clean_real_time(self, data: dict[str, Any], pipeline: Any) -> None:
-        """Spark runs real-time mode on a Kafka source, for a query whose operators are on its allowlist and whose sink
-        is Kafka (the pipeline declares it so: ``real_time=True``); its tasks hold their cores for as long as it runs,
-        so it has a driver of its own."""
-        if pipeline is not None and not getattr(pipeline, "real_time", False):
-            self.add_error(
-                "real_time",
-                f"{pipeline.name} is not declared for real-time mode (Pipeline(real_time=True), with one KafkaSink): "
-                "its output is written per micro-batch.",
-            )
-        if data.get("source_kind") != SourceKind.KAFKA and "source_kind" not in self.errors:
-            self.add_error("real_time", "Spark's real-time mode reads Kafka: choose a Kafka source.")
-        if data.get("state_backend") == StateBackend.MEMORY:
-            self.add_error(
-                "state_backend",
-                "Spark's real-time mode keeps its state in RocksDB (checkpoint format 2): choose a RocksDB backend.",
-            )
-        if data.get("driver") == DriverMode.SHARED:
-            self.add_error(
-                "driver",
-                "A real-time job's tasks hold their cores for as long as it runs: it takes a driver of its own.",
-            )
-        if data.get("standby"):
-            self.add_error("standby", "A real-time job has no warm standby yet: its restart replays from its last "
-                                      "checkpoint (the trigger interval).")  # fmt: skip
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -384,32 +365,6 @@ class InspectForm(forms.Form):
         self.fields["savepoint"].choices = live + [  # type: ignore[attr-defined]  # a TypedChoiceField
             (sp.id, f"#{sp.id} at batch {sp.batch_id}, {sp.created_at:%Y-%m-%d %H:%M}") for sp in verified
         ]
-
-    def _clean_real_time(self, data: dict[str, Any], pipeline: Any) -> None:
-        """Spark runs real-time mode on a Kafka source, for a query whose operators are on its allowlist and whose sink
-        is Kafka (the pipeline declares it so: ``real_time=True``); its tasks hold their cores for as long as it runs,
-        so it has a driver of its own."""
-        if pipeline is not None and not getattr(pipeline, "real_time", False):
-            self.add_error(
-                "real_time",
-                f"{pipeline.name} is not declared for real-time mode (Pipeline(real_time=True), with one KafkaSink): "
-                "its output is written per micro-batch.",
-            )
-        if data.get("source_kind") != SourceKind.KAFKA and "source_kind" not in self.errors:
-            self.add_error("real_time", "Spark's real-time mode reads Kafka: choose a Kafka source.")
-        if data.get("state_backend") == StateBackend.MEMORY:
-            self.add_error(
-                "state_backend",
-                "Spark's real-time mode keeps its state in RocksDB (checkpoint format 2): choose a RocksDB backend.",
-            )
-        if data.get("driver") == DriverMode.SHARED:
-            self.add_error(
-                "driver",
-                "A real-time job's tasks hold their cores for as long as it runs: it takes a driver of its own.",
-            )
-        if data.get("standby"):
-            self.add_error("standby", "A real-time job has no warm standby yet: its restart replays from its last "
-                                      "checkpoint (the trigger interval).")  # fmt: skip
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from statekeeper_sdk import KafkaSink, Limits, Pipeline, apply
 from statekeeper_sdk._runtime.events import MAX_FUTURE_SECONDS
+from statekeeper_sdk._runtime.real_time import MIN_INTERVAL_SECONDS
 
 from dashboard.checkpoint_dir.files import closing_file, committed_batches, lineage, seed_dir
 from dashboard.kafka import spark_options
@@ -282,9 +283,6 @@ class RealTimeRefused(ValueError):
     """A job's query that Spark's real-time mode cannot run, and why."""
 
 
-REAL_TIME_MIN_SECONDS = 5.0  # Spark's least real-time batch (spark.sql.streaming.realTimeMode.minBatchDuration)
-
-
 def real_time_sink_frame(output: DataFrame, sink: KafkaSink, job_name: str) -> DataFrame:
     """The output rows as Spark's Kafka writer takes them: the sink's key column as text, the row (its columns) as
     JSON, as the console's micro-batch writer writes them, and the job's name in the ``statekeeper-job`` header."""
@@ -311,7 +309,7 @@ def start_real_time(spark: SparkSession, spec: JobSpec, pipeline: Pipeline, sink
     # a batch takes what comes during its interval: Spark refuses a bound on its records (maxOffsetsPerTrigger)
     unbounded = replace(spec, max_records=0)
     output = apply(pipeline, events_frame(spark, unbounded, pipeline), json.loads(spec.parameters))
-    interval = max(REAL_TIME_MIN_SECONDS, spec.trigger_seconds)
+    interval = max(MIN_INTERVAL_SECONDS, spec.trigger_seconds)  # the form refuses less; a job from before, so
     return (
         real_time_sink_frame(output, sink, spec.name)
         .writeStream.queryName(spec.name)

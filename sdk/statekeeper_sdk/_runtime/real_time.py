@@ -29,6 +29,7 @@ STATE_STORE = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
 }  # fmt: skip
+MIN_INTERVAL_SECONDS = 5.0  # Spark's least real-time batch (spark.sql.streaming.realTimeMode.minBatchDuration)
 CHECK_SECONDS = 60.0  # a query that neither fails nor plans in this long is taken as refused, with this said
 DETAIL = re.compile(r"\n=== Streaming Query ===.*", re.S)
 
