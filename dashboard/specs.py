@@ -149,6 +149,9 @@ def etag(job: Job) -> str:
     return '"' + hashlib.sha256(json.dumps(_settings(job), sort_keys=True, default=str).encode()).hexdigest()[:32] + '"'
 
 
+BOOLEANS = ("standby", "real_time")  # a spec's true or false, as a checkbox posts it
+
+
 def _form_data(spec: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for name, value in spec.items():
@@ -156,9 +159,9 @@ def _form_data(spec: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise SpecError({name: ["must be a mapping of name to value"]})
             data[name] = pipelines.format_parameters(value) if name == "parameters" else json.dumps(value)
-        elif name == "standby":
+        elif name in BOOLEANS:
             if not isinstance(value, bool):
-                raise SpecError({"standby": ["must be true or false"]})
+                raise SpecError({name: ["must be true or false"]})
             if value:
                 data[name] = "on"
         elif isinstance(value, (dict, list)):

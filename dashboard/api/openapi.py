@@ -247,6 +247,7 @@ SPEC = {
         "state_partitions": {"type": "integer"},
         "trigger_interval_seconds": {"type": "number"},
         "standby": {"type": "boolean"},
+        "real_time": {"type": "boolean", "description": "run the query in Spark's real-time mode (a Kafka source)"},
         "state": {"type": "string", "enum": ["running", "suspended"], "description": "create only: start it or not"},
     },
 }
