@@ -297,11 +297,8 @@ def test_a_kafka_team_job_upgraded_then_migrated_and_rolled_back_keeps_every_tot
     job_request_stop(job=job)
 
 
-def committed_counts(
-    topic: str, cluster: kafka.Cluster | None = None
-) -> tuple[dict[str, int], list[tuple[str, str, str]]]:
-    """What a team's consumer reading ``read_committed`` holds: the newest count per URL, and every record's
-    (url, batch, lineage) in the order it came, to find a batch seen twice in one lineage."""
+def topic_records(topic: str, cluster: kafka.Cluster | None = None) -> list[Any]:
+    """Every record of the topic as a team's consumer reading ``read_committed`` gets it, partition by partition."""
     from confluent_kafka import Consumer, TopicPartition
 
     cluster = cluster or kafka.Cluster(settings.KAFKA_BOOTSTRAP)
@@ -310,8 +307,7 @@ def committed_counts(
                          **kafka.client_config(cluster.security)})  # fmt: skip
     parts = kafka.partitions(cluster, topic)
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    latest: dict[str, int] = {}
-    seen: list[tuple[str, str, str]] = []
+    records: list[Any] = []
     ended: set[int] = set()
     deadline = time.monotonic() + 30
     while len(ended) < len(parts) and time.monotonic() < deadline:
@@ -321,11 +317,23 @@ def committed_counts(
         if message.error():
             ended.add(message.partition())
             continue
+        records.append(message)
+    consumer.close()
+    return records
+
+
+def committed_counts(
+    topic: str, cluster: kafka.Cluster | None = None
+) -> tuple[dict[str, int], list[tuple[str, str, str]]]:
+    """What a team's consumer reading ``read_committed`` holds: the newest count per URL, and every record's
+    (url, batch, lineage) in the order it came, to find a batch seen twice in one lineage."""
+    latest: dict[str, int] = {}
+    seen: list[tuple[str, str, str]] = []
+    for message in topic_records(topic, cluster):
         headers = dict(message.headers() or [])
         value = json.loads(message.value())
         latest[value["url"]] = value["requests"]
         seen.append((value["url"], headers["statekeeper-batch"].decode(), headers["statekeeper-lineage"].decode()))
-    consumer.close()
     return latest, seen
 
 
